@@ -1,0 +1,62 @@
+"""The per-step tensor contract between a runner and the model.
+
+Both runners build a ``ForwardContext`` and hand it to the model: the reference runner with plain
+loops on the host, the async runner with device-side preparation into static buffers. The model
+reads nothing else about the batch. Shapes: ``T`` tokens in the step, ``N`` rows (requests,
+including padding rows), ``K`` speculative tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttnMetadata:
+    """Paged-attention inputs, shared by every full-attention layer (and the MTP layer)."""
+
+    query_start_loc: torch.Tensor  # [N+1] int32, cumulative query lengths
+    seq_lens: torch.Tensor  # [N] int32, context length including this step's tokens
+    block_table: torch.Tensor  # [N, max_blocks] int32, KV block ids per row
+    slot_mapping: torch.Tensor  # [T] int64, KV slot per token, PAD_SLOT_ID for padding tokens
+
+
+@dataclass
+class GDNGroup:
+    """One group of rows that share a GDN kernel path.
+
+    Tokens of the group are gathered from the flat token axis with ``token_indices``; the group's
+    own ``query_start_loc`` indexes the gathered tokens.
+    """
+
+    token_indices: torch.Tensor  # [Tg] int64, positions in the flat token axis
+    query_start_loc: torch.Tensor  # [Ng+1] int32, over the gathered tokens
+    state_indices: torch.Tensor  # [Ng] int32 (plain rows) or [Ng, K+1] int32 (speculative rows)
+    has_initial_state: torch.Tensor | None = None  # [Ng] bool; prefill group only
+    num_accepted_tokens: torch.Tensor | None = None  # [Ng] int32; speculative decode group only
+
+
+@dataclass
+class GDNMetadata:
+    """Rows split by classification (DESIGN §4.2).
+
+    ``prefill``: rows that run the prefill form (conv1d_fn, chunked or recurrent GDN) and start
+    from ``has_initial_state`` (False iff the request has no computed tokens).
+    ``decode``: rows of requests that finished their prompt; they run the update form and read
+    their state at offset ``num_accepted_tokens - 1``.
+    """
+
+    prefill: GDNGroup | None = None
+    decode: GDNGroup | None = None
+
+
+@dataclass
+class ForwardContext:
+    attn: AttnMetadata
+    gdn: GDNMetadata
+    # Per-layer caches, keyed by decoder layer index ("mtp" for the MTP layer's KV cache).
+    kv_caches: dict = field(default_factory=dict)  # idx -> (k_cache, v_cache) [blocks, block_size, Hkv, D]
+    gdn_states: dict = field(default_factory=dict)  # idx -> (conv_state [S, C, W-1+K], ssm_state [S, Hv, Dk, Dv])
+    gdn_prefill_chunked: bool = False  # prefill group: chunked op (True) or recurrent op (False)
