@@ -1,0 +1,7 @@
+"""A readable reference engine for hybrid Gated DeltaNet / attention models with MTP drafts."""
+
+from refengine.llm import LLM
+from refengine.outputs import RequestOutput, RowRecord, StepRecord
+from refengine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "RequestOutput", "RowRecord", "SamplingParams", "StepRecord"]

@@ -1,0 +1,112 @@
+"""The public entry point: ``LLM(...).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from refengine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from refengine.engine import DTYPES, EngineError, LLMEngine
+from refengine.outputs import RequestOutput, StepRecord
+from refengine.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, engine: str = "reference", num_speculative_tokens: int = 0,
+                 drafter="mtp", max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
+                 block_size: int = 16, num_kv_blocks: int | None = None, dtype: str = "float32",
+                 device: str = "cpu", seed: int = 0, max_model_len: int | None = None,
+                 graph_mode: str = "none", gdn_prefill_chunked: bool = False,
+                 observer: Callable[[StepRecord], None] | None = None):
+        from refengine.model.loader import load_model
+        from refengine.tokenizer import load_tokenizer
+
+        path = model if model is not None else default_model_path()
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        torch.manual_seed(seed)
+        net, model_config = load_model(path, dtype=DTYPES[dtype], device=device)
+        if max_model_len is None:
+            max_model_len = min(model_config.max_position_embeddings, 1024)
+        self.config = EngineConfig(
+            model=path, engine=engine, dtype=dtype, device=device, seed=seed, graph_mode=graph_mode,
+            gdn_prefill_chunked=gdn_prefill_chunked,
+            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_model_len=max_model_len),
+            speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter),
+        )
+        self.tokenizer = load_tokenizer(path)
+        self.engine = _make_engine(self.config, net, model_config, self.tokenizer)
+        if observer is not None:
+            self.engine.observers.append(observer)
+        self._next_id = 0
+
+    @property
+    def model_config(self):
+        return self.engine.model_config
+
+    def _tokenize(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise EngineError("text prompts need a tokenizer; this checkpoint has none (pass token ids)")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def generate(self, prompts: Sequence, params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order.
+
+        All prompts are validated before any is added, so a bad one refuses the whole call and
+        leaves the engine as it was.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise EngineError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        batch = []
+        for prompt, p in zip(prompts, params):
+            rid = f"gen-{self._next_id + len(batch)}"
+            batch.append((rid, self.engine.validate(rid, self._tokenize(prompt), p), p))
+        self._next_id += len(batch)
+        for rid, ids, p in batch:
+            self.engine.add_request(rid, ids, p)
+        wanted = {rid for rid, _, _ in batch}
+        done: dict[str, RequestOutput] = {}
+        while wanted - done.keys():
+            for out in self.engine.step():
+                done[out.request_id] = out
+        return [done[rid] for rid, _, _ in batch]
+
+    # Lower-level API.
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
+        self.engine.add_request(request_id, self._tokenize(prompt), params or SamplingParams())
+
+    def step(self) -> list[RequestOutput]:
+        return self.engine.step()
+
+    def abort(self, request_id: str) -> RequestOutput:
+        return self.engine.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+
+def _make_engine(config: EngineConfig, net, model_config, tokenizer):
+    if config.engine == "reference":
+        return LLMEngine(config, net, model_config, tokenizer)
+    raise NotImplementedError("engine='async' is not available yet")
+
+
+def default_model_path() -> str:
+    from importlib.resources import files
+
+    path = files("refengine") / "data" / "default_model"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError("the embedded default model is not installed; pass model=PATH to a checkpoint")
+    return str(path)

@@ -1,0 +1,47 @@
+"""What the engines hand back: finished requests, and a per-step record for observers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str | None
+    num_draft_tokens: int  # drafts proposed and verified
+    num_accepted_tokens: int  # drafts accepted (bonus tokens not included)
+    acceptance: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verify step
+    num_preemptions: int = 0
+    text: str | None = None
+
+
+@dataclass
+class RowRecord:
+    """One scheduled row of one step, as the model saw it."""
+
+    request_id: str
+    kind: str  # "prefill" | "decode"
+    has_initial_state: bool
+    num_computed_tokens: int  # before the step
+    query_len: int
+    input_ids: list[int]
+    positions: list[int]
+    state_slot_read: int | None  # GDN slot the initial state came from; None for a zero state
+    state_offset: int  # column of the request's slots read (num_accepted - 1); 0 for prefill rows
+    draft_token_ids: list[int]  # drafts verified in this step
+    output_token_ids: list[int] | None  # verifier output (valid tokens), None for a partial prefill
+    num_accepted: int | None  # accepted drafts, None for a partial prefill
+    drafter_input_ids: list[int] = field(default_factory=list)  # every id the drafter was fed for this row
+    next_draft_token_ids: list[int] = field(default_factory=list)  # drafts proposed for the next step
+
+
+@dataclass
+class StepRecord:
+    step_index: int
+    rows: list[RowRecord]
+    preempted: list[str] = field(default_factory=list)
+    graph_mode: str = "none"
+    gdn_metadata_shapes: dict = field(default_factory=dict)  # name -> shape, per GDN tensor handed to kernels

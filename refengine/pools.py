@@ -1,0 +1,47 @@
+"""Resource pools: paged KV blocks and GDN state slots.
+
+Both are pools of integer ids handed out last-freed-first, so recycled ids come back quickly.
+Freed state slots are recycled without zeroing: a new request must never depend on what a slot
+held before (classification gives it a zero initial state instead).
+"""
+
+from __future__ import annotations
+
+
+class IdPool:
+    def __init__(self, name: str, size: int):
+        self.name = name
+        self.size = size
+        self._free: list[int] = list(range(size - 1, -1, -1))
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return len(self._used)
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` ids, or None (and nothing taken) when fewer are free."""
+        if n > len(self._free):
+            return None
+        ids = [self._free.pop() for _ in range(n)]
+        self._used.update(ids)
+        return ids
+
+    def free(self, ids: list[int]) -> None:
+        for i in ids:
+            if i not in self._used:
+                raise RuntimeError(f"{self.name} pool: id {i} freed twice or never allocated")
+            self._used.remove(i)
+        self._free.extend(reversed(ids))
+
+
+def KVBlockPool(num_blocks: int) -> IdPool:  # noqa: N802 - reads as a type at call sites
+    return IdPool("kv-block", num_blocks)
+
+
+def StateSlotPool(num_slots: int) -> IdPool:  # noqa: N802
+    return IdPool("state-slot", num_slots)

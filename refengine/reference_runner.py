@@ -1,0 +1,243 @@
+"""The reference runner: rebuilds every step's inputs from request state with plain loops.
+
+No persistent batch, no graphs, no device-side state: each step reads the requests, builds the
+tensors the model needs, runs the model, verifies drafts greedily, and (after the engine has
+committed the step's tokens) proposes the next drafts. What it does defines correct behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+import kernels
+from refengine.cache import ModelCaches
+from refengine.drafter import ScriptedDrafter
+from refengine.forward_context import AttnMetadata, ForwardContext, GDNGroup, GDNMetadata
+from refengine.outputs import RowRecord
+from refengine.scheduler import ScheduledRow, SchedulerOutput
+
+
+@dataclass
+class StepResult:
+    valid_tokens: list[list[int] | None]  # per row: verifier output (valid tokens), None for a partial prefill
+    records: list[RowRecord]  # per row, for observers
+    hidden: torch.Tensor  # [T, H] post-norm hidden states (the MTP's input)
+    query_start: list[int]  # per row: first token index in the flat token axis
+    num_computed_before: list[int]  # per row: num_computed_tokens when the step was scheduled
+    gdn_shapes: dict = field(default_factory=dict)
+
+
+class _GroupBuilder:
+    """Collects the rows of one GDN group with plain lists."""
+
+    def __init__(self):
+        self.token_indices: list[int] = []
+        self.query_start_loc: list[int] = [0]
+        self.state_indices: list = []
+        self.has_initial_state: list[bool] = []
+        self.num_accepted: list[int] = []
+
+    def add(self, token_range: range, state_index, has_initial_state: bool, num_accepted: int) -> None:
+        self.token_indices.extend(token_range)
+        self.query_start_loc.append(len(self.token_indices))
+        self.state_indices.append(state_index)
+        self.has_initial_state.append(has_initial_state)
+        self.num_accepted.append(num_accepted)
+
+    def build(self, device, speculative: bool, prefill: bool) -> GDNGroup | None:
+        if not self.state_indices:
+            return None
+        i32 = dict(dtype=torch.int32, device=device)
+        return GDNGroup(
+            token_indices=torch.tensor(self.token_indices, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(self.query_start_loc, **i32),
+            state_indices=torch.tensor(self.state_indices, **i32),
+            has_initial_state=torch.tensor(self.has_initial_state, dtype=torch.bool, device=device)
+            if prefill else None,
+            num_accepted_tokens=torch.tensor(self.num_accepted, **i32) if speculative and not prefill else None,
+        )
+
+
+class ReferenceRunner:
+    def __init__(self, model, caches: ModelCaches, *, block_size: int, num_spec_tokens: int, drafter,
+                 gdn_prefill_chunked: bool, device):
+        self.model = model
+        self.caches = caches
+        self.block_size = block_size
+        self.k = num_spec_tokens
+        self.drafter = drafter  # "mtp", a ScriptedDrafter, or None when K == 0
+        self.gdn_prefill_chunked = gdn_prefill_chunked
+        self.device = torch.device(device)
+
+    # ---- step inputs ------------------------------------------------------------------------
+    def _slot(self, block_ids: list[int], pos: int) -> int:
+        return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _attn_metadata(self, rows: list[tuple[list[int], list[int], int]]) -> AttnMetadata:
+        """``rows``: (block_ids, positions, seq_len) per row."""
+        width = max(len(b) for b, _, _ in rows)
+        qsl, seq_lens, slots, table = [0], [], [], []
+        for block_ids, positions, seq_len in rows:
+            qsl.append(qsl[-1] + len(positions))
+            seq_lens.append(seq_len)
+            slots.extend(self._slot(block_ids, p) for p in positions)
+            table.append(block_ids + [0] * (width - len(block_ids)))
+        dev = self.device
+        return AttnMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_table=torch.tensor(table, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+        )
+
+    def _context(self, attn: AttnMetadata, gdn: GDNMetadata) -> ForwardContext:
+        return ForwardContext(attn=attn, gdn=gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
+                              gdn_prefill_chunked=self.gdn_prefill_chunked)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        attn_rows, records, query_start, computed = [], [], [], []
+        prefill, decode = _GroupBuilder(), _GroupBuilder()
+        for row in sched.rows:
+            req = row.request
+            nc = req.num_computed_tokens
+            toks = req.all_token_ids[nc: nc + row.num_committed] + row.draft_token_ids
+            pos = list(range(nc, nc + row.num_tokens))
+            start = len(input_ids)
+            input_ids += toks
+            positions += pos
+            attn_rows.append((req.block_ids, pos, nc + row.num_tokens))
+            query_start.append(start)
+            computed.append(nc)
+            tokens = range(start, start + row.num_tokens)
+            if req.is_prefilling:  # DESIGN §4.2: zero initial state iff nothing computed yet
+                prefill.add(tokens, req.state_slots[0], req.has_initial_state, 1)
+                slot_read, offset = (req.state_slots[0] if req.has_initial_state else None), 0
+            else:
+                offset = req.num_valid_prev - 1  # DESIGN §4.1: live state is s_{a-1}
+                decode.add(tokens, req.state_slots if self.k else req.state_slots[0], True, req.num_valid_prev)
+                slot_read = req.state_slots[offset]
+            records.append(RowRecord(
+                request_id=req.request_id, kind="prefill" if req.is_prefilling else "decode",
+                has_initial_state=req.has_initial_state, num_computed_tokens=nc, query_len=row.num_tokens,
+                input_ids=toks, positions=pos, state_slot_read=slot_read, state_offset=offset,
+                draft_token_ids=list(row.draft_token_ids), output_token_ids=None, num_accepted=None))
+
+        dev = self.device
+        gdn = GDNMetadata(prefill=prefill.build(dev, self.k > 0, prefill=True),
+                          decode=decode.build(dev, self.k > 0, prefill=False))
+        ctx = self._context(self._attn_metadata(attn_rows), gdn)
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64, device=dev), ctx)
+
+        valid = self._verify(sched.rows, query_start, hidden)
+        for rec, v in zip(records, valid):
+            if v is not None:
+                rec.output_token_ids = v
+                rec.num_accepted = len(v) - 1
+        return StepResult(valid, records, hidden, query_start, computed, _gdn_shapes(gdn))
+
+    def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden) -> list[list[int] | None]:
+        sampling = [i for i, r in enumerate(rows) if r.samples]
+        out: list[list[int] | None] = [None] * len(rows)
+        if not sampling:
+            return out
+        logit_rows, cu, drafts, num_drafts = [], [0], [], []
+        for i in sampling:
+            row = rows[i]
+            first = query_start[i] + row.num_committed - 1  # the last committed token
+            logit_rows.extend(range(first, query_start[i] + row.num_tokens))
+            cu.append(len(logit_rows))
+            drafts.append(row.draft_token_ids + [0] * (self.k - len(row.draft_token_ids)))
+            num_drafts.append(len(row.draft_token_ids))
+        dev = self.device
+        logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=dev)])
+        tokens, num_valid = kernels.greedy_verify(
+            logits,
+            torch.tensor(drafts, dtype=torch.int64, device=dev).reshape(len(sampling), self.k),
+            torch.tensor(num_drafts, dtype=torch.int32, device=dev),
+            torch.tensor(cu, dtype=torch.int32, device=dev),
+        )
+        tokens, num_valid = tokens.tolist(), num_valid.tolist()
+        for j, i in enumerate(sampling):
+            out[i] = tokens[j][: num_valid[j]]
+        return out
+
+    # ---- drafting (after the engine committed the step) -----------------------------------------
+    def propose(self, sched: SchedulerOutput, result: StepResult) -> None:
+        """Set ``draft_token_ids`` of every row that sampled and is still running."""
+        if self.k == 0:
+            return
+        if isinstance(self.drafter, ScriptedDrafter):
+            for row, rec, v in zip(sched.rows, result.records, result.valid_tokens):
+                if v is not None and not row.request.is_finished:
+                    rec.drafter_input_ids = [row.request.all_token_ids[-1]]
+                    row.request.draft_token_ids = self.drafter.propose(row.request)
+                    rec.next_draft_token_ids = list(row.request.draft_token_ids)
+            return
+        self._propose_mtp(sched, result)
+
+    def _propose_mtp(self, sched: SchedulerOutput, result: StepResult) -> None:
+        """MTP: pair token p+1 with the target hidden at p for every kept position, then chain.
+
+        Every row of the step runs the first pass, partial prefills included, so the MTP layer's
+        KV cache covers every committed position; only rows that sampled get drafts.
+        """
+        model, dev = self.model, self.device
+        ids, hid_rows, attn_rows, owners = [], [], [], []
+        for i, row in enumerate(sched.rows):
+            req = row.request
+            if req.is_finished:
+                continue
+            nc = result.num_computed_before[i]
+            kept = req.num_computed_tokens - nc  # positions nc .. nc+kept-1 are now committed
+            nxt = req.all_token_ids[nc + 1: nc + kept + 1]  # the token after each kept position
+            ids += nxt
+            hid_rows += range(result.query_start[i], result.query_start[i] + kept)
+            attn_rows.append((req.block_ids, list(range(nc, nc + kept)), nc + kept))
+            result.records[i].drafter_input_ids = list(nxt)
+            owners.append(i)
+        if not owners:
+            return
+        mtp_hidden = model.mtp(torch.tensor(ids, dtype=torch.int64, device=dev), result.hidden[hid_rows],
+                               torch.tensor([p for _, pos, _ in attn_rows for p in pos], dtype=torch.int64,
+                                            device=dev),
+                               self._attn_metadata(attn_rows), self.caches.kv["mtp"])
+        ends = torch.tensor([len(pos) for _, pos, _ in attn_rows], device=dev).cumsum(0) - 1
+        sampling = [j for j, i in enumerate(owners) if result.valid_tokens[i] is not None]
+        if not sampling:
+            return
+        hidden = mtp_hidden[ends[sampling]]
+        drafts = [model.compute_logits(hidden).argmax(dim=-1)]
+        reqs = [sched.rows[owners[j]].request for j in sampling]
+        for step in range(1, self.k):
+            prev = drafts[-1]
+            rows = []
+            for r in reqs:
+                pos = r.num_computed_tokens + step - 1  # MTP row p pairs token p+1 with hidden p
+                rows.append((r.block_ids, [pos], pos + 1))
+            positions = torch.tensor([p[0] for _, p, _ in rows], dtype=torch.int64, device=dev)
+            hidden = model.mtp(prev, hidden, positions, self._attn_metadata(rows), self.caches.kv["mtp"])
+            drafts.append(model.compute_logits(hidden).argmax(dim=-1))
+            for j, token in zip(sampling, prev.tolist()):
+                result.records[owners[j]].drafter_input_ids.append(token)
+        table = torch.stack(drafts, dim=1).tolist()
+        for j, r, d in zip(sampling, reqs, table):
+            r.draft_token_ids = d
+            result.records[owners[j]].next_draft_token_ids = list(d)
+
+
+def _gdn_shapes(gdn: GDNMetadata) -> dict:
+    shapes = {}
+    for name, group in (("prefill", gdn.prefill), ("decode", gdn.decode)):
+        if group is None:
+            continue
+        for field_name in ("query_start_loc", "state_indices", "has_initial_state", "num_accepted_tokens"):
+            t = getattr(group, field_name)
+            if t is not None:
+                shapes[f"{name}.{field_name}"] = tuple(t.shape)
+    return shapes

@@ -1,0 +1,64 @@
+"""Request state, owned by the scheduler and read by the runners."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from refengine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_index: int
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+
+    # Progress. ``num_computed_tokens`` counts committed tokens whose KV/state is written.
+    num_computed_tokens: int = 0
+    num_prefill_tokens: int = 0  # tokens to prefill since (re)admission: len(all_token_ids) then
+    draft_token_ids: list[int] = field(default_factory=list)  # drafts for the next verify step
+    num_valid_prev: int = 1  # tokens the previous step kept (bonus included); 1 after prefill
+
+    # Resources.
+    block_ids: list[int] = field(default_factory=list)
+    state_slots: list[int] = field(default_factory=list)  # s_0..s_K
+
+    # Statistics.
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    acceptance: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verify step
+    num_preemptions: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        """DESIGN §4.2: rows of a request still inside its (re)admission prompt run the prefill form."""
+        return self.num_computed_tokens < self.num_prefill_tokens
+
+    @property
+    def has_initial_state(self) -> bool:
+        """A request with no computed tokens starts from zero state, whatever its query length."""
+        return self.num_computed_tokens > 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

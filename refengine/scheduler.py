@@ -1,0 +1,148 @@
+"""Continuous batching with chunked prefill, speculative verify rows and preemption by recompute.
+
+Every step has one token budget. Running requests are served first, in admission order: a
+request's query is everything it has not computed yet plus its drafts
+(``num_tokens + len(drafts) - num_computed_tokens``), cut to the budget. Waiting requests are
+admitted after that while seats, budget, blocks and state slots last. When KV blocks run out, the
+most recently admitted running request is preempted: its blocks and slots are freed and it starts
+over from its prompt plus the tokens it already produced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from refengine.config import EngineConfig
+from refengine.pools import KVBlockPool, StateSlotPool
+from refengine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRow:
+    request: Request
+    num_tokens: int  # query length: committed tokens not yet computed, then drafts
+    draft_token_ids: list[int]  # the drafts at the tail of the query
+
+    @property
+    def num_committed(self) -> int:
+        return self.num_tokens - len(self.draft_token_ids)
+
+    @property
+    def samples(self) -> bool:
+        """Whether the row reaches the last committed token, so its logits pick the next tokens."""
+        req = self.request
+        return req.num_computed_tokens + self.num_committed == req.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    rows: list[ScheduledRow] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.max_num_seqs = config.scheduler.max_num_seqs
+        self.budget = config.scheduler.max_num_batched_tokens
+        self.block_size = config.cache.block_size
+        self.num_slots_per_request = 1 + config.speculative.num_speculative_tokens
+        self.lookahead = config.num_lookahead_tokens
+        self.kv_pool = KVBlockPool(config.num_kv_blocks)
+        self.slot_pool = StateSlotPool(config.num_state_slots)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.budget
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            uncomputed = req.num_tokens - req.num_computed_tokens
+            if req.is_prefilling:
+                num_new = min(uncomputed, budget)  # prompts are chunked to the budget
+            else:
+                num_new = uncomputed + len(req.draft_token_ids)
+                if num_new > budget:  # verify rows run whole, so acceptance never depends on the budget
+                    i += 1
+                    continue
+            if not self._reserve_blocks(req, num_new, out):
+                continue  # ``req`` itself was preempted; running[i] is now the next request
+            out.rows.append(ScheduledRow(req, num_new, list(req.draft_token_ids) if not req.is_prefilling else []))
+            budget -= num_new
+            i += 1
+
+        while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
+            req = self.waiting[0]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            blocks = self.kv_pool.allocate(self._blocks_needed(req, num_new))
+            if blocks is None:
+                break
+            slots = self.slot_pool.allocate(self.num_slots_per_request)
+            if slots is None:
+                self.kv_pool.free(blocks)
+                break
+            self.waiting.popleft()
+            req.block_ids, req.state_slots = blocks, slots
+            req.num_prefill_tokens = req.num_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.rows.append(ScheduledRow(req, num_new, []))
+            budget -= num_new
+        return out
+
+    def _blocks_needed(self, req: Request, num_new: int) -> int:
+        total = req.num_computed_tokens + num_new + self.lookahead
+        return max(math.ceil(total / self.block_size) - len(req.block_ids), 0)
+
+    def _reserve_blocks(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
+        """Grow ``req``'s block list, preempting from the tail of ``running``; False if ``req`` itself went."""
+        while True:
+            blocks = self.kv_pool.allocate(self._blocks_needed(req, num_new))
+            if blocks is not None:
+                req.block_ids.extend(blocks)
+                return True
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted.append(victim.request_id)
+            if victim is req:
+                return False
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_prefill_tokens = 0
+        req.draft_token_ids = []
+        req.num_valid_prev = 1
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        self.kv_pool.free(req.block_ids)
+        self.slot_pool.free(req.state_slots)
+        req.block_ids, req.state_slots = [], []
+
+    def finish(self, req: Request, reason: str) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self._release(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.draft_token_ids = []
