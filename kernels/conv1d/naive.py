@@ -1,0 +1,104 @@
+"""Plain-torch references for the causal depthwise conv1d with a pooled conv state.
+
+Both forms build ``full = concat(window_in, x_row)`` (``[C, W-1+L]``) and compute, in float32,
+``out[t] = act(sum_j weight[:, j] * full[:, t + j])`` with the taps summed in the order
+``j = 0..W-1`` by elementwise ops only, so the prefill and update forms give bitwise equal
+outputs for the same window and every row is independent of its neighbours.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.constants import PAD_SLOT_ID
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(x)`` written as ``x / (1 + exp(-x))``.
+
+    ``torch.sigmoid`` / ``F.silu`` on CPU can round the vectorised body and the scalar tail of a
+    tensor differently, which would make a value depend on its position in the batch; ``exp``,
+    ``+`` and ``/`` give the same result wherever the element sits.
+    """
+    return x / (1.0 + torch.exp(-x))
+
+
+def conv_window(full: torch.Tensor, weight: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """``full [..., C, W-1+L]`` float32, ``weight [C, W]`` float32 -> ``[..., C, L]`` float32."""
+    width = weight.shape[1]
+    length = full.shape[-1] - (width - 1)
+    acc = weight[:, 0:1] * full[..., 0:length]
+    for j in range(1, width):
+        acc = acc + weight[:, j:j + 1] * full[..., j:j + length]
+    if activation == "silu":
+        return silu(acc)
+    assert activation is None, f"activation must be 'silu' or None, got {activation!r}"
+    return acc
+
+
+def naive_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, *,
+                           activation="silu"):
+    """Prefill form: ``window_in = conv_state[s, :, 0:W-1]`` (zeros without initial state);
+    afterwards ``conv_state[s, :, 0:W-1] = full[:, -(W-1):]``. Rows of length 0 and rows whose
+    slot is PAD_SLOT_ID read and write nothing (zero outputs)."""
+    num_tokens, channels = x.shape
+    width = weight.shape[1]
+    w32 = weight.float()
+    cu = cu_seqlens.tolist()
+    slots = state_indices.tolist()
+    init = [True] * len(slots) if has_initial_state is None else has_initial_state.tolist()
+    out = torch.zeros(num_tokens, channels, dtype=x.dtype, device=x.device)
+    for i, slot in enumerate(slots):
+        bos, eos = cu[i], cu[i + 1]
+        if eos == bos or slot == PAD_SLOT_ID:
+            continue
+        if init[i]:
+            window = conv_state[slot, :, 0:width - 1].float()
+        else:
+            window = torch.zeros(channels, width - 1, dtype=torch.float32, device=x.device)
+        full = torch.cat([window, x[bos:eos].float().t()], dim=1)
+        out[bos:eos] = conv_window(full, w32, activation).t().to(x.dtype)
+        conv_state[slot, :, 0:width - 1] = full[:, -(width - 1):].to(conv_state.dtype)
+    return out
+
+
+def naive_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_indices, *,
+                               num_accepted_tokens=None, activation="silu"):
+    """Decode / verify form: with ``a = num_accepted_tokens[i]`` (1 when None),
+    ``window_in = conv_state[s, :, a-1 : a-1+W-1]``; afterwards
+    ``conv_state[s, :, 0 : W-2+L] = full[:, 1:]``. All rows are processed together: they are
+    padded to the longest row and only elementwise ops run across them."""
+    num_tokens, channels = x.shape
+    width = weight.shape[1]
+    state_len = conv_state.shape[2]
+    cu = query_start_loc.tolist()
+    col0 = (state_indices if state_indices.dim() == 1 else state_indices[:, 0]).tolist()
+    accepted = [1] * len(col0) if num_accepted_tokens is None else num_accepted_tokens.tolist()
+    rows = [i for i in range(len(col0)) if col0[i] != PAD_SLOT_ID and cu[i + 1] > cu[i]]
+    out = torch.zeros(num_tokens, channels, dtype=x.dtype, device=x.device)
+    if not rows:
+        return out
+    lens = [cu[i + 1] - cu[i] for i in rows]
+    longest = max(lens)
+    for i, length in zip(rows, lens):
+        assert 1 <= accepted[i] and accepted[i] - 1 + width - 1 <= state_len, (
+            f"row {i}: num_accepted_tokens {accepted[i]} does not fit a conv state of {state_len} columns")
+        assert width - 2 + length <= state_len, f"row {i}: {length} tokens do not fit the conv state"
+    dev = x.device
+    slots = torch.tensor([col0[i] for i in rows], dtype=torch.long, device=dev)
+    # Window columns a-1 .. a-1+W-2 of each row's slot, read before anything is written.
+    first = torch.tensor([accepted[i] - 1 for i in rows], device=dev)
+    win_cols = first[:, None, None] + torch.arange(width - 1, device=dev)[None, None, :]       # [R, 1, W-1]
+    window = conv_state[slots[:, None, None], torch.arange(channels, device=dev)[None, :, None], win_cols]
+    # Tokens of each row, padded to the longest row with a valid index whose results are dropped.
+    offs = torch.arange(longest, device=dev)
+    valid = offs[None, :] < torch.tensor(lens, device=dev)[:, None]               # [R, Lmax]
+    tok = torch.tensor([cu[i] for i in rows], device=dev)[:, None] + offs[None, :]
+    tok = torch.where(valid, tok, 0)
+    xs = torch.where(valid[:, :, None], x[tok].float(), 0.0)                       # [R, Lmax, C]
+    full = torch.cat([window.float(), xs.transpose(1, 2)], dim=2)                   # [R, C, W-1+Lmax]
+    res = conv_window(full, weight.float(), activation).transpose(1, 2)            # [R, Lmax, C]
+    out[tok[valid]] = res[valid].to(x.dtype)
+    for r, (slot, length) in enumerate(zip(slots.tolist(), lens)):
+        conv_state[slot, :, 0:width - 2 + length] = full[r, :, 1:width - 1 + length].to(conv_state.dtype)
+    return out

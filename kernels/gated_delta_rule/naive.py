@@ -1,0 +1,190 @@
+"""Plain-torch references for the gated delta rule (the op's specification; see README.md here).
+
+Both references compute in float32 and are batch-invariant: a row's outputs and state writes do
+not depend on which other rows share the call. The recurrent reference processes, for each token
+index t, all rows that have a token t at once, using only elementwise ops and reductions over a
+row's own head dimensions. The chunk reference runs each sequence on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.constants import PAD_SLOT_ID
+
+L2_NORM_EPS = 1e-6
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + 1e-6)`` over the last dimension, in float32."""
+    x = x.float()
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2_NORM_EPS)
+
+
+def prepare_qk(q, k, num_value_heads, scale, use_qk_l2norm):
+    """Normalise and scale q/k in float32 and repeat key heads to value heads (GQA)."""
+    q, k = q.float(), k.float()
+    if use_qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
+    q = q * scale
+    group = num_value_heads // q.shape[1]
+    if group > 1:
+        q = q.repeat_interleave(group, dim=1)
+        k = k.repeat_interleave(group, dim=1)
+    return q, k
+
+
+def _row_bounds(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
+    cu = cu_seqlens.tolist()
+    return cu[:-1], [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
+
+
+def _read_slots(state_indices, num_accepted_tokens, lens) -> list[int]:
+    """The pool slot each row reads its initial state from (PAD_SLOT_ID: padding row)."""
+    if state_indices.dim() == 1:
+        assert num_accepted_tokens is None, "num_accepted_tokens needs 2-D state_indices"
+        return [PAD_SLOT_ID if n == 0 else s for s, n in zip(state_indices.tolist(), lens)]
+    idx = state_indices.tolist()
+    assert num_accepted_tokens is not None, "2-D state_indices need num_accepted_tokens"
+    accepted = num_accepted_tokens.tolist()
+    slots = []
+    for i, row in enumerate(idx):
+        if row[0] == PAD_SLOT_ID or lens[i] == 0:
+            slots.append(PAD_SLOT_ID)
+            continue
+        assert 1 <= accepted[i] <= len(row), f"row {i}: num_accepted_tokens {accepted[i]} out of range"
+        assert lens[i] <= len(row), f"row {i}: {lens[i]} tokens but only {len(row)} state columns"
+        slots.append(row[accepted[i] - 1])
+    return slots
+
+
+def naive_recurrent_gated_delta_rule(
+    q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, *,
+    num_accepted_tokens=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
+):
+    """Token-by-token gated delta rule over a pooled, paged state (see kernels/README.md).
+
+    q, k: [T, Hk, Dk]; v: [T, Hv, Dv]; g, beta: [T, Hv] float32; ssm_state: [S, Hv, Dk, Dv]
+    float32, updated in place; cu_seqlens: int32 [N+1]; state_indices: int32 [N] (plain rows,
+    final state written to idx[i]) or [N, K+1] (speculative rows: initial state from column
+    num_accepted_tokens[i] - 1, state after token t written to column t; PAD columns are not
+    written). Rows whose read slot is PAD_SLOT_ID, and rows of length 0, read and write nothing.
+    Returns o: [T, Hv, Dv] in v.dtype, zeros for tokens of skipped rows.
+    """
+    num_tokens, num_v_heads, dv = v.shape
+    dk = q.shape[-1]
+    scale = dk ** -0.5 if scale is None else scale
+    starts, lens = _row_bounds(cu_seqlens)
+    read_slots = _read_slots(state_indices, num_accepted_tokens, lens)
+    spec = state_indices.dim() == 2
+    init = [True] * len(lens) if has_initial_state is None else has_initial_state.tolist()
+
+    o = torch.zeros(num_tokens, num_v_heads, dv, dtype=torch.float32, device=v.device)
+    # Active rows, longest first: the rows with a token t are then always a prefix.
+    rows = sorted((i for i in range(len(lens)) if read_slots[i] != PAD_SLOT_ID), key=lambda i: -lens[i])
+    if rows:
+        qn, kn = prepare_qk(q, k, num_v_heads, scale, use_qk_l2norm)
+        decay = torch.exp(g.float())
+        vf, bf = v.float(), beta.float()
+        slots = torch.tensor([read_slots[i] for i in rows], dtype=torch.long, device=v.device)
+        keep = torch.tensor([init[i] for i in rows], dtype=torch.bool, device=v.device)
+        # Gather every initial state before anything is written; masked (not multiplied) so
+        # that garbage or NaN in a recycled slot cannot leak in.
+        state = torch.where(keep[:, None, None, None], ssm_state[slots].float(), 0.0)
+        cols = state_indices.tolist() if spec else None
+        for t in range(lens[rows[0]]):
+            n = sum(1 for i in rows if lens[i] > t)
+            tok = torch.tensor([starts[i] + t for i in rows[:n]], dtype=torch.long, device=v.device)
+            s = state[:n]
+            s.mul_(decay[tok][:, :, None, None])
+            k_t = kn[tok][:, :, :, None]                                   # [n, Hv, Dk, 1]
+            delta = (vf[tok] - (k_t * s).sum(dim=-2)) * bf[tok][:, :, None]  # [n, Hv, Dv]
+            s.add_(k_t * delta[:, :, None, :])
+            o[tok] = (qn[tok][:, :, :, None] * s).sum(dim=-2)
+            if spec:
+                write = [j for j in range(n) if cols[rows[j]][t] != PAD_SLOT_ID]
+                dst = torch.tensor([cols[rows[j]][t] for j in write], dtype=torch.long, device=v.device)
+                ssm_state[dst] = s[write].to(ssm_state.dtype)
+        if not spec:
+            ssm_state[slots] = state.to(ssm_state.dtype)
+    return o.to(v.dtype)
+
+
+def _chunk_one_sequence(q, k, v, g, beta, state, chunk_size):
+    """Chunked (WY/UT) gated delta rule for one sequence, heads as the batch dimension.
+
+    q, k: [Hv, L, Dk] (normalised, q scaled); v: [Hv, L, Dv]; g, beta: [Hv, L]; state:
+    [Hv, Dk, Dv]. Returns (o [Hv, L, Dv], final state).
+    """
+    heads, length, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-length) % chunk_size
+    if pad:
+        # Padded tokens have k = v = 0, beta = 0 and g = 0: they leave the state unchanged.
+        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (torch.nn.functional.pad(x, (0, pad)) for x in (g, beta))
+    nc = (length + pad) // chunk_size
+    q, k = q.view(heads, nc, chunk_size, dk), k.view(heads, nc, chunk_size, dk)
+    v = v.view(heads, nc, chunk_size, dv)
+    g, beta = g.view(heads, nc, chunk_size), beta.view(heads, nc, chunk_size)
+
+    g_cum = g.cumsum(dim=-1)                                      # log of gamma_t within the chunk
+    pos = torch.arange(chunk_size, device=q.device)
+    causal = pos[:, None] >= pos[None, :]
+    strict = pos[:, None] > pos[None, :]
+    diff = g_cum[..., :, None] - g_cum[..., None, :]              # log(gamma_i / gamma_j)
+    decay = torch.exp(diff.masked_fill(~causal, float("-inf")))  # zero above the diagonal
+
+    k_beta = k * beta[..., None]
+    # (I + A) with A[i, j] = beta_i (k_i . k_j) gamma_i / gamma_j for j < i.
+    a = (k_beta @ k.transpose(-1, -2)) * decay.masked_fill(~strict, 0.0)
+    eye = torch.eye(chunk_size, device=q.device, dtype=q.dtype)
+    system = a + eye
+    u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(
+        system, k_beta * torch.exp(g_cum)[..., None], upper=False, unitriangular=True)
+    qk = (q @ k.transpose(-1, -2)) * decay
+
+    o = torch.empty_like(v)
+    for c in range(nc):
+        v_new = u[:, c] - w[:, c] @ state
+        o[:, c] = (q[:, c] * torch.exp(g_cum[:, c])[..., None]) @ state + qk[:, c] @ v_new
+        last = g_cum[:, c, -1:]
+        k_decayed = k[:, c] * torch.exp(last - g_cum[:, c])[..., None]
+        state = state * torch.exp(last)[..., None] + k_decayed.transpose(-1, -2) @ v_new
+    return o.reshape(heads, nc * chunk_size, dv)[:, :length], state
+
+
+def naive_chunk_gated_delta_rule(
+    q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, has_initial_state, *,
+    scale=None, use_qk_l2norm=True, chunk_size=64,
+):
+    """Chunked gated delta rule, one sequence at a time (same semantics as the plain recurrent
+    form with 1-D ``state_indices``). Agrees with the recurrent reference within float tolerance.
+    """
+    num_tokens, num_v_heads, dv = v.shape
+    dk = q.shape[-1]
+    scale = dk ** -0.5 if scale is None else scale
+    assert state_indices.dim() == 1, "the chunk form takes 1-D state_indices"
+    starts, lens = _row_bounds(cu_seqlens)
+    slots = state_indices.tolist()
+    init = [True] * len(lens) if has_initial_state is None else has_initial_state.tolist()
+    o = torch.zeros(num_tokens, num_v_heads, dv, dtype=torch.float32, device=v.device)
+    for i, (bos, length) in enumerate(zip(starts, lens)):
+        if length == 0 or slots[i] == PAD_SLOT_ID:
+            continue
+        eos = bos + length
+        # Fresh copies: each sequence's math sees the same shapes and alignment whatever its
+        # neighbours, so its result is bitwise the same alone or in a batch.
+        qi, ki = prepare_qk(q[bos:eos], k[bos:eos], num_v_heads, scale, use_qk_l2norm)
+        vi = v[bos:eos].float().clone()
+        gi, bi = g[bos:eos].float().t().contiguous(), beta[bos:eos].float().t().contiguous()
+        state = ssm_state[slots[i]].float().clone()
+        if not init[i]:
+            state = torch.zeros_like(state)
+        oi, state = _chunk_one_sequence(
+            qi.transpose(0, 1).contiguous(), ki.transpose(0, 1).contiguous(),
+            vi.transpose(0, 1).contiguous(), gi, bi, state, chunk_size)
+        o[bos:eos] = oi.transpose(0, 1)
+        ssm_state[slots[i]] = state.to(ssm_state.dtype)
+    return o.to(v.dtype)

@@ -1,0 +1,78 @@
+"""Benchmarks of the GDN kernels (Triton against the torch reference), on a CUDA device only.
+
+Run: ``pytest tests/kernels/bench/test_bench_gdn.py --benchmark-only`` (add ``-m gpu`` or nothing:
+the ``gpu`` mark makes them skip without CUDA). Sizes follow Qwen3-Next-80B per tensor-parallel
+rank 1: Hk = 16, Hv = 32, Dk = Dv = 128, conv channels 2*16*128 + 32*128, width 4.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.conv1d import causal_conv1d_update
+from kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+pytestmark = pytest.mark.gpu
+
+HK, HV, D, WIDTH = 16, 32, 128, 4
+CONV_DIM = 2 * HK * D + HV * D
+
+
+def _gdn_inputs(lens):
+    dev = "cuda"
+    t = sum(lens)
+    q = torch.randn(t, HK, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(t, HK, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(t, HV, D, device=dev, dtype=torch.bfloat16)
+    g = F.logsigmoid(torch.randn(t, HV, device=dev) + 2.0)
+    beta = torch.rand(t, HV, device=dev)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    return q, k, v, g, beta, cu
+
+
+def _timed(benchmark, fn):
+    def run():
+        fn()
+        torch.cuda.synchronize()
+    run()                                     # compile / warm up outside the measurement
+    benchmark(run)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("rows,spec_tokens", [(64, 0), (16, 3)])
+def test_bench_recurrent(benchmark, backend, rows, spec_tokens):
+    q, k, v, g, beta, cu = _gdn_inputs([spec_tokens + 1] * rows)
+    pool = torch.zeros(rows * (spec_tokens + 1) + 1, HV, D, D, device="cuda")
+    if spec_tokens:
+        idx = torch.arange(rows * (spec_tokens + 1), dtype=torch.int32, device="cuda").view(rows, -1)
+        accepted = torch.randint(1, spec_tokens + 2, (rows,), dtype=torch.int32, device="cuda")
+    else:
+        idx, accepted = torch.arange(rows, dtype=torch.int32, device="cuda"), None
+    _timed(benchmark, lambda: fused_recurrent_gated_delta_rule(
+        q, k, v, g, beta, pool, cu, idx, num_accepted_tokens=accepted, backend=backend))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("lens", [[2048], [512, 1000, 300, 10]], ids=["one-2048", "varlen-4"])
+def test_bench_chunk(benchmark, backend, lens):
+    q, k, v, g, beta, cu = _gdn_inputs(lens)
+    pool = torch.zeros(len(lens), HV, D, D, device="cuda")
+    idx = torch.arange(len(lens), dtype=torch.int32, device="cuda")
+    has_init = torch.zeros(len(lens), dtype=torch.bool, device="cuda")
+    _timed(benchmark, lambda: chunk_gated_delta_rule(q, k, v, g, beta, pool, cu, idx, has_init,
+                                                     backend=backend))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bench_conv_update(benchmark, backend):
+    rows, spec_tokens = 32, 3
+    x = torch.randn(rows * (spec_tokens + 1), CONV_DIM, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(CONV_DIM, WIDTH, device="cuda", dtype=torch.bfloat16)
+    state = torch.zeros(rows, CONV_DIM, WIDTH - 1 + spec_tokens, device="cuda", dtype=torch.bfloat16)
+    cu = torch.arange(0, rows * (spec_tokens + 1) + 1, spec_tokens + 1, dtype=torch.int32, device="cuda")
+    idx = torch.arange(rows, dtype=torch.int32, device="cuda")
+    accepted = torch.randint(1, spec_tokens + 2, (rows,), dtype=torch.int32, device="cuda")
+    _timed(benchmark, lambda: causal_conv1d_update(x, weight, state, cu, idx, num_accepted_tokens=accepted,
+                                                   backend=backend))
