@@ -1,0 +1,54 @@
+"""``reshape_and_cache`` (store K/V into the paged cache) and ``compute_slot_mapping``."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._dispatch import resolve_backend
+from kernels.kv_cache.naive import naive_compute_slot_mapping, naive_reshape_and_cache
+
+
+def reshape_and_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> None:
+    """Store ``k, v [T, Hkv, D]`` into ``k_cache, v_cache [num_blocks, block_size, Hkv, D]`` at the
+    int64 slots ``slot_mapping [T]`` (in place); ``PAD_SLOT_ID`` tokens are skipped."""
+    if resolve_backend(backend, k, v, k_cache, v_cache, slot_mapping) == "torch":
+        return naive_reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+    from kernels.kv_cache.triton_kv_cache import triton_reshape_and_cache
+
+    return triton_reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+
+
+def compute_slot_mapping(
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_tokens_padded: int,
+    block_size: int,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """int64 ``[num_tokens_padded]`` slots for the tokens of each row (``PAD_SLOT_ID`` past
+    ``query_start_loc[N]``)."""
+    if resolve_backend(backend, block_table, positions, query_start_loc) == "torch":
+        return naive_compute_slot_mapping(
+            block_table, positions, query_start_loc, num_tokens_padded, block_size
+        )
+    from kernels.kv_cache.triton_kv_cache import triton_compute_slot_mapping
+
+    return triton_compute_slot_mapping(block_table, positions, query_start_loc, num_tokens_padded, block_size)
+
+
+__all__ = [
+    "compute_slot_mapping",
+    "naive_compute_slot_mapping",
+    "naive_reshape_and_cache",
+    "reshape_and_cache",
+]

@@ -1,0 +1,38 @@
+"""Reference for ``linear``: ``y = x @ weight.T`` computed in fixed-size row chunks.
+
+The BLAS picks its blocking (and, for a single row, a different GEMV code path) from the problem
+shape, so a plain ``x @ weight.T`` can give a row different bits depending on how many rows share
+the call. Here every GEMM has the same shape ``[ROW_CHUNK, K] x [K, N]``: the rows are zero-padded
+up to a multiple of ``ROW_CHUNK`` and the chunks go through one batched matmul with the weight
+broadcast (a stride-0 batch), so each chunk is the same fixed-size GEMM. A row's result then
+depends only on the row and the weight, not on M or on its neighbours (checked by
+tests/kernels/test_linear.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Rows per GEMM. Fixed: changing it may change the bits of every result. 16 trades the
+# padding cost of small (decode) calls against the per-chunk cost of large ones.
+ROW_CHUNK = 16
+
+
+def naive_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ weight[N, K].T -> [M, N]`` in ``x.dtype``, batch-invariant per row."""
+    assert x.dim() == 2 and weight.dim() == 2, "linear: x [M, K] and weight [N, K]"
+    assert x.shape[1] == weight.shape[1], f"linear: K mismatch {x.shape[1]} != {weight.shape[1]}"
+    assert x.dtype == weight.dtype, f"linear: x {x.dtype} and weight {weight.dtype} differ"
+    m, k = x.shape
+    n = weight.shape[0]
+    num_chunks = -(-m // ROW_CHUNK)
+    if num_chunks == 0:
+        return x.new_empty(0, n)
+    if m == num_chunks * ROW_CHUNK and x.is_contiguous():
+        x_pad = x
+    else:
+        x_pad = x.new_zeros(num_chunks * ROW_CHUNK, k)
+        x_pad[:m] = x
+    w_t = weight.t().expand(num_chunks, k, n)
+    y = torch.bmm(x_pad.view(num_chunks, ROW_CHUNK, k), w_t)
+    return y.view(num_chunks * ROW_CHUNK, n)[:m]

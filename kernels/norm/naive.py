@@ -1,0 +1,42 @@
+"""References for ``rms_norm`` and ``gated_rms_norm``.
+
+Every reduction runs over the last dimension of one row, and every elementwise function used
+(``rsqrt``, ``exp``) gives the same bits wherever the element sits in the tensor, so a row's
+result does not depend on the other rows. ``silu`` is written as ``z / (1 + exp(-z))``:
+``torch.sigmoid`` on CPU takes a different code path for the tail elements of a tensor and could
+give a row different bits depending on the row count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def silu_fp32(z: torch.Tensor) -> torch.Tensor:
+    """``z * sigmoid(z)`` for float32 ``z``, position-independent bits."""
+    return z / (1.0 + torch.exp(-z))
+
+
+def _rms_normalize(x32: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = (x32 * x32).mean(dim=-1, keepdim=True)
+    return x32 * torch.rsqrt(variance + eps)
+
+
+def naive_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered: bool = True
+) -> torch.Tensor:
+    """``x [M, H]``, ``weight [H]``:
+    ``(x32 * rsqrt(mean(x32^2) + eps) * (1 + w32 if zero_centered else w32)).to(x.dtype)``."""
+    assert x.dim() == 2 and weight.shape == (x.shape[1],), "rms_norm: x [M, H], weight [H]"
+    w32 = weight.float()
+    scale = 1.0 + w32 if zero_centered else w32
+    return (_rms_normalize(x.float(), eps) * scale).to(x.dtype)
+
+
+def naive_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x, z [M, Hv, Dv]``, ``weight [Dv]`` (norm before gate, weight used as-is):
+    ``(w * (x32 * rsqrt(mean(x32^2 over Dv) + eps)).to(x.dtype)) * silu(z32)``, cast to ``x.dtype``."""
+    assert x.dim() == 3 and z.shape == x.shape, "gated_rms_norm: x, z [M, Hv, Dv]"
+    assert weight.shape == (x.shape[2],), "gated_rms_norm: weight [Dv]"
+    normed = _rms_normalize(x.float(), eps).to(x.dtype)
+    return ((weight * normed) * silu_fp32(z.float())).to(x.dtype)

@@ -1,0 +1,76 @@
+"""Triton kernels for ``rms_norm`` and ``gated_rms_norm``: one program per normalised row."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_norm_kernel(
+    x, w, y, eps, stride_x, stride_y,
+    H: tl.constexpr, BH: tl.constexpr, ZERO_CENTERED: tl.constexpr,
+):
+    i_m = tl.program_id(0)
+    o_h = tl.arange(0, BH)
+    mask_h = o_h < H
+    b_x = tl.load(x + i_m * stride_x + o_h, mask=mask_h, other=0.0).to(tl.float32)
+    b_w = tl.load(w + o_h, mask=mask_h, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        b_w = 1.0 + b_w
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 0) / H + eps)
+    b_y = b_x * b_rstd * b_w
+    tl.store(y + i_m * stride_y + o_h, b_y.to(y.dtype.element_ty), mask=mask_h)
+
+
+@triton.jit
+def gated_rms_norm_kernel(
+    x, z, w, y, eps,
+    D: tl.constexpr, BD: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
+):
+    # One program per (token, value head) row of D elements; x, z, y contiguous [M, Hv, D].
+    i_r = tl.program_id(0)
+    o_d = tl.arange(0, BD)
+    mask_d = o_d < D
+    b_x = tl.load(x + i_r * D + o_d, mask=mask_d, other=0.0).to(tl.float32)
+    b_z = tl.load(z + i_r * D + o_d, mask=mask_d, other=0.0).to(tl.float32)
+    b_w = tl.load(w + o_d, mask=mask_d, other=0.0).to(tl.float32)
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 0) / D + eps)
+    # As in the reference: the normalised value is rounded to x's dtype, and the weight product
+    # too when torch would compute it in x's dtype (16-bit weight), before the float32 gate.
+    b_g = b_w * (b_x * b_rstd).to(y.dtype.element_ty).to(tl.float32)
+    if ROUND_PRODUCT:
+        b_g = b_g.to(y.dtype.element_ty).to(tl.float32)
+    b_y = b_g * (b_z / (1.0 + tl.exp(-b_z)))
+    tl.store(y + i_r * D + o_d, b_y.to(y.dtype.element_ty), mask=mask_d)
+
+
+def triton_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered: bool = True
+) -> torch.Tensor:
+    assert x.dim() == 2 and weight.shape == (x.shape[1],), "rms_norm: x [M, H], weight [H]"
+    assert x.stride(1) == 1 and weight.is_contiguous(), "rms_norm: rows of x and weight must be contiguous"
+    m, h = x.shape
+    y = torch.empty(m, h, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    rms_norm_kernel[(m,)](
+        x, weight, y, eps, x.stride(0), y.stride(0),
+        H=h, BH=triton.next_power_of_2(h), ZERO_CENTERED=zero_centered,
+    )
+    return y
+
+
+def triton_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    assert x.dim() == 3 and z.shape == x.shape and weight.shape == (x.shape[2],), "x, z [M, Hv, Dv], w [Dv]"
+    assert x.is_contiguous() and z.is_contiguous() and weight.is_contiguous(), "gated_rms_norm: strided"
+    m, hv, d = x.shape
+    y = torch.empty(m, hv, d, dtype=x.dtype, device=x.device)
+    if m * hv == 0:
+        return y
+    round_product = x.dtype != torch.float32 and torch.promote_types(weight.dtype, x.dtype) == x.dtype
+    gated_rms_norm_kernel[(m * hv,)](
+        x, z, weight, y, eps, D=d, BD=triton.next_power_of_2(d), ROUND_PRODUCT=round_product,
+    )
+    return y

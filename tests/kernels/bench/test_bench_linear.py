@@ -1,0 +1,42 @@
+"""Benchmarks of linear (Triton against the torch reference), on a CUDA device only.
+
+Run: ``pytest tests/kernels/bench/test_bench_linear.py --benchmark-only -p no:xdist`` (the ``gpu``
+mark makes them skip without CUDA). The tiny test model's projections and a Qwen3-Next-sized one
+(hidden 2048), in bfloat16, plus plain ``torch.matmul`` as the floor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.linear import linear
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {  # (M, K, N)
+    "tiny-256x128x512": (256, 128, 512),
+    "decode-64x2048x2048": (64, 2048, 2048),
+    "prefill-2048x2048x4096": (2048, 2048, 4096),
+}
+
+
+def timed(benchmark, fn):
+    def run():
+        fn()
+        torch.cuda.synchronize()
+
+    run()  # compile / warm up outside the measurement
+    benchmark(run)
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch", "matmul"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_bench_linear(benchmark, impl, shape):
+    m, k, n = SHAPES[shape]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    if impl == "matmul":
+        timed(benchmark, lambda: x @ w.t())
+    else:
+        timed(benchmark, lambda: linear(x, w, backend=impl))

@@ -1,0 +1,112 @@
+"""reshape_and_cache and compute_slot_mapping: exact checks against explicit loops, sentinel-filled
+caches (nothing outside the mapping is touched), PAD_SLOT_ID handling, Triton == torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.constants import PAD_SLOT_ID
+from kernels.kv_cache import compute_slot_mapping, reshape_and_cache
+from tests.kernels.conftest import requires_triton
+
+HUGE = 1e30
+BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
+
+
+def slot_mapping_by_loop(block_table, positions, query_start_loc, num_tokens_padded, block_size):
+    out = [PAD_SLOT_ID] * num_tokens_padded
+    for i in range(block_table.shape[0]):
+        for t in range(int(query_start_loc[i]), int(query_start_loc[i + 1])):
+            pos = int(positions[t])
+            out[t] = int(block_table[i, pos // block_size]) * block_size + pos % block_size
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def make_rows(rows, block_size, num_tokens_padded, max_blocks=8):
+    """rows: (context length, query length); returns block_table, positions, query_start_loc."""
+    num_blocks = len(rows) * max_blocks
+    block_table = torch.randperm(num_blocks).view(len(rows), max_blocks).int()
+    positions = torch.zeros(num_tokens_padded, dtype=torch.int64)
+    qsl = [0]
+    for ctx, qlen in rows:
+        positions[qsl[-1] : qsl[-1] + qlen] = torch.arange(ctx, ctx + qlen)
+        qsl.append(qsl[-1] + qlen)
+    assert max(c + q for c, q in rows) <= max_blocks * block_size
+    return block_table, positions, torch.tensor(qsl, dtype=torch.int32)
+
+
+SLOT_CASES = [
+    # rows, block_size, num_tokens_padded
+    ([(0, 5)], 4, 5),
+    ([(0, 17), (9, 1), (0, 0), (26, 4), (3, 2)], 4, 32),
+    ([(0, 0), (15, 17), (0, 0), (100, 1)], 16, 40),
+    ([(0, 0)], 16, 3),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "rows, block_size, padded", SLOT_CASES, ids=[f"case{i}" for i in range(len(SLOT_CASES))]
+)
+def test_compute_slot_mapping(rows, block_size, padded, backend):
+    block_table, positions, qsl = make_rows(rows, block_size, padded)
+    got = compute_slot_mapping(block_table, positions, qsl, padded, block_size, backend=backend)
+    expected = slot_mapping_by_loop(block_table, positions, qsl, padded, block_size)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, expected)
+    assert torch.all(got[int(qsl[-1]) :] == PAD_SLOT_ID)
+
+
+def make_cache(num_blocks, block_size, hkv, d, dtype):
+    return torch.full((num_blocks, block_size, hkv, d), HUGE, dtype=dtype), torch.full(
+        (num_blocks, block_size, hkv, d), -HUGE, dtype=dtype
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "block_size, hkv, d",
+    [(4, 2, 12), (16, 1, 20), (16, 4, 16)],
+    ids=["bs4-h2-d12", "bs16-h1-d20", "bs16-h4-d16"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_reshape_and_cache(block_size, hkv, d, dtype, backend):
+    num_blocks, num_tokens = 7, 13
+    k_cache, v_cache = make_cache(num_blocks, block_size, hkv, d, dtype)
+    k, v = torch.randn(num_tokens, hkv, d).to(dtype), torch.randn(num_tokens, hkv, d).to(dtype)
+    slots = torch.randperm(num_blocks * block_size)[:num_tokens]
+    slots[[2, 5, 12]] = PAD_SLOT_ID  # padding tokens, including the last one
+    reshape_and_cache(k, v, k_cache, v_cache, slots, backend=backend)
+
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    for t, s in enumerate(slots.tolist()):
+        if s == PAD_SLOT_ID:
+            continue
+        written[s] = True
+        assert torch.equal(k_cache[s // block_size, s % block_size], k[t]), f"token {t} key"
+        assert torch.equal(v_cache[s // block_size, s % block_size], v[t]), f"token {t} value"
+    untouched = ~written.view(num_blocks, block_size)
+    assert torch.all(k_cache[untouched] == HUGE) and torch.all(v_cache[untouched] == -HUGE)
+
+
+@requires_triton
+def test_reshape_and_cache_triton_matches_torch_on_strided_tokens():
+    # k, v as views into a fused qkv activation: rows strided, [Hkv, D] contiguous.
+    block_size, hkv, d = 16, 2, 12
+    qkv = torch.randn(9, 3 * hkv * d)
+    k = qkv[:, hkv * d : 2 * hkv * d].view(9, hkv, d)
+    v = qkv[:, 2 * hkv * d :].view(9, hkv, d)
+    slots = torch.tensor([3, 4, 5, PAD_SLOT_ID, 40, 41, 17, 63, PAD_SLOT_ID])
+    caches = [make_cache(4, block_size, hkv, d, torch.float32) for _ in range(2)]
+    reshape_and_cache(k, v, *caches[0], slots, backend="torch")
+    reshape_and_cache(k, v, *caches[1], slots, backend="triton")
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+
+
+@requires_triton
+def test_reshape_and_cache_triton_rejects_strided_heads():
+    k_cache, v_cache = make_cache(2, 4, 2, 8, torch.float32)
+    k = torch.randn(3, 2, 16)[:, :, ::2]
+    with pytest.raises(AssertionError, match="contiguous"):
+        reshape_and_cache(k, k, k_cache, v_cache, torch.tensor([0, 1, 2]), backend="triton")
