@@ -10,6 +10,8 @@ import torch
 if not torch.cuda.is_available():
     # Read when a Triton kernel is decorated, so it must be set before any kernel module loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The models under test are tiny: intra-op threads only contend with the other xdist workers.
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

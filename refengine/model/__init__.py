@@ -1,0 +1,14 @@
+"""The Qwen3-Next / Qwen3.5 hybrid model, its configuration and its checkpoint loader."""
+
+from refengine.model.config import ModelConfig
+from refengine.model.loader import CheckpointError, load_model
+from refengine.model.qwen3_next import MTP_CACHE_KEY, MTPHead, Qwen3NextForCausalLM
+
+__all__ = [
+    "MTP_CACHE_KEY",
+    "CheckpointError",
+    "MTPHead",
+    "ModelConfig",
+    "Qwen3NextForCausalLM",
+    "load_model",
+]

@@ -1,0 +1,57 @@
+"""Gated full attention: q/k RMSNorm, partial NeoX RoPE, paged attention, sigmoid output gate."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from refengine.forward_context import AttnMetadata
+from refengine.model.config import ModelConfig
+from refengine.model.layers import Linear, PartialRotary, RMSNorm, sigmoid
+
+
+class GatedAttention(nn.Module):
+    """q_proj yields, per head, D query dims then D gate dims; the output is attn * sigmoid(gate)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads  # Hq
+        self.num_kv_heads = cfg.num_key_value_heads  # Hkv
+        self.head_dim = cfg.head_dim  # D
+        self.scale = self.head_dim**-0.5
+        hidden, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = Linear(hidden, self.num_heads * d * 2)  # [Hq*2D, H]
+        self.k_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
+        self.v_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
+        self.o_proj = Linear(self.num_heads * d, hidden)  # [H, Hq*D]
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # weight [D], zero-centred
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)  # weight [D], zero-centred
+        self.rotary = PartialRotary(cfg.rotary_dim, cfg.rope_theta)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, H], already through input_layernorm
+        positions: torch.Tensor,  # [T] int64
+        attn: AttnMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, Hkv, D]
+    ) -> torch.Tensor:  # [T, H]
+        num_tokens, d = x.shape[0], self.head_dim
+        q_gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * d)  # [T, Hq, 2D]
+        q = q_gate[..., :d]  # [T, Hq, D]
+        gate = q_gate[..., d:].reshape(num_tokens, self.num_heads * d)  # [T, Hq*D]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
+
+        q = self.q_norm(q)
+        k = self.k_norm(k)
+        q, k = self.rotary(q, k, positions)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+
+        k_cache, v_cache = kv_cache
+        kernels.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        o = kernels.paged_attention(
+            q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_table, scale=self.scale
+        )  # [T, Hq, D]
+        o = o.reshape(num_tokens, self.num_heads * d) * sigmoid(gate)
+        return self.o_proj(o)

@@ -1,0 +1,117 @@
+"""Gated DeltaNet (linear attention) layer, held in the Qwen3.5 split projection layout."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from refengine.forward_context import ForwardContext, GDNGroup
+from refengine.model.config import ModelConfig
+from refengine.model.layers import GatedRMSNorm, Linear, sigmoid, softplus
+
+
+class CausalConv1d(nn.Module):
+    """Holds the depthwise conv weight; the conv itself runs in the kernels."""
+
+    def __init__(self, channels: int, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, width))  # [C, W], tap W-1 = current token
+
+
+class GatedDeltaNet(nn.Module):
+    """One GDN mixer.
+
+    Per token: qkv -> causal conv + SiLU -> q/k/v; gates g = -exp(A_log) * softplus(a + dt_bias) and
+    beta = sigmoid(b) in float32; the gated delta rule; gated RMSNorm with z; out_proj.
+    Caches: ``ctx.gdn_states[layer_idx] = (conv_state [S, C, W-1+K], ssm_state [S, Hv, Dk, Dv] fp32)``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_k_heads = cfg.linear_num_key_heads  # Hk
+        self.num_v_heads = cfg.linear_num_value_heads  # Hv
+        self.head_k_dim = cfg.linear_key_head_dim  # Dk
+        self.head_v_dim = cfg.linear_value_head_dim  # Dv
+        self.key_dim = cfg.gdn_key_dim  # Hk * Dk
+        self.value_dim = cfg.gdn_value_dim  # Hv * Dv
+        hidden = cfg.hidden_size
+        self.in_proj_qkv = Linear(hidden, cfg.gdn_conv_dim)  # [C, H], rows [q | k | v]
+        self.in_proj_z = Linear(hidden, self.value_dim)  # [Hv*Dv, H]
+        self.in_proj_b = Linear(hidden, self.num_v_heads)  # [Hv, H]
+        self.in_proj_a = Linear(hidden, self.num_v_heads)  # [Hv, H]
+        self.conv1d = CausalConv1d(cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim)  # weight [C, W]
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))  # [Hv]
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))  # [Hv]
+        self.norm = GatedRMSNorm(self.head_v_dim, cfg.rms_norm_eps)  # weight [Dv]
+        self.out_proj = Linear(self.value_dim, hidden)  # [H, Hv*Dv]
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer_idx: int) -> torch.Tensor:
+        """x [T, H] (already through input_layernorm) -> [T, H]."""
+        num_tokens = x.shape[0]
+        qkv = self.in_proj_qkv(x)  # [T, C]
+        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
+        b = self.in_proj_b(x)  # [T, Hv]
+        a = self.in_proj_a(x)  # [T, Hv]
+        conv_state, ssm_state = ctx.gdn_states[layer_idx]
+
+        core = x.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
+        for group, is_prefill in ((ctx.gdn.prefill, True), (ctx.gdn.decode, False)):
+            if group is None or group.token_indices.numel() == 0:
+                continue
+            out = self._run_group(
+                group, is_prefill, ctx.gdn_prefill_chunked, qkv, a, b, conv_state, ssm_state
+            )  # [Tg, Hv, Dv]
+            core.index_copy_(0, group.token_indices, out)
+
+        y = self.norm(core, z)  # [T, Hv, Dv]
+        return self.out_proj(y.reshape(num_tokens, self.value_dim))
+
+    def _run_group(
+        self,
+        group: GDNGroup,
+        is_prefill: bool,
+        chunked: bool,
+        qkv: torch.Tensor,  # [T, C]
+        a: torch.Tensor,  # [T, Hv]
+        b: torch.Tensor,  # [T, Hv]
+        conv_state: torch.Tensor,  # [S, C, W-1+K]
+        ssm_state: torch.Tensor,  # [S, Hv, Dk, Dv] float32
+    ) -> torch.Tensor:
+        idx = group.token_indices  # [Tg]
+        qsl = group.query_start_loc  # [Ng+1]
+        slots = group.state_indices  # [Ng] or [Ng, K+1]
+        if is_prefill and slots.dim() == 2:
+            slots = slots[:, 0].contiguous()  # a prefill reads and writes its first slot only
+        weight = self.conv1d.weight  # [C, W]
+        x = qkv.index_select(0, idx)  # [Tg, C]
+        if is_prefill:
+            x = kernels.causal_conv1d_fn(x, weight, conv_state, qsl, slots, group.has_initial_state, activation="silu")
+        else:
+            x = kernels.causal_conv1d_update(
+                x, weight, conv_state, qsl, slots, num_accepted_tokens=group.num_accepted_tokens, activation="silu"
+            )
+        tg = x.shape[0]
+        q, k, v = torch.split(x, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(tg, self.num_k_heads, self.head_k_dim).contiguous()  # [Tg, Hk, Dk]
+        k = k.reshape(tg, self.num_k_heads, self.head_k_dim).contiguous()  # [Tg, Hk, Dk]
+        v = v.reshape(tg, self.num_v_heads, self.head_v_dim).contiguous()  # [Tg, Hv, Dv]
+
+        a_g = a.index_select(0, idx).float()  # [Tg, Hv]
+        g = -torch.exp(self.A_log.float()) * softplus(a_g + self.dt_bias.float())  # [Tg, Hv] fp32, <= 0
+        beta = sigmoid(b.index_select(0, idx).float())  # [Tg, Hv] fp32
+        g, beta = g.contiguous(), beta.contiguous()
+
+        if is_prefill and chunked:
+            return kernels.chunk_gated_delta_rule(
+                q, k, v, g, beta, ssm_state, qsl, slots, group.has_initial_state, use_qk_l2norm=True
+            )
+        if is_prefill:
+            return kernels.fused_recurrent_gated_delta_rule(
+                q, k, v, g, beta, ssm_state, qsl, slots, has_initial_state=group.has_initial_state,
+                use_qk_l2norm=True,
+            )
+        accepted = group.num_accepted_tokens if slots.dim() == 2 else None
+        return kernels.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, ssm_state, qsl, slots, num_accepted_tokens=accepted, use_qk_l2norm=True
+        )

@@ -1,0 +1,121 @@
+"""Small building blocks: projection, zero-centred RMSNorm, SwiGLU MLP, partial NeoX RoPE.
+
+Batch invariance on CPU: ``torch.sigmoid``, ``F.silu`` and ``F.softplus`` round the vectorised
+body and the scalar tail of a tensor differently, so a value's bits could depend on how many rows
+share the call. The helpers below use only ``exp`` / ``log1p`` and exact arithmetic, which give
+the same bits wherever an element sits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+
+SOFTPLUS_THRESHOLD = 20.0  # as torch.nn.functional.softplus: identity above it
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)), computed in float32, returned in x.dtype."""
+    return (1.0 / (1.0 + torch.exp(-x.float()))).to(x.dtype)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x) as x / (1 + exp(-x)), computed in float32, returned in x.dtype."""
+    x32 = x.float()
+    return (x32 / (1.0 + torch.exp(-x32))).to(x.dtype)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + exp(x)) (x itself above the threshold), for float32 x."""
+    return torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD))))
+
+
+class Linear(nn.Module):
+    """A bias-free projection through the batch-invariant ``kernels.linear``."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # [N, K]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] -> [M, N]
+        return kernels.linear(x, self.weight)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis; ``zero_centered`` scales by (1 + w) (weights stored around 0)."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        init = torch.zeros(dim) if zero_centered else torch.ones(dim)
+        self.weight = nn.Parameter(init)  # [dim]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
+        shape = x.shape
+        y = kernels.rms_norm(x.reshape(-1, shape[-1]), self.weight, self.eps, zero_centered=self.zero_centered)
+        return y.view(shape)
+
+
+class GatedRMSNorm(nn.Module):
+    """Per-head RMSNorm of the GDN output, weight used as-is, then times silu(z)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))  # [Dv]
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # x, z [M, Hv, Dv] -> [M, Hv, Dv]
+        return kernels.gated_rms_norm(x, z, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """Dense SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = Linear(hidden_size, intermediate_size)  # [I, H]
+        self.up_proj = Linear(hidden_size, intermediate_size)  # [I, H]
+        self.down_proj = Linear(intermediate_size, hidden_size)  # [H, I]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [T, H] -> [T, H]
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PartialRotary(nn.Module):
+    """NeoX-style RoPE on the first ``rotary_dim`` dims of each head (rotate_half pairs i, i + rd/2).
+
+    Holds no tensors: the inverse frequencies are recomputed in float32 on the positions' device,
+    so casting the model to another dtype never touches them.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float) -> None:
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        self.theta = theta
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64 -> cos, sin [T, rd] float32."""
+        rd = self.rotary_dim
+        exponent = torch.arange(0, rd, 2, dtype=torch.float32, device=positions.device) / rd
+        inv_freq = 1.0 / (self.theta**exponent)  # [rd/2]
+        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, rd]
+        return emb.cos(), emb.sin()
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # q [T, Hq, D], k [T, Hkv, D], positions [T]
+        cos, sin = self.cos_sin(positions)
+        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+
+    def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rd = self.rotary_dim
+        cos = cos.to(x.dtype)[:, None, :]  # [T, 1, rd]
+        sin = sin.to(x.dtype)[:, None, :]
+        rot, rest = x[..., :rd], x[..., rd:]
+        half = rd // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        return torch.cat((rot * cos + rotated * sin, rest), dim=-1)

@@ -1,0 +1,130 @@
+"""The hybrid decoder (GDN + gated attention layers), its lm_head and the MTP draft head.
+
+Parameter names follow the HF checkpoint keys (after the GDN layout is normalised to the Qwen3.5
+split form), so ``state_dict()`` keys are ``model.layers.{i}...``, ``lm_head.weight``, ``mtp...``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from refengine.forward_context import AttnMetadata, ForwardContext, GDNMetadata
+from refengine.model.attention import GatedAttention
+from refengine.model.config import FULL, LINEAR, ModelConfig
+from refengine.model.gdn import GatedDeltaNet
+from refengine.model.layers import MLP, Linear, RMSNorm
+
+MTP_CACHE_KEY = "mtp"  # key of the MTP layer's KV cache in ForwardContext.kv_caches
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + mixer(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer_type: str) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == LINEAR:
+            self.linear_attn = GatedDeltaNet(cfg)
+        elif layer_type == FULL:
+            self.self_attn = GatedAttention(cfg)
+        else:
+            raise ValueError(f"layer_types: unknown layer type {layer_type!r}")
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, H]
+        positions: torch.Tensor,  # [T] int64
+        ctx: ForwardContext,
+        cache_key: int | str,  # key into ctx.kv_caches / ctx.gdn_states
+    ) -> torch.Tensor:  # [T, H]
+        h = self.input_layernorm(x)
+        if self.layer_type == LINEAR:
+            h = self.linear_attn(h, ctx, cache_key)
+        else:
+            h = self.self_attn(h, positions, ctx.attn, ctx.kv_caches[cache_key])
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3NextModel(nn.Module):
+    """Embedding, decoder layers, final norm (HF prefix ``model.``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # weight [V, H]
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kind) for kind in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:  # input_ids, positions [T] int64 -> [T, H] post final norm
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, ctx, i)
+        return self.norm(x)
+
+
+class MTPHead(nn.Module):
+    """Multi-token-prediction draft head (prefix ``mtp.``); shares embedding and lm_head with the model.
+
+    e = pre_fc_norm_embedding(embed(ids)), h = pre_fc_norm_hidden(hidden), x = fc(cat([e, h])),
+    then one full-attention decoder layer with its own KV cache, then mtp.norm.
+    """
+
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        hidden = cfg.hidden_size
+        self.fc = Linear(2 * hidden, hidden)  # [H, 2H], input is [embedding | hidden]
+        self.pre_fc_norm_embedding = RMSNorm(hidden, cfg.rms_norm_eps)  # weight [H]
+        self.pre_fc_norm_hidden = RMSNorm(hidden, cfg.rms_norm_eps)  # weight [H]
+        self.layers = nn.ModuleList(DecoderLayer(cfg, FULL) for _ in range(cfg.num_mtp_layers))
+        self.norm = RMSNorm(hidden, cfg.rms_norm_eps)  # weight [H]
+        # A tuple keeps the shared embedding out of this module's parameters and state dict.
+        self._shared = (embed_tokens,)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64, the token after each hidden's position
+        hidden: torch.Tensor,  # [T, H], main-model (or previous MTP step) hidden, post final norm
+        positions: torch.Tensor,  # [T] int64
+        attn: AttnMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, Hkv, D]
+        step: int = 0,  # draft step; picks mtp.layers[step % num_mtp_layers]
+    ) -> torch.Tensor:  # [T, H] post mtp.norm
+        embed = self._shared[0]
+        e = self.pre_fc_norm_embedding(embed(input_ids))
+        h = self.pre_fc_norm_hidden(hidden)
+        x = self.fc(torch.cat([e, h], dim=-1))
+        ctx = ForwardContext(attn=attn, gdn=GDNMetadata(), kv_caches={MTP_CACHE_KEY: kv_cache})
+        x = self.layers[step % len(self.layers)](x, positions, ctx, MTP_CACHE_KEY)
+        return self.norm(x)
+
+
+class Qwen3NextForCausalLM(nn.Module):
+    """Top-level model: ``forward`` returns final-norm hidden states, ``compute_logits`` the logits."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3NextModel(cfg)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)  # weight [V, H]
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.mtp = MTPHead(cfg, self.model.embed_tokens) if cfg.num_mtp_layers > 0 else None
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:  # input_ids, positions [T] int64 -> hidden [T, H] (post final norm)
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [M, H] -> [M, V] float32
+        return self.lm_head(hidden).float()
+
+    def tie_weights(self) -> None:
+        """Re-share lm_head with the embedding (after weights were assigned) when tied."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight

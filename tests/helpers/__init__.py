@@ -1,0 +1,1 @@
+"""Test helpers: tiny checkpoints written by transformers, and a minimal model driver."""
