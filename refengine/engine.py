@@ -153,7 +153,9 @@ class LLMEngine:
                                cache=CacheConfig(block_size=self.config.cache.block_size))
             self._truth_engine = LLMEngine(cfg, self.model, self.model_config)
         eng = self._truth_engine
-        eng.add_request("truth", prompt, params)
+        # K tokens past max_tokens, so drafts made near the end are scripted too.
+        k = self.config.speculative.num_speculative_tokens
+        eng.add_request("truth", prompt, SamplingParams(params.max_tokens + k, params.ignore_eos, params.stop_token_ids))
         out = []
         while eng.has_unfinished():
             out += eng.step()

@@ -34,6 +34,7 @@ class RowRecord:
     draft_token_ids: list[int]  # drafts verified in this step
     output_token_ids: list[int] | None  # verifier output (valid tokens), None for a partial prefill
     num_accepted: int | None  # accepted drafts, None for a partial prefill
+    logits_digest: str | None = None  # hash of the verify logits' bytes (bitwise comparison across engines)
     drafter_input_ids: list[int] = field(default_factory=list)  # every id the drafter was fed for this row
     next_draft_token_ids: list[int] = field(default_factory=list)  # drafts proposed for the next step
 

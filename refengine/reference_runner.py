@@ -7,6 +7,7 @@ committed the step's tokens) proposes the next drafts. What it does defines corr
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -134,14 +135,17 @@ class ReferenceRunner:
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64, device=dev), ctx)
 
-        valid = self._verify(sched.rows, query_start, hidden)
-        for rec, v in zip(records, valid):
+        digests: list[str | None] = [None] * len(sched.rows)
+        valid = self._verify(sched.rows, query_start, hidden, digests)
+        for rec, v, d in zip(records, valid, digests):
             if v is not None:
                 rec.output_token_ids = v
                 rec.num_accepted = len(v) - 1
+                rec.logits_digest = d
         return StepResult(valid, records, hidden, query_start, computed, _gdn_shapes(gdn))
 
-    def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden) -> list[list[int] | None]:
+    def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
+                digests: list) -> list[list[int] | None]:
         sampling = [i for i, r in enumerate(rows) if r.samples]
         out: list[list[int] | None] = [None] * len(rows)
         if not sampling:
@@ -165,6 +169,7 @@ class ReferenceRunner:
         tokens, num_valid = tokens.tolist(), num_valid.tolist()
         for j, i in enumerate(sampling):
             out[i] = tokens[j][: num_valid[j]]
+            digests[i] = logits_digest(logits[cu[j]: cu[j + 1]])
         return out
 
     # ---- drafting (after the engine committed the step) -----------------------------------------
@@ -229,6 +234,11 @@ class ReferenceRunner:
         for j, r, d in zip(sampling, reqs, table):
             r.draft_token_ids = d
             result.records[owners[j]].next_draft_token_ids = list(d)
+
+
+def logits_digest(logits: torch.Tensor) -> str:
+    """A short hash of a row's logits bytes: equal digests mean bitwise-equal logits."""
+    return hashlib.blake2b(logits.detach().cpu().contiguous().numpy().tobytes(), digest_size=8).hexdigest()
 
 
 def _gdn_shapes(gdn: GDNMetadata) -> dict:
