@@ -131,7 +131,8 @@ class LLMEngine:
         return None
 
     def _observe(self, sched: SchedulerOutput, result: StepResult) -> None:
-        record = StepRecord(self._steps, result.records, list(sched.preempted), "none", result.gdn_shapes)
+        record = StepRecord(self._steps, result.records, list(sched.preempted), "none", len(sched.rows),
+                            result.gdn_shapes)
         self._steps += 1
         for fn in self.observers:
             fn(record)

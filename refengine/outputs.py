@@ -44,5 +44,6 @@ class StepRecord:
     step_index: int
     rows: list[RowRecord]
     preempted: list[str] = field(default_factory=list)
-    graph_mode: str = "none"
-    gdn_metadata_shapes: dict = field(default_factory=dict)  # name -> shape, per GDN tensor handed to kernels
+    graph_mode: str = "none"  # graph mode the step ran in: "none" | "piecewise" | "full"
+    num_reqs_padded: int | None = None  # rows the step's per-request tensors were sized for (graph padding)
+    gdn_metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of each GDN tensor
