@@ -34,14 +34,21 @@ class LLMEngine:
         self.caches = ModelCaches(model_config, config.num_kv_blocks, config.cache.block_size,
                                   config.num_state_slots, k, DTYPES[config.dtype], config.device,
                                   with_mtp=self.drafter == "mtp")
-        self.runner = ReferenceRunner(model, self.caches, block_size=config.cache.block_size, num_spec_tokens=k,
-                                      drafter=self.drafter, gdn_prefill_chunked=config.gdn_prefill_chunked,
-                                      device=config.device)
+        self.runner = self._make_runner()
         self.requests: dict[str, Request] = {}  # live (unfinished) requests
         self.observers: list[Callable[[StepRecord], None]] = []
         self._arrivals = 0
         self._steps = 0
         self._truth_engine: LLMEngine | None = None
+
+    def _make_runner(self):
+        c = self.config
+        return ReferenceRunner(self.model, self.caches, block_size=c.cache.block_size,
+                               num_spec_tokens=c.speculative.num_speculative_tokens, drafter=self.drafter,
+                               gdn_prefill_chunked=c.gdn_prefill_chunked, device=c.device)
+
+    def _new_request(self, request_id: str, ids: list[int], params: SamplingParams) -> Request:
+        return Request(request_id, ids, params, self._arrivals)
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, request_id: str, prompt_token_ids, params: SamplingParams) -> list[int]:
@@ -65,7 +72,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids, params: SamplingParams) -> None:
         ids = self.validate(request_id, prompt_token_ids, params)
-        req = Request(request_id, ids, params, self._arrivals)
+        req = self._new_request(request_id, ids, params)
         self._arrivals += 1
         if isinstance(self.drafter, ScriptedDrafter):
             self.drafter.truth[request_id] = self._plain_greedy(ids, params)
@@ -112,21 +119,27 @@ class LLMEngine:
                 req.num_draft_tokens += drafted
                 req.num_accepted_tokens += kept - 1
                 req.acceptance.append((drafted, kept - 1))
-            for token in valid:
-                req.output_token_ids.append(token)
-                reason = self._stop_reason(req, token)
-                if reason is not None:
-                    self.scheduler.finish(req, reason)
-                    del self.requests[req.request_id]
-                    finished.append(req)
-                    break
+            if self._append(req, valid):
+                finished.append(req)
         return finished
+
+    def _append(self, req: Request, tokens: list[int]) -> bool:
+        """Commit ``tokens`` to ``req`` one at a time until a stop condition; True if it finished."""
+        for token in tokens:
+            req.output_token_ids.append(token)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                del self.requests[req.request_id]
+                return True
+        return False
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids):
             return "stop"
-        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.config.scheduler.max_model_len:
+        confirmed = len(req.prompt_token_ids) + len(req.output_token_ids)
+        if len(req.output_token_ids) >= p.max_tokens or confirmed >= self.config.scheduler.max_model_len:
             return "length"
         return None
 

@@ -18,7 +18,8 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, dtype: str = "float32",
                  device: str = "cpu", seed: int = 0, max_model_len: int | None = None,
                  graph_mode: str = "none", gdn_prefill_chunked: bool = False,
-                 observer: Callable[[StepRecord], None] | None = None):
+                 observer: Callable[[StepRecord], None] | None = None, delay_copies: bool = False,
+                 hazard_check: bool = False):
         from refengine.model.loader import load_model
         from refengine.tokenizer import load_tokenizer
 
@@ -38,7 +39,8 @@ class LLM:
             speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter),
         )
         self.tokenizer = load_tokenizer(path)
-        self.engine = _make_engine(self.config, net, model_config, self.tokenizer)
+        async_options = dict(delay=delay_copies, hazard_check=hazard_check) if engine == "async" else {}
+        self.engine = _make_engine(self.config, net, model_config, self.tokenizer, **async_options)
         if observer is not None:
             self.engine.observers.append(observer)
         self._next_id = 0
@@ -97,10 +99,12 @@ class LLM:
         return self.engine.has_unfinished()
 
 
-def _make_engine(config: EngineConfig, net, model_config, tokenizer):
+def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_options):
     if config.engine == "reference":
         return LLMEngine(config, net, model_config, tokenizer)
-    raise NotImplementedError("engine='async' is not available yet")
+    from refengine.async_engine.engine import AsyncLLMEngine
+
+    return AsyncLLMEngine(config, net, model_config, tokenizer, **async_options)
 
 
 def default_model_path() -> str:

@@ -1,0 +1,53 @@
+"""Observer records of an async step, assembled on the host from the step's device payload."""
+
+from __future__ import annotations
+
+from refengine.outputs import RowRecord
+from refengine.reference_runner import logits_digest
+
+
+def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[RowRecord]:
+    ids, positions = payload["input_ids"].tolist(), payload["positions"].tolist()
+    prev_valid, prev_drafts = payload["prev_valid"].tolist(), payload["prev_drafts"].tolist()
+    next_drafts = payload["next_drafts"].tolist()
+    kept = payload["kept"].tolist()
+    sampling = payload["sampling_rows"].tolist()
+    cu, logits = payload["cu"].tolist(), payload["logits"]
+    draft_ids = payload.get("draft_ids")
+    chain = payload.get("chain_ids")
+    first_pass = draft_ids.tolist() if draft_ids is not None else None
+    chain_rows = chain.tolist() if chain is not None else None
+    records = []
+    for i, row in enumerate(plan.rows):
+        req = row.request
+        lo, hi = plan.qsl[i], plan.qsl[i + 1]
+        decode = i < plan.num_decode
+        samples = i in sampling
+        has_init = positions[lo] > 0 if hi > lo else False
+        slots = plan.slots[i]
+        if decode:
+            offset = prev_valid[i] - 1
+            slot = slots[offset]
+        else:
+            offset, slot = 0, (slots[0] if has_init else None)
+        rec = RowRecord(
+            request_id=req.request_id, kind="decode" if decode else "prefill", has_initial_state=has_init,
+            num_computed_tokens=positions[lo] if hi > lo else 0, query_len=hi - lo, input_ids=ids[lo:hi],
+            positions=positions[lo:hi], state_slot_read=slot, state_offset=offset,
+            draft_token_ids=prev_drafts[i][: len(row.draft_token_ids)] if decode else [],
+            output_token_ids=None, num_accepted=None)
+        if samples:
+            j = sampling.index(i)
+            rec.output_token_ids = tokens[i]
+            rec.num_accepted = len(tokens[i]) - 1
+            rec.logits_digest = logits_digest(logits[cu[j]: cu[j + 1]])
+            if k:
+                rec.next_draft_token_ids = next_drafts[i]
+        if first_pass is not None:
+            rec.drafter_input_ids = first_pass[lo: lo + kept[i]]
+            if samples and chain_rows is not None:
+                rec.drafter_input_ids += chain_rows[sampling.index(i)]
+        elif samples and k:
+            rec.drafter_input_ids = [tokens[i][-1]]
+        records.append(rec)
+    return records

@@ -1,0 +1,61 @@
+"""Persistent per-request state on the device, keyed by request slot (not by batch row).
+
+The device copy is authoritative: the verifier's output updates it in place on the device, so a
+step scheduled before the previous step's results are known still reads the right positions,
+tokens and state offsets. The host only stages writes for newly admitted requests and block-table
+growth; it never reads these tensors to build inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RequestSlots:
+    """Hands out request slots (rows of the persistent tensors)."""
+
+    def __init__(self, num_slots: int):
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free request slot: more running requests than max_num_seqs")
+        return self._free.pop()
+
+    def free(self, idx: int) -> None:
+        self._free.append(idx)
+
+
+class DeviceState:
+    def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_spec_tokens: int,
+                 device: torch.device, truth_len: int = 0):
+        i32 = dict(dtype=torch.int32, device=device)
+        i64 = dict(dtype=torch.int64, device=device)
+        self.num_computed = torch.zeros(num_slots, **i32)  # [R] committed tokens whose KV/state is written
+        self.num_tokens = torch.zeros(num_slots, **i32)  # [R] committed tokens (prompt + outputs)
+        self.num_prompt = torch.zeros(num_slots, **i32)  # [R] original prompt length
+        self.num_valid = torch.ones(num_slots, **i32)  # [R] tokens the previous step kept (bonus included)
+        self.last_sampled = torch.zeros(num_slots, **i64)  # [R] last committed token
+        self.draft_tokens = torch.zeros(num_slots, num_spec_tokens, **i64)  # [R, K] drafts for the next step
+        self.token_ids = torch.full((num_slots, max_len), -1, **i64)  # [R, L] committed tokens, -1 beyond
+        self.block_table = torch.zeros(num_slots, max_blocks, **i32)  # [R, B] KV block ids
+        self.state_slots = torch.zeros(num_slots, 1 + num_spec_tokens, **i32)  # [R, K+1] GDN slots s_0..s_K
+        self.verify_steps = torch.zeros(num_slots, **i32)  # [R] verify steps done (scripted drafts)
+        self.truth = torch.zeros(num_slots, max(truth_len, 1), **i64)  # [R, Lt] scripted continuation
+        self.num_correct = torch.zeros(num_slots, max(truth_len, 1), **i32)  # [R, Lt] scripted correct drafts
+
+    def admit(self, idx: torch.Tensor, token_rows: torch.Tensor, num_tokens: torch.Tensor, num_prompt: torch.Tensor,
+              slots: torch.Tensor, verify_steps: torch.Tensor, truth: torch.Tensor | None,
+              num_correct: torch.Tensor | None) -> None:
+        """Reset the rows of newly admitted (or resumed) requests; runs on the device timeline."""
+        idx = idx.long()
+        self.num_computed[idx] = 0
+        self.num_tokens[idx] = num_tokens
+        self.num_prompt[idx] = num_prompt
+        self.num_valid[idx] = 1
+        self.token_ids[idx] = token_rows
+        self.state_slots[idx] = slots
+        self.verify_steps[idx] = verify_steps
+        if truth is not None:
+            self.truth[idx] = truth
+            self.num_correct[idx] = num_correct

@@ -1,0 +1,179 @@
+"""The stream runtime: ordered device work, events, asynchronous host<->device copies.
+
+On CUDA a ``Stream`` wraps a ``torch.cuda.Stream``: work is launched from the host thread and runs
+asynchronously on the device. On CPU a worker thread plays the device: submitted callables run in
+order on it while the host thread goes on scheduling (torch releases the GIL inside its ops).
+
+Two debugging modes make host/device races visible on CPU:
+- ``hazard_check``: a ``HostBuffer`` whose asynchronous copy has not completed raises
+  ``HazardError`` (naming the buffer) when host code reads or rewrites it.
+- ``delay``: the worker runs nothing until the host waits on an event, so every pending copy lands
+  as late as possible and a host buffer rewritten too early is copied with the wrong contents,
+  deterministically.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+
+class HazardError(RuntimeError):
+    """Host code touched a buffer while an asynchronous copy from or into it was pending."""
+
+
+class Event:
+    """Marks a point in a stream; ``wait`` blocks the host until the stream has passed it."""
+
+    def __init__(self, stream: Stream, seq: int, cuda_event=None):
+        self.stream = stream
+        self.seq = seq
+        self._cuda_event = cuda_event
+
+    def query(self) -> bool:
+        if self._cuda_event is not None:
+            return self._cuda_event.query()
+        return self.stream._done_seq >= self.seq
+
+    def wait(self) -> None:
+        self.stream.num_host_waits += 1
+        if self._cuda_event is not None:
+            self._cuda_event.synchronize()
+        else:
+            self.stream._wait_for(self.seq)
+
+
+class Stream:
+    def __init__(self, device: torch.device, *, delay: bool = False, hazard_check: bool = False):
+        self.device = torch.device(device)
+        self.delay = delay
+        self.hazard_check = hazard_check
+        self.num_host_waits = 0  # device->host synchronisations, for stats
+        self._seq = 0
+        self._done_seq = 0
+        self._released_seq = 0 if delay else float("inf")
+        self._error: BaseException | None = None
+        self._queue: deque = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        if self.device.type == "cuda":
+            self._cuda_stream = torch.cuda.Stream(device=self.device)
+            self._thread = None
+        else:
+            self._cuda_stream = None
+            self._thread = threading.Thread(target=self._run, name="refengine-stream", daemon=True)
+            self._thread.start()
+
+    # ---- submitting work ----------------------------------------------------------------------
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the device timeline, after everything submitted before it."""
+        if self._cuda_stream is not None:
+            with torch.cuda.stream(self._cuda_stream):
+                fn()
+            return
+        with self._cv:
+            self._raise_if_failed()
+            self._seq += 1
+            self._queue.append((self._seq, fn))
+            self._cv.notify_all()
+
+    def record_event(self) -> Event:
+        if self._cuda_stream is not None:
+            ev = torch.cuda.Event()
+            ev.record(self._cuda_stream)
+            return Event(self, 0, ev)
+        self.submit(lambda: None)
+        return Event(self, self._seq)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, host: HostBuffer | None = None) -> Event:
+        """Asynchronous copy ``src -> dst``; ``host`` is the host-side buffer, pending until the event."""
+        if self._cuda_stream is not None:
+            with torch.cuda.stream(self._cuda_stream):
+                dst.copy_(src, non_blocking=True)
+            event = self.record_event()
+        else:
+            self.submit(lambda: dst.copy_(src))
+            event = Event(self, self._seq)
+        if host is not None:
+            host.pending = event
+        return event
+
+    def synchronize(self) -> None:
+        self.record_event().wait()
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        with self._cv:
+            self._closed = True
+            self._released_seq = float("inf")
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    # ---- the CPU worker -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not (self._queue and self._queue[0][0] <= self._released_seq):
+                    self._cv.wait()
+                if self._closed and not self._queue:
+                    return
+                seq, fn = self._queue.popleft()
+            try:
+                if self._error is None:
+                    fn()
+            except BaseException as e:  # surfaced on the host at the next wait or submit
+                self._error = e
+            with self._cv:
+                self._done_seq = seq
+                self._cv.notify_all()
+
+    def _wait_for(self, seq: int) -> None:
+        with self._cv:
+            if self.delay:
+                self._released_seq = max(self._released_seq, seq)
+                self._cv.notify_all()
+            while self._done_seq < seq:
+                self._cv.wait()
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"device work failed: {err!r}") from err
+
+
+class HostBuffer:
+    """A host staging tensor with a name; guarded against use while its copy is pending."""
+
+    def __init__(self, name: str, stream: Stream, shape, dtype: torch.dtype):
+        self.name = name
+        self.stream = stream
+        self.tensor = torch.empty(shape, dtype=dtype, pin_memory=stream.device.type == "cuda")
+        self.pending: Event | None = None
+
+    def _check(self, action: str) -> None:
+        if self.pending is not None and not self.pending.query():
+            if self.stream.hazard_check:
+                raise HazardError(f"host buffer {self.name!r} {action} while its asynchronous copy is pending")
+            return
+        self.pending = None
+
+    def write(self, values) -> torch.Tensor:
+        """Overwrite the leading entries with ``values``; returns the written view."""
+        self._check("rewritten")
+        values = torch.as_tensor(values, dtype=self.tensor.dtype)
+        view = self.tensor[: values.shape[0]]
+        view.copy_(values)
+        return view
+
+    def read(self) -> torch.Tensor:
+        self._check("read")
+        return self.tensor
+
+    @property
+    def is_pending(self) -> bool:
+        return self.pending is not None and not self.pending.query()
