@@ -226,9 +226,10 @@ class AsyncLLMEngine(LLMEngine):
         self.stats.steps += 1
         finished = []
         k = self.config.speculative.num_speculative_tokens
+        discarded = {i for i, row in enumerate(plan.rows) if row.request.is_finished}
         for i, row in enumerate(plan.rows):
             req = row.request
-            if req.is_finished:
+            if i in discarded:
                 self.stats.wasted_tokens += row.num_tokens
                 continue
             if not plan.samples[i]:
@@ -243,7 +244,8 @@ class AsyncLLMEngine(LLMEngine):
             if self._append(req, valid):
                 finished.append(req)
         if plan.record:
-            record = StepRecord(plan.index, build_records(plan, tokens, payload, k), [], plan.shape.mode,
+            rows = [r for i, r in enumerate(build_records(plan, tokens, payload, k)) if i not in discarded]
+            record = StepRecord(plan.index, rows, [], plan.shape.mode,
                                 plan.shape.num_reqs_padded, payload.get("gdn_shapes", {}))
             for fn in self.observers:
                 fn(record)

@@ -85,9 +85,9 @@ class AsyncRunner:
     def enqueue(self, plan: StepPlan) -> StepFuture:
         n, dev = len(plan.rows), self.device
         tmeta = torch.empty(n, 6, dtype=torch.int64, device=dev)
-        self.stream.copy(tmeta, plan.target_meta.tensor[:n], host=plan.target_meta)
+        self.stream.copy(tmeta, plan.target_meta.tensor[:n, :6], host=plan.target_meta)
         dmeta = torch.empty(n, 3, dtype=torch.int64, device=dev)
-        self.stream.copy(dmeta, plan.drafter_meta.tensor[:n], host=plan.drafter_meta)
+        self.stream.copy(dmeta, plan.drafter_meta.tensor[:n, :3], host=plan.drafter_meta)
         fut = StepFuture(plan, None, torch.full((n, self.k + 1), -1, dtype=torch.int64),
                          torch.ones(n, dtype=torch.int64))
         self.stream.submit(lambda: self._program(plan, tmeta, dmeta, fut))

@@ -167,6 +167,8 @@ class HostBuffer:
         self._check("rewritten")
         values = torch.as_tensor(values, dtype=self.tensor.dtype)
         view = self.tensor[: values.shape[0]]
+        if values.dim() == 2:
+            view = view[:, : values.shape[1]]
         view.copy_(values)
         return view
 

@@ -1,0 +1,153 @@
+"""The async engine equals the reference engine: tokens, acceptance, bitwise logits, over a matrix."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from refengine import LLM, SamplingParams
+from refengine.async_engine.stream import HazardError
+from refengine.drafter import ScriptedDrafter
+from tests.helpers.checkpoints import write_checkpoint
+
+GRAPH_MODES = ["none", "piecewise", "full", "full_and_piecewise"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(write_checkpoint(tmp_path_factory.mktemp("async") / "next-tiny", "next-tiny"))
+
+
+def workload(seed: int, k: int, n: int = 9):
+    """Short prompts 1..K+2, longer ones, ragged max_tokens, arrivals spread over the first steps."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = list(range(1, k + 3)) + [int(x) for x in torch.randint(5, 40, (n,), generator=g)]
+    out = []
+    for i, length in enumerate(lengths):
+        prompt = torch.randint(0, 256, (length,), generator=g).tolist()
+        max_tokens = int(torch.randint(3, 24, (1,), generator=g))
+        out.append((i // 3, f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+    return out
+
+
+def drive(llm: LLM, items) -> dict:
+    outs, step = {}, 0
+    pending = sorted(items, key=lambda it: it[0])
+    while pending or llm.has_unfinished():
+        while pending and pending[0][0] <= step:
+            _, rid, prompt, params = pending.pop(0)
+            llm.add_request(rid, prompt, params)
+        outs.update((o.request_id, o) for o in llm.step())
+        step += 1
+    assert llm.engine.pools_empty(), "blocks or state slots leaked"
+    return outs
+
+
+def verify_digests(records) -> dict:
+    """Logits digests keyed by what was verified: (request, positions, input ids).
+
+    Keyed by content, not by step count, because the engines may preempt a request at different
+    points and so split its history into different steps.
+    """
+    return {(r.request_id, tuple(r.positions), tuple(r.input_ids)): r.logits_digest
+            for rec in records for r in rec.rows if r.logits_digest is not None}
+
+
+def compare(ckpt, items, *, k, drafter="scripted", pattern="hash", graph_mode="none", **kw):
+    def make(engine, records, **extra):
+        d = ScriptedDrafter(k, 256, pattern) if (k and drafter == "scripted") else "mtp"
+        return LLM(model=ckpt, engine=engine, num_speculative_tokens=k, drafter=d, observer=records.append, **kw,
+                   **extra)
+
+    ref_records, async_records = [], []
+    ref = drive(make("reference", ref_records), items)
+    llm = make("async", async_records, graph_mode=graph_mode)
+    got = drive(llm, items)
+    for rid, o in ref.items():
+        assert got[rid].token_ids == o.token_ids, f"{rid}: async {got[rid].token_ids} != reference {o.token_ids}"
+        assert got[rid].acceptance == o.acceptance, f"{rid}: acceptance differs"
+    ours, theirs = verify_digests(async_records), verify_digests(ref_records)
+    shared = ours.keys() & theirs.keys()
+    assert len(shared) >= 0.5 * len(theirs), "too few verify steps in common to compare logits"
+    assert {key: ours[key] for key in shared} == {key: theirs[key] for key in shared}, "logits differ bitwise"
+    check_records(async_records, k)
+    return llm, async_records
+
+
+def check_records(records, k):
+    for rec in records:
+        for r in rec.rows:
+            for t in r.input_ids + r.drafter_input_ids + r.draft_token_ids + r.next_draft_token_ids:
+                assert 0 <= t < 256, f"id {t} reached the model or drafter ({r.request_id})"
+            if r.num_computed_tokens == 0:
+                assert r.kind == "prefill" and not r.has_initial_state and r.state_slot_read is None
+        if rec.graph_mode == "full":
+            n = rec.num_reqs_padded
+            assert rec.gdn_metadata_shapes["decode.state_indices"][0] == n
+            assert rec.gdn_metadata_shapes["decode.query_start_loc"] == (n + 1,)
+            if k:
+                assert rec.gdn_metadata_shapes["decode.num_accepted_tokens"] == (n,)
+
+
+@pytest.mark.parametrize("graph_mode", GRAPH_MODES)
+def test_churn_scripted(ckpt, graph_mode):
+    llm, records = compare(ckpt, workload(1, 3), k=3, graph_mode=graph_mode, max_num_seqs=5,
+                           max_num_batched_tokens=24)
+    assert llm.engine.stats.row_moves > 0, "rows never moved: the persistent batch was not exercised"
+    if graph_mode in ("full", "full_and_piecewise"):
+        assert any(r.graph_mode == "full" and r.num_reqs_padded > len(r.rows) for r in records), "no padded replay"
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_small_k(ckpt, k):
+    compare(ckpt, workload(2, k), k=k, graph_mode="full_and_piecewise", max_num_seqs=4, max_num_batched_tokens=16)
+
+
+def test_mtp_drafts(ckpt):
+    compare(ckpt, workload(3, 3, n=5), k=3, drafter="mtp", graph_mode="full", max_num_seqs=4)
+
+
+@pytest.mark.parametrize("pattern", ["all-accept", "all-reject"])
+def test_scripted_extremes(ckpt, pattern):
+    compare(ckpt, workload(4, 3, n=4), k=3, pattern=pattern, max_num_seqs=4)
+
+
+def test_preemption_and_dirty_slots(ckpt):
+    items = workload(5, 2, n=8)
+    compare(ckpt, items, k=2, block_size=4, num_kv_blocks=40, max_model_len=80, max_num_seqs=6)
+
+
+def test_delay_and_hazard_modes_stay_exact(ckpt):
+    items = workload(6, 3, n=5)
+    ref = drive(LLM(model=ckpt, num_speculative_tokens=3, drafter="scripted"), items)
+    for delay, hazard in [(True, True), (True, False), (False, True)]:
+        llm = LLM(model=ckpt, engine="async", num_speculative_tokens=3, drafter="scripted",
+                  graph_mode="full_and_piecewise", delay_copies=delay, hazard_check=hazard)
+        got = drive(llm, items)
+        assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
+        assert llm.engine.stream.num_host_waits <= llm.engine.stats.steps + 1, "more than one sync per step"
+
+
+def test_hazard_checker_names_the_buffer(ckpt):
+    """A host buffer rewritten while its copy is pending raises, naming the buffer."""
+    llm = LLM(model=ckpt, engine="async", delay_copies=True, hazard_check=True)
+    engine = llm.engine
+    shared = {}
+
+    def reused(name, rows, cols):
+        return shared.setdefault("buf", type(engine).host_buffer(engine, "shared-step-inputs", 64, 6))
+
+    engine.host_buffer = reused
+    llm.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4))
+    with pytest.raises(HazardError, match="shared-step-inputs"):
+        while llm.has_unfinished():
+            llm.step()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,graph_mode,seed", list(itertools.product([0, 1, 3], GRAPH_MODES, [11, 12])))
+def test_matrix(ckpt, k, graph_mode, seed):
+    compare(ckpt, workload(seed, k), k=k, graph_mode=graph_mode, max_num_seqs=3 + seed % 3,
+            max_num_batched_tokens=8 + 4 * k)
