@@ -31,6 +31,11 @@ class PersistentBatch:
         self.num_accepted_cpu: list[int] = []  # per row, host mirror; stale by one step
         self.num_moves = 0  # rows moved by condense and reorder, for stats and tests
 
+    def set_accepted(self, req: Request, num_accepted: int) -> None:
+        """Update the host mirror of ``req``'s accepted count (if it still has a row)."""
+        if req in self.rows:
+            self.num_accepted_cpu[self.rows.index(req)] = num_accepted
+
     def row_of(self, req: Request) -> int:
         return self.rows.index(req)
 

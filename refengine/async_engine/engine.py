@@ -171,7 +171,9 @@ class AsyncLLMEngine(LLMEngine):
         drafter.write(dmeta)
         plan = StepPlan(self._plans, rows, shape, num_decode, qsl, target, drafter,
                         [self.batch.row_of(r.request) for r in rows], [r.samples for r in rows],
-                        [list(r.request.state_slots) for r in rows], record=bool(self.observers))
+                        [list(r.request.state_slots) for r in rows], [r.request.num_computed_tokens for r in rows],
+                        [self.batch.num_accepted_cpu[self.batch.row_of(r.request)] for r in rows],
+                        record=bool(self.observers))
         self._plans += 1
         plan.admission = self._admission(admitted)
         self._stage_blocks(plan)
@@ -240,6 +242,7 @@ class AsyncLLMEngine(LLMEngine):
                 req.num_computed_tokens -= drafted - (len(valid) - 1)
             if i < plan.num_decode and k:
                 self._count_acceptance(req, drafted, len(valid) - 1)
+            self.batch.set_accepted(req, len(valid))
             self.stats.tokens += len(valid)
             if self._append(req, valid):
                 finished.append(req)

@@ -42,10 +42,13 @@ class GraphDispatcher:
         self.request_sizes = capture_sizes(max_num_seqs)
         self.token_sizes = capture_sizes(max_num_batched_tokens)
 
+    def is_uniform_decode(self, query_lens: list[int], is_decode: list[bool]) -> bool:
+        """Every row a decode of 1+K tokens; a batch with a real prefill never replays a decode graph."""
+        return all(is_decode) and all(q == 1 + self.k for q in query_lens)
+
     def dispatch(self, query_lens: list[int], is_decode: list[bool]) -> StepShape:
         n, t = len(query_lens), sum(query_lens)
-        uniform_decode = all(is_decode) and all(q == 1 + self.k for q in query_lens)
-        if self.graph_mode in ("full", "full_and_piecewise") and uniform_decode:
+        if self.graph_mode in ("full", "full_and_piecewise") and self.is_uniform_decode(query_lens, is_decode):
             n_pad = pad_to(self.request_sizes, n)
             if n_pad is not None:
                 return StepShape("full", n, n_pad, t, n_pad * (1 + self.k))

@@ -40,12 +40,16 @@ class MetadataBuilder:
         """Rows every per-request tensor has: the padded request count (DESIGN §4.6)."""
         return shape.num_reqs_padded
 
-    def num_accepted(self, idx: torch.Tensor, batch_rows: list[int]) -> torch.Tensor:
-        """Accepted counts keyed by request slot, from the device (DESIGN §4.3)."""
+    def num_accepted(self, idx: torch.Tensor, host_mirror: list[int]) -> torch.Tensor:
+        """Accepted counts keyed by request slot, from the device (DESIGN §4.3).
+
+        ``host_mirror`` is the host's per-row copy, one step stale under async scheduling; it is
+        passed for diagnostics only and must never decide a state offset.
+        """
         return self.state.num_valid[idx.long().clamp(min=0)]
 
     def build(self, t: StepTensors, shape: StepShape, num_decode: int, qsl_host: list[int],
-              batch_rows: list[int]) -> tuple[AttnMetadata, GDNMetadata]:
+              host_accepted: list[int]) -> tuple[AttnMetadata, GDNMetadata]:
         dev = self.device
         rows = self.per_request_rows(shape)
         idx, qsl = _pad_rows(t.idx_mapping, rows, -1), _pad_qsl(t.query_start_loc, rows)
@@ -64,7 +68,7 @@ class MetadataBuilder:
             slots = torch.where(d_real[:, None], slots, torch.full_like(slots, PAD_SLOT_ID))
             accepted = None
             if self.k:
-                acc = _pad_rows(self.num_accepted(t.idx_mapping[:num_decode], batch_rows[:num_decode]),
+                acc = _pad_rows(self.num_accepted(t.idx_mapping[:num_decode], host_accepted[:num_decode]),
                                 decode_rows, 1)
                 accepted = torch.where(d_real, acc, torch.ones_like(acc)).to(torch.int32)
             end = shape.num_tokens_padded if shape.mode == "full" else qsl_host[num_decode]

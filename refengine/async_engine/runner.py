@@ -48,6 +48,8 @@ class StepPlan:
     batch_rows: list[int]  # persistent-batch row of each step row
     samples: list[bool]  # per row: reaches its last committed token (snapshot at scheduling time)
     slots: list[list[int]]  # per row: the request's GDN slots s_0..s_K (snapshot)
+    host_num_computed: list[int]  # per row: the host's optimistic mirror; never an input (DESIGN §4.4)
+    host_num_accepted: list[int]  # per row: the host's stale mirror of accepted counts; never an input (§4.3)
     admission: Admission | None = None
     block_idx: torch.Tensor | None = None  # [m] int64 request slots whose block rows changed
     block_rows: torch.Tensor | None = None  # [m, B] int32
@@ -82,6 +84,10 @@ class AsyncRunner:
         self.gdn_prefill_chunked = gdn_prefill_chunked
         self.device = stream.device
 
+    def num_computed_source(self, plan: StepPlan) -> torch.Tensor:
+        """Where positions come from: the device's authoritative counts (DESIGN §4.4)."""
+        return self.state.num_computed
+
     def enqueue(self, plan: StepPlan) -> StepFuture:
         n, dev = len(plan.rows), self.device
         tmeta = torch.empty(n, 6, dtype=torch.int64, device=dev)
@@ -114,13 +120,13 @@ class AsyncRunner:
         qsl_p = torch.cat([qsl, qsl[-1:].expand(rows_p - n)])
         is_decode_p = _pad(is_decode, rows_p, True)
         input_ids, positions, seq_lens, slot_mapping = prepare_inputs(
-            idx_p, qsl_p, is_decode_p, st.num_computed, st.last_sampled, st.draft_tokens, st.token_ids,
+            idx_p, qsl_p, is_decode_p, self.num_computed_source(plan), st.last_sampled, st.draft_tokens, st.token_ids,
             st.block_table, self.block_size, shape.num_tokens_padded)
         prev_valid = st.num_valid[idx].clone()
         prev_drafts = st.draft_tokens[idx].clone()
         tensors = StepTensors(idx_p, qsl_p, is_decode_p, _pad(tmeta[:, META_HAS_INIT].bool(), rows_p, False),
                               seq_lens, slot_mapping)
-        attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl, plan.batch_rows)
+        attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl, plan.host_num_accepted)
         ctx = ForwardContext(attn=attn, gdn=gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
                              gdn_prefill_chunked=self.gdn_prefill_chunked)
         hidden = self.model(input_ids, positions, ctx)

@@ -1,0 +1,159 @@
+"""Mutants: the seed bugs re-created in the async engine, to measure the suite's power.
+
+Each mutant patches one engine *instance* after it is built (never a module or class), so two
+engines in one process stay independent and the async engine's source is untouched. A mutant is
+caught when any check of any scenario fails on it; ``run_mutants`` stops a mutant at its first
+failing scenario and reports how long that took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from conformance.engines import FEATURES, EngineInstance, RunSpec, _LLMInstance
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    origin: str  # the seed pull request, or "own" for the other DESIGN §4 contracts
+    contract: str  # the DESIGN §4 contract it breaks
+    description: str
+    patch: Callable  # patch(engine) -> None, applied to an AsyncLLMEngine instance
+    graph_mode: str = "full_and_piecewise"
+    delay_copies: bool = False
+    scenarios: tuple[str, ...] = ()  # scenario ids tried first (the rest of the tier follows)
+
+
+def _stale_accepted(engine) -> None:
+    """Seed 000: the GDN builder takes accepted counts from the per-row host mirror."""
+
+    def num_accepted(idx, host_mirror):
+        return torch.tensor(host_mirror, dtype=torch.int32, device=idx.device)
+
+    engine.builder.num_accepted = num_accepted
+
+
+def _token_count_metadata(engine) -> None:
+    """Seed 000: FULL-graph per-request GDN metadata padded to the token count."""
+    engine.builder.per_request_rows = lambda shape: shape.num_tokens_padded
+
+
+def _short_prompt_as_decode(engine) -> None:
+    """Seed 004: rows are classified by query length, so a new prompt of <= 1+K tokens is a decode."""
+    k = engine.config.speculative.num_speculative_tokens
+    engine.is_decode = lambda req, num_tokens: num_tokens <= 1 + k or not req.is_prefilling
+
+
+def _optimistic_backup_token(engine) -> None:
+    """Seed 002: the drafter's next token is read at the host's optimistic sequence length."""
+    drafter = engine.runner.drafter
+    if drafter is None:
+        return
+    original = drafter.next_token_ids
+
+    def next_token_ids(d):
+        ids = original(d)
+        last = d.query_start_loc[:-1].long() + d.kept - 1
+        ids[last] = drafter.state.token_ids[d.idx, d.backup_pos.clamp(max=drafter.state.token_ids.shape[1] - 1)]
+        return ids
+
+    drafter.next_token_ids = next_token_ids
+
+
+def _shared_host_buffer(engine) -> None:
+    """Seed 001: the drafter's inputs are staged in one persistent host buffer, rewritten every step.
+
+    Under asynchronous scheduling the next step's drafter inputs are written while this step's copy
+    may still be pending; with copies delayed the drafter reads the next step's rows.
+    """
+    persistent = {}
+    make = type(engine).host_buffer
+
+    def host_buffer(name, rows, cols):
+        if name != "drafter-inputs":
+            return make(engine, name, rows, cols)
+        if name not in persistent:
+            persistent[name] = make(engine, "drafter-inputs (persistent)", 4096, cols)
+        return persistent[name]
+
+    engine.host_buffer = host_buffer
+
+
+def _host_positions(engine) -> None:
+    """Own (§4.4): positions come from the host's optimistic num_computed_tokens."""
+    runner = engine.runner
+
+    def num_computed_source(plan):
+        counts = runner.state.num_computed.clone()
+        for row, value in zip(plan.rows, plan.host_num_computed):
+            counts[row.request.idx] = value
+        return counts
+
+    runner.num_computed_source = num_computed_source
+
+
+def _prefill_in_decode_graph(engine) -> None:
+    """Own (§4.6): FULL-graph eligibility judged by query lengths alone."""
+    graphs = engine.graphs
+    graphs.is_uniform_decode = lambda query_lens, is_decode: all(q == 1 + graphs.k for q in query_lens)
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "§4.3 accepted counts keyed by request",
+           "GDN state offsets read from a per-row host copy of the accepted counts, stale after rows move",
+           _stale_accepted, scenarios=("churn-k3", "scripted-ragged-k3")),
+    Mutant("token-count-gdn-metadata", "seed 000 (vLLM #45100)", "§4.6 FULL-graph metadata sized by requests",
+           "FULL-graph GDN per-request tensors padded to the token count instead of the request count",
+           _token_count_metadata, graph_mode="full", scenarios=("graph-padding-k1",)),
+    Mutant("short-prompt-as-decode", "seed 004 (vLLM #32716)", "§4.2 classification by context",
+           "a new prompt of at most 1+K tokens is classified as a decode and skips state initialisation",
+           _short_prompt_as_decode, scenarios=("short-prompts-k3", "short-prompts-mixed-k3")),
+    Mutant("optimistic-backup-token", "seed 002 (vLLM #38556)", "§4.5 drafter inputs are committed tokens",
+           "the drafter's next token is read at the optimistic (placeholder-inflated) sequence length",
+           _optimistic_backup_token, scenarios=("mtp-k3",)),
+    Mutant("shared-host-buffer", "seed 001 (async scheduling x spec decode)", "§4.7 host buffers",
+           "the drafter stages its inputs in one host buffer that the next step rewrites while the copy is pending",
+           _shared_host_buffer, delay_copies=True, scenarios=("chunk-tails-k3",)),
+    Mutant("host-optimistic-positions", "own", "§4.4 num_computed_tokens is device-authoritative",
+           "positions and slot mappings built from the host's optimistic num_computed_tokens",
+           _host_positions, scenarios=("scripted-ragged-k3", "churn-k3")),
+    Mutant("prefill-in-decode-graph", "own", "§4.6 no decode graph for a batch with a prefill",
+           "a batch whose prefill rows happen to have 1+K tokens replays the uniform-decode FULL graph",
+           _prefill_in_decode_graph, graph_mode="full", scenarios=("short-prompts-mixed-k3",)),
+)
+
+
+def get_mutant(mutant_id: str) -> Mutant:
+    for m in MUTANTS:
+        if m.id == mutant_id:
+            return m
+    raise KeyError(f"unknown mutant {mutant_id!r}; known: {', '.join(m.id for m in MUTANTS)}")
+
+
+class MutantAdapter:
+    """The async engine with one mutant applied, through the conformance adapter protocol."""
+
+    def __init__(self, mutant: Mutant):
+        self.mutant = mutant
+        self.name = f"mutant:{mutant.id}"
+
+    def supports(self, feature: str) -> bool:
+        return feature in FEATURES
+
+    def start(self, spec: RunSpec) -> EngineInstance:
+        from refengine import LLM
+        from refengine.drafter import ScriptedDrafter
+
+        s = spec.settings
+        drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern) if s.drafter == "scripted" and s.k else "mtp"
+        llm = LLM(model=spec.model, engine="async", graph_mode=self.mutant.graph_mode, num_speculative_tokens=s.k,
+                  drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                  block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
+                  device=spec.device, seed=spec.seed, observer=spec.observer,
+                  delay_copies=self.mutant.delay_copies)
+        self.mutant.patch(llm.engine)
+        return _LLMInstance(llm)
