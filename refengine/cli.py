@@ -27,10 +27,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", default="mtp", choices=("mtp", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
     g.add_argument("--ignore-eos", action="store_true")
+    sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
+    sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "report":
+        from refengine.report import main as report_main
+
+        return report_main(argv[1:]) or 0
+    if argv and argv[0] == "bench":
+        from refengine.bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     from refengine import LLM, SamplingParams
 

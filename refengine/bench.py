@@ -1,0 +1,80 @@
+"""``refengine bench``: async vs reference tokens/s on the default workload, side by side in one run.
+
+Both engines get the same prompts and must produce the same tokens (checked); they run
+alternately, ``--repeat`` times each, and the report gives the median of each and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def _workload(llm, copies: int, seed: int):
+    from refengine.default_workload import default_params, default_prompts
+
+    prompts = default_prompts()
+    if llm.tokenizer is None:  # a checkpoint without a tokenizer: token prompts of the same lengths
+        g = torch.Generator().manual_seed(seed)
+        vocab = llm.model_config.vocab_size
+        prompts = [torch.randint(0, vocab, (len(p),), generator=g).tolist() for p in prompts]
+    return prompts * copies, default_params()
+
+
+def _timed(llm, prompts, params) -> tuple[float, list]:
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return time.perf_counter() - start, outs
+
+
+def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, max_num_seqs: int) -> dict:
+    from refengine import LLM
+
+    common = dict(model=model, num_speculative_tokens=k, max_num_seqs=max_num_seqs)
+    ref = LLM(engine="reference", **common)
+    fast = LLM(engine="async", graph_mode=graph_mode, **common)
+    prompts, params = _workload(ref, copies, seed=0)
+    for llm in (ref, fast):  # warm-up
+        llm.generate(prompts[:2], params)
+    times = {"reference": [], "async": []}
+    outputs = {}
+    for _ in range(repeat):
+        for name, llm in (("reference", ref), ("async", fast)):
+            dt, outs = _timed(llm, prompts, params)
+            times[name].append(dt)
+            outputs[name] = [o.token_ids for o in outs]
+    if outputs["reference"] != outputs["async"]:
+        raise SystemExit("bench: the engines disagree on the workload's tokens; fix that first")
+    tokens = sum(len(t) for t in outputs["reference"])
+    stats = fast.engine.stats
+    tps = {name: tokens / statistics.median(ts) for name, ts in times.items()}
+    return {
+        "requests": len(prompts), "tokens": tokens, "tokens_per_s": tps,
+        "ratio": tps["async"] / tps["reference"],
+        "async_syncs_per_step": stats.syncs_per_step(fast.engine.stream.num_host_waits),
+        "async_wasted_tokens": stats.wasted_tokens, "async_graph_steps": dict(stats.graph_steps),
+        "async_row_moves": stats.row_moves,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="refengine bench", description=__doc__)
+    p.add_argument("--model", default=None)
+    p.add_argument("--num-spec-tokens", type=int, default=3)
+    p.add_argument("--graph-mode", default="full_and_piecewise")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--copies", type=int, default=1, help="repeat the default prompts this many times")
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    args = p.parse_args(argv)
+    r = run(args.model, args.num_spec_tokens, args.graph_mode, args.repeat, args.copies, args.max_num_seqs)
+    print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_spec_tokens}, "
+          f"graph mode {args.graph_mode}, torch threads {torch.get_num_threads()}")
+    for name, tps in r["tokens_per_s"].items():
+        print(f"  {name:9s} {tps:8.1f} tokens/s (median of {args.repeat})")
+    print(f"  ratio async/reference: {r['ratio']:.2f}x")
+    print(f"  async: {r['async_syncs_per_step']:.2f} host syncs per step, {r['async_wasted_tokens']} wasted tokens, "
+          f"{r['async_row_moves']} row moves, graph steps {r['async_graph_steps']}")
+    return 0
