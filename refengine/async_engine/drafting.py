@@ -93,7 +93,7 @@ class DeviceDrafter:
         cols = m[:, None] + torch.arange(self.k, device=r.device)[None, :]
         truth = st.truth[r[:, None], cols.clamp(max=st.truth.shape[1] - 1)]
         truth = torch.where(cols < st.truth.shape[1], truth, torch.zeros_like(truth))
-        c = st.num_correct[r, st.verify_steps[r].long().clamp(max=st.num_correct.shape[1] - 1)]
+        c = st.num_correct[r, m.clamp(max=st.num_correct.shape[1] - 1)]
         j = torch.arange(self.k, device=r.device)[None, :]
         st.draft_tokens[r] = torch.where(j < c[:, None].long(), truth, (truth + 1) % self.vocab_size)
         return st.last_sampled[r], d.input_ids.new_zeros(r.shape[0], 0)

@@ -199,8 +199,7 @@ class AsyncLLMEngine(LLMEngine):
             num_tokens=torch.tensor([len(r.prompt_token_ids) + len(r.output_token_ids) for r in admitted],
                                     dtype=torch.int32),
             num_prompt=torch.tensor([len(r.prompt_token_ids) for r in admitted], dtype=torch.int32),
-            slots=torch.tensor([r.state_slots for r in admitted], dtype=torch.int32),
-            verify_steps=torch.tensor([r.num_verify_steps for r in admitted], dtype=torch.int32))
+            slots=torch.tensor([r.state_slots for r in admitted], dtype=torch.int32))
         if isinstance(self.drafter, ScriptedDrafter):
             lt = self.state.truth.shape[1]
             adm.truth = torch.zeros(len(admitted), lt, dtype=torch.int64)

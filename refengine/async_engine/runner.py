@@ -31,7 +31,6 @@ class Admission:
     num_tokens: torch.Tensor  # [n] int32
     num_prompt: torch.Tensor  # [n] int32
     slots: torch.Tensor  # [n, K+1] int32
-    verify_steps: torch.Tensor  # [n] int32
     truth: torch.Tensor | None = None  # [n, Lt] int64 (scripted drafter)
     num_correct: torch.Tensor | None = None  # [n, Lt] int32 (scripted drafter)
 
@@ -105,7 +104,7 @@ class AsyncRunner:
         if plan.admission is not None:
             a = plan.admission
             st.admit(a.idx.to(dev), a.token_rows.to(dev), a.num_tokens.to(dev), a.num_prompt.to(dev),
-                     a.slots.to(dev), a.verify_steps.to(dev), _to(a.truth, dev), _to(a.num_correct, dev))
+                     a.slots.to(dev), _to(a.truth, dev), _to(a.num_correct, dev))
         if plan.block_idx is not None:
             st.block_table[plan.block_idx.to(dev)] = plan.block_rows.to(dev)
 
@@ -149,8 +148,6 @@ class AsyncRunner:
         valid[s_rows] = num_valid
         post_update(idx.to(torch.int32), q.to(torch.int32), num_draft.to(torch.int32), is_sampling, sampled, valid,
                     st.num_computed, st.num_valid, st.last_sampled, st.token_ids, st.num_tokens)
-        if self.k:
-            st.verify_steps[idx[is_decode]] += 1
 
         draft_ids = chain_ids = None
         if self.drafter is not None:

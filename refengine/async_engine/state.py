@@ -40,12 +40,11 @@ class DeviceState:
         self.token_ids = torch.full((num_slots, max_len), -1, **i64)  # [R, L] committed tokens, -1 beyond
         self.block_table = torch.zeros(num_slots, max_blocks, **i32)  # [R, B] KV block ids
         self.state_slots = torch.zeros(num_slots, 1 + num_spec_tokens, **i32)  # [R, K+1] GDN slots s_0..s_K
-        self.verify_steps = torch.zeros(num_slots, **i32)  # [R] verify steps done (scripted drafts)
         self.truth = torch.zeros(num_slots, max(truth_len, 1), **i64)  # [R, Lt] scripted continuation
         self.num_correct = torch.zeros(num_slots, max(truth_len, 1), **i32)  # [R, Lt] scripted correct drafts
 
     def admit(self, idx: torch.Tensor, token_rows: torch.Tensor, num_tokens: torch.Tensor, num_prompt: torch.Tensor,
-              slots: torch.Tensor, verify_steps: torch.Tensor, truth: torch.Tensor | None,
+              slots: torch.Tensor, truth: torch.Tensor | None,
               num_correct: torch.Tensor | None) -> None:
         """Reset the rows of newly admitted (or resumed) requests; runs on the device timeline."""
         idx = idx.long()
@@ -55,7 +54,6 @@ class DeviceState:
         self.num_valid[idx] = 1
         self.token_ids[idx] = token_rows
         self.state_slots[idx] = slots
-        self.verify_steps[idx] = verify_steps
         if truth is not None:
             self.truth[idx] = truth
             self.num_correct[idx] = num_correct

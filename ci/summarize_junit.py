@@ -1,0 +1,152 @@
+"""JUnit XML -> markdown summary, with new / fixed / still-failing against a baseline file.
+
+  python ci/summarize_junit.py reports/*.xml --baseline ci/nightly-baseline.txt --output summary.md
+  python ci/summarize_junit.py reports/tests.xml --write-baseline ci/nightly-baseline.txt
+
+The baseline lists the ids ("<classname>::<name>") of tests known to fail, one per line, "#" for
+comments. Failures are classified: a conformance mismatch or an assertion is a real failure
+("mismatch"); a crashed worker, an out-of-memory or a timeout is "infrastructure" (the only kind
+the nightly may rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MISMATCH, INFRASTRUCTURE, OTHER = "mismatch", "infrastructure", "other"
+FAILING = ("failed", "error")
+# A real verdict about the code under test. Checked first: a mismatch is never infrastructure.
+MISMATCH_PATTERNS = (r"CONFORMANCE MISMATCH", r"ConformanceMismatch", r"AssertionError", r"\bassert\b")
+INFRA_PATTERNS = (
+    r"OutOfMemoryError", r"CUDA out of memory", r"CUDA error", r"NCCL", r"TimeoutError", r"Timeout",
+    r"worker '?gw\d+'? crashed", r"node down", r"ConnectionError", r"BrokenPipeError", r"No space left on device",
+    r"Cannot allocate memory", r"InfrastructureError", r"Killed", r"Fatal Python error",
+)
+
+
+@dataclass
+class Case:
+    id: str  # "<classname>::<name>", xdist group suffix removed
+    outcome: str  # passed | failed | error | skipped | xfailed
+    message: str = ""
+    text: str = ""
+    seconds: float = 0.0
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str | None:
+        if self.outcome not in FAILING:
+            return None
+        blob = f"{self.message}\n{self.text}"
+        if any(re.search(p, blob) for p in MISMATCH_PATTERNS):
+            return MISMATCH
+        if any(re.search(p, blob) for p in INFRA_PATTERNS):
+            return INFRASTRUCTURE
+        return OTHER
+
+
+def read_junit(paths: list[str | Path]) -> list[Case]:
+    cases = []
+    for path in paths:
+        for tc in ET.parse(path).getroot().iter("testcase"):
+            name = re.sub(r"@[^\]\[]+$", "", tc.get("name", ""))  # loadgroup's "@group" suffix
+            case = Case(f"{tc.get('classname', '')}::{name}", "passed", seconds=float(tc.get("time") or 0))
+            case.properties = {p.get("name"): p.get("value") for p in tc.iter("property")}
+            for tag in ("failure", "error", "skipped"):
+                el = tc.find(tag)
+                if el is None:
+                    continue
+                case.outcome = {"failure": "failed", "error": "error"}.get(tag, "skipped")
+                if tag == "skipped" and "xfail" in (el.get("type") or ""):
+                    case.outcome = "xfailed"
+                case.message = el.get("message") or ""
+                case.text = el.text or ""
+                break
+            cases.append(case)
+    return cases
+
+
+def load_baseline(path: str | Path | None) -> set[str]:
+    if path is None or not Path(path).is_file():
+        return set()
+    lines = (line.split("#", 1)[0].strip() for line in Path(path).read_text().splitlines())
+    return {line for line in lines if line}
+
+
+@dataclass
+class Comparison:
+    new: list[Case]
+    still: list[Case]
+    fixed: list[str]
+
+
+def compare(cases: list[Case], baseline: set[str]) -> Comparison:
+    failing = [c for c in cases if c.outcome in FAILING]
+    ids = {c.id for c in failing}
+    seen = {c.id for c in cases}
+    return Comparison(new=[c for c in failing if c.id not in baseline],
+                      still=[c for c in failing if c.id in baseline],
+                      fixed=sorted(b for b in baseline if b in seen and b not in ids))
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = next((s.strip() for s in text.splitlines() if s.strip()), "")
+    line = line.replace("|", "\\|")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _table(cases: list[Case]) -> list[str]:
+    rows = ["| test | kind | message | replay |", "|---|---|---|---|"]
+    for c in cases:
+        replay = c.properties.get("replay", "")
+        rows.append(f"| `{c.id}` | {c.kind} | {_first_line(c.message or c.text)} | {f'`{replay}`' if replay else ''} |")
+    return rows
+
+
+def markdown(cases: list[Case], comparison: Comparison, title: str = "Test summary", notes: list[str] = ()) -> str:
+    count = {o: sum(c.outcome == o for c in cases) for o in ("passed", "failed", "error", "skipped", "xfailed")}
+    totals = (f"| {count['passed']} | {count['failed']} | {count['error']} | {count['skipped']} | "
+              f"{count['xfailed']} | {len(cases)} |")
+    lines = [f"## {title}", "", "| passed | failed | errors | skipped | xfailed | total |", "|---|---|---|---|---|---|",
+             totals, ""]
+    lines += [f"- {n}" for n in notes]
+    if notes:
+        lines.append("")
+    for heading, group in (("New failures", comparison.new), ("Still failing (in the baseline)", comparison.still)):
+        lines += [f"### {heading}: {len(group)}", ""]
+        lines += (_table(group) if group else ["none"]) + [""]
+    lines += [f"### Fixed (in the baseline, now passing): {len(comparison.fixed)}", ""]
+    lines += [f"- `{i}`" for i in comparison.fixed] or ["none"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("junit", nargs="+", help="JUnit XML files")
+    p.add_argument("--baseline", default=None, help="file of known-failing test ids")
+    p.add_argument("--output", default=None, help="write the markdown here (default: stdout)")
+    p.add_argument("--title", default="Test summary")
+    p.add_argument("--write-baseline", default=None, metavar="FILE", help="write the current failures as a baseline")
+    p.add_argument("--fail-on-new", action="store_true", help="exit 1 when a failure is not in the baseline")
+    args = p.parse_args(argv)
+    cases = read_junit(args.junit)
+    comparison = compare(cases, load_baseline(args.baseline))
+    text = markdown(cases, comparison, args.title)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text)
+    if args.write_baseline:
+        ids = sorted({c.id for c in cases if c.outcome in FAILING})
+        Path(args.write_baseline).write_text("# Known failures (ids from ci/summarize_junit.py), one per line.\n"
+                                             + "".join(f"{i}\n" for i in ids))
+    return 1 if args.fail_on_new and comparison.new else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Checks over two traces of the same workload: the reference's and the engine under test's."""
+
+from __future__ import annotations
+
+from conformance.results import CheckResult, failed, not_applicable, passed
+from conformance.trace import RequestTrace, Trace
+
+WINDOW = 4  # tokens shown on each side of a divergence
+
+
+def first_difference(a: list, b: list) -> int | None:
+    """Index of the first element where ``a`` and ``b`` differ (a length difference counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def token_window(tokens: list[int], i: int, width: int = WINDOW) -> str:
+    """``... 12 44 [91] 3 8 ...``: the tokens around index ``i``, the one at ``i`` in brackets."""
+    lo, hi = max(0, i - width), min(len(tokens), i + width + 1)
+    parts = ["..."] if lo > 0 else []
+    parts += [f"[{t}]" if j == i else str(t) for j, t in enumerate(tokens[lo:hi], start=lo)]
+    if i >= len(tokens):
+        parts.append("[end]")
+    elif hi < len(tokens):
+        parts.append("...")
+    return " ".join(parts)
+
+
+def acceptance_history(acceptance: list[tuple[int, int]], mark: int | None = None, limit: int = 24) -> str:
+    """``3/3 3/1 [3/0] 3/2``: drafted/accepted per verify step, step ``mark`` in brackets."""
+    if not acceptance:
+        return "(no verify steps)"
+    items = [f"[{d}/{a}]" if i == mark else f"{d}/{a}" for i, (d, a) in enumerate(acceptance)]
+    if len(items) > limit:
+        centre = mark if mark is not None else 0
+        lo = max(0, min(centre - limit // 2, len(items) - limit))
+        items = (["..."] if lo else []) + items[lo:lo + limit] + (["..."] if lo + limit < len(items) else [])
+    return " ".join(items)
+
+
+def locate(req: RequestTrace, position: int) -> str:
+    """Where an output position was produced: the engine step, and the verify step or row kind."""
+    if position >= len(req.token_steps):
+        return "past the end of the output"
+    where = f"engine step {req.token_steps[position]}"
+    v = _verify_index(req, position)
+    if v is not None:
+        return f"{where}, verify step {v}"
+    kind = req.token_kinds[position] if position < len(req.token_kinds) else "decode"
+    return f"{where}, sampled by a prefill" if kind == "prefill" else f"{where}, a decode step"
+
+
+def _labels(a: Trace, b: Trace) -> tuple[str, str, int]:
+    width = max(len(a.engine), len(b.engine))
+    return a.engine.ljust(width), b.engine.ljust(width), width
+
+
+def _missing(name: str, reference: Trace, test: Trace) -> CheckResult | None:
+    lost = sorted(set(reference.requests) - set(test.requests))
+    if lost:
+        return failed(name, f"{len(lost)} request(s) never finished in {test.engine}: {', '.join(lost[:8])}",
+                      request_id=lost[0], missing=lost)
+    return None
+
+
+def check_tokens(reference: Trace, test: Trace, name: str = "tokens") -> CheckResult:
+    """Every request's output tokens and finish reason are identical."""
+    if (missing := _missing(name, reference, test)) is not None:
+        return missing
+    diverged = []
+    for rid in sorted(reference.requests):
+        ref, got = reference.requests[rid], test.requests[rid]
+        pos = first_difference(ref.token_ids, got.token_ids)
+        if pos is None and ref.finish_reason != got.finish_reason:
+            pos = len(ref.token_ids)
+        if pos is not None:
+            step = got.token_steps[pos] if pos < len(got.token_steps) else 1 << 30
+            diverged.append((step, rid, pos))
+    if not diverged:
+        total = sum(len(r.token_ids) for r in reference.requests.values())
+        return passed(name, f"{len(reference.requests)} requests, {total} tokens identical")
+    _, rid, pos = min(diverged)
+    ref, got = reference.requests[rid], test.requests[rid]
+    la, lb, _ = _labels(reference, test)
+    v_ref = _verify_index(ref, pos)
+    v_got = _verify_index(got, pos)
+    lines = [
+        f"request {rid} ({len(ref.prompt_token_ids)}-token prompt) diverges at output position {pos}",
+        f"  {la} : {token_window(ref.token_ids, pos)}   produced at {locate(ref, pos)}",
+        f"  {lb} : {token_window(got.token_ids, pos)}   produced at {locate(got, pos)}",
+        f"  finish reason: {reference.engine} {ref.finish_reason!r}, {test.engine} {got.finish_reason!r}",
+        "  acceptance per verify step (drafted/accepted):",
+        f"    {la} : {acceptance_history(ref.acceptance, v_ref)}",
+        f"    {lb} : {acceptance_history(got.acceptance, v_got)}",
+    ]
+    if len(diverged) > 1:
+        others = ", ".join(r for _, r, _ in sorted(diverged)[1:9])
+        lines.append(f"  {len(diverged)} of {len(reference.requests)} requests diverge; the others: {others}")
+    summary = f"request {rid}: first divergence at output position {pos}" + (
+        f" (verify step {v_got})" if v_got is not None else "")
+    return failed(name, summary, "\n".join(lines), rid, position=pos, verify_step=v_got,
+                  step=got.token_steps[pos] if pos < len(got.token_steps) else None,
+                  reference_window=ref.token_ids[max(0, pos - WINDOW): pos + WINDOW + 1],
+                  test_window=got.token_ids[max(0, pos - WINDOW): pos + WINDOW + 1],
+                  diverging_requests=[r for _, r, _ in sorted(diverged)])
+
+
+def _verify_index(req: RequestTrace, position: int) -> int | None:
+    for v in req.verify_steps:
+        if v.position is not None and v.position <= position < v.position + v.accepted + 1:
+            return v.index
+    return None
+
+
+def _verifies_by_position(trace: Trace, rid: str) -> dict[int, tuple[tuple[int, ...], int]]:
+    """A request's verify steps keyed by the position of their first token: (drafts, accepted)."""
+    return {r.num_computed_tokens: (tuple(r.draft_token_ids), r.num_accepted)
+            for r in trace.rows_of(rid) if r.kind == "decode" and r.num_accepted is not None}
+
+
+def check_acceptance(reference: Trace, test: Trace) -> CheckResult:
+    """Per request, per verify step: the same drafts, the same number drafted and accepted.
+
+    Requests neither engine preempted must have identical histories, step for step. A preemption
+    replaces a verify step by a re-prefill, and the engines may preempt at different points, so
+    for preempted requests the verify steps are matched by position: wherever both engines verified
+    at the same position, the drafts and the accepted count must agree.
+    """
+    name = "acceptance"
+    if (missing := _missing(name, reference, test)) is not None:
+        return missing
+    steps = sum(len(r.acceptance) for r in reference.requests.values())
+    if steps == 0:
+        return not_applicable(name, "no verify steps ran (K=0)")
+    la, lb, _ = _labels(reference, test)
+    matched = 0
+    for rid in sorted(reference.requests):
+        ref_req, got_req = reference.requests[rid], test.requests[rid]
+        ref_pos, got_pos = _verifies_by_position(reference, rid), _verifies_by_position(test, rid)
+        for pos in sorted(ref_pos.keys() & got_pos.keys()):
+            matched += 1
+            if ref_pos[pos] != got_pos[pos]:
+                (rd, ra), (gd, ga) = ref_pos[pos], got_pos[pos]
+                lines = [f"request {rid}, verify step at position {pos}:",
+                         f"  {la} : drafts {list(rd)}, accepted {ra}",
+                         f"  {lb} : drafts {list(gd)}, accepted {ga}",
+                         "  the same point of the request was drafted or verified differently"]
+                return failed(name, f"request {rid}: at position {pos} drafted/accepted {len(gd)}/{ga}, "
+                              f"expected {len(rd)}/{ra}", "\n".join(lines), rid, position=pos,
+                              reference=[len(rd), ra], test=[len(gd), ga])
+        if ref_req.num_preemptions or got_req.num_preemptions:
+            continue
+        ref, got = ref_req.acceptance, got_req.acceptance
+        v = first_difference(ref, got)
+        if v is None:
+            continue
+        r_step = ref[v] if v < len(ref) else None
+        g_step = got[v] if v < len(got) else None
+        vs = ref_req.verify_steps
+        where = f" (output position {vs[v].position})" if v < len(vs) and vs[v].position is not None else ""
+        lines = [
+            (f"request {rid}, verify step {v}{where}: {reference.engine} drafted/accepted "
+             f"{_fmt(r_step)}, {test.engine} {_fmt(g_step)}"),
+            f"  {la} : {acceptance_history(ref, v)}",
+            f"  {lb} : {acceptance_history(got, v)}",
+        ]
+        return failed(name, f"request {rid}: verify step {v} drafted/accepted {_fmt(g_step)}, expected "
+                      f"{_fmt(r_step)}", "\n".join(lines), rid, verify_step=v,
+                      reference=list(r_step) if r_step else None, test=list(g_step) if g_step else None)
+    return passed(name, f"{steps} verify steps identical ({matched} matched by position)")
+
+
+def _fmt(step: tuple[int, int] | None) -> str:
+    return "none (no such step)" if step is None else f"{step[0]}/{step[1]}"
+
+
+def check_logits_digests(reference: Trace, test: Trace) -> CheckResult:
+    """Bitwise-equal verify logits wherever both engines recorded a digest for the same rows."""
+    name = "logits-digests"
+    compared = 0
+    for rid in sorted(set(reference.requests) & set(test.requests)):
+        ref = {(p, n): d for p, n, d in reference.requests[rid].logits}
+        got = {(p, n): d for p, n, d in test.requests[rid].logits}
+        for key in sorted(ref.keys() & got.keys()):
+            compared += 1
+            if ref[key] != got[key]:
+                pos, rows = key
+                what = f"output position {pos} ({rows} logit row{'s' if rows > 1 else ''})"
+                return failed(name, f"request {rid}: logits at {what} differ bitwise",
+                              f"request {rid}: the verify logits for {what} hash to {ref[key]} in "
+                              f"{reference.engine} and {got[key]} in {test.engine}\n"
+                              "  where the tokens still agree, bitwise-different logits mean some kernel's result "
+                              "depends on the batch or its padding", rid, position=pos, rows=rows)
+    if compared == 0:
+        return not_applicable(name, "no logits digests recorded by both engines")
+    return passed(name, f"{compared} logits digests identical")
+
+
+def check_spec_lossless(plain: Trace | None, test: Trace) -> CheckResult:
+    """Speculative output equals plain greedy output (the same workload run with K=0)."""
+    if plain is None:
+        return not_applicable("spec-lossless", "K=0: no speculation to compare")
+    result = check_tokens(plain, test, name="spec-lossless")
+    if result.failed:
+        result.report = ("speculative decoding changed the output: the engine under test differs from plain "
+                         "greedy decoding (K=0, reference engine)\n" + result.report)
+    return result

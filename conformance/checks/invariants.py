@@ -1,0 +1,153 @@
+"""Checks over one trace: metadata shapes, prefill classification, id ranges, slots and pools."""
+
+from __future__ import annotations
+
+from conformance.results import CheckResult, failed, not_applicable, passed
+from conformance.trace import RowTrace, StepTrace, Trace
+
+# GDN metadata fields with one entry per request, and the one with an entry per request plus one.
+PER_REQUEST_FIELDS = ("state_indices", "num_accepted_tokens", "has_initial_state", "seq_lens", "context_lens",
+                      "block_table")
+OFFSETS_FIELD = "query_start_loc"
+TRACEBACK_LINES = 30  # last lines of an engine traceback shown in the report (details keep all of it)
+
+
+def check_runs(test: Trace, expected_requests: list[str]) -> CheckResult:
+    """The engine finished every request without raising."""
+    if test.error is not None:
+        last = test.error.strip().splitlines()[-1] if test.error.strip() else "error"
+        lines = test.error.rstrip().splitlines()
+        if len(lines) > TRACEBACK_LINES:
+            lines = [f"... ({len(lines) - TRACEBACK_LINES} traceback lines left out)"] + lines[-TRACEBACK_LINES:]
+        return failed("runs", f"{test.engine} raised: {last}", f"{test.engine} did not finish the workload:\n"
+                      + _indent("\n".join(lines)), traceback=test.error)
+    lost = sorted(set(expected_requests) - set(test.requests))
+    if lost:
+        return failed("runs", f"{len(lost)} request(s) never finished: {', '.join(lost[:8])}", request_id=lost[0])
+    return passed("runs", f"{len(expected_requests)} requests finished in {test.num_engine_steps} steps")
+
+
+def check_full_graph_metadata(test: Trace) -> CheckResult:
+    """In FULL-graph steps every per-request GDN tensor is sized by the padded request count."""
+    name = "full-graph-metadata"
+    full = [s for s in test.steps if s.graph_mode == "full"]
+    if not full:
+        return not_applicable(name, "no FULL-graph steps ran")
+    for step in full:
+        problem = _full_step_problem(step)
+        if problem:
+            rows = len(step.rows)
+            return failed(name, f"engine step {step.index}: {problem}",
+                          f"engine step {step.index} replayed a FULL graph for {rows} request(s) padded to "
+                          f"{step.num_reqs_padded}, but {problem}\n  GDN metadata shapes: "
+                          + ", ".join(f"{k}={tuple(v)}" for k, v in step.gdn_metadata_shapes.items())
+                          + f"\n  query lengths: {[r.query_len for r in step.rows]}",
+                          step.rows[0].request_id if step.rows else None, step=step.index,
+                          num_reqs_padded=step.num_reqs_padded, shapes=step.gdn_metadata_shapes)
+    return passed(name, f"{len(full)} FULL-graph steps sized by their padded request count")
+
+
+def _full_step_problem(step: StepTrace) -> str | None:
+    padded = step.num_reqs_padded
+    if padded is None:
+        return "the step did not report its padded request count"
+    if padded < len(step.rows):
+        return f"the padded request count {padded} is below the {len(step.rows)} scheduled rows"
+    for key, shape in step.gdn_metadata_shapes.items():
+        field = key.partition(".")[2]
+        want = padded + 1 if field == OFFSETS_FIELD else padded if field in PER_REQUEST_FIELDS else None
+        if want is not None and (not shape or shape[0] != want):
+            lead = shape[0] if shape else "none"
+            return f"{key} has leading dimension {lead}, expected {want} (padded requests{' + 1' if want > padded else ''})"
+    return None
+
+
+def check_new_prompt_prefill(test: Trace) -> CheckResult:
+    """Rows of requests with no computed tokens are prefills from zero state, whatever their length."""
+    name = "new-prompt-prefill"
+    new_rows = [(s, r) for s in test.steps for r in s.rows if r.num_computed_tokens == 0]
+    if not new_rows:
+        return not_applicable(name, "no step records with new prompts")
+    for step, row in new_rows:
+        wrong = _classification_problem(row)
+        if wrong:
+            others = [r for r in step.rows if r is not row]
+            company = (f"alongside {sum(r.kind == 'decode' for r in others)} decode row(s)" if others else "alone")
+            return failed(name, f"request {row.request_id} (new, {row.query_len}-token query) {wrong} in engine "
+                          f"step {step.index}",
+                          f"request {row.request_id} had no computed tokens, so its first row must be a prefill "
+                          f"that starts from zero state\n  engine step {step.index}, {company}: query of "
+                          f"{row.query_len} tokens {row.input_ids[:12]}, kind={row.kind!r}, "
+                          f"has_initial_state={row.has_initial_state}, state slot read={row.state_slot_read}",
+                          row.request_id, step=step.index, kind=row.kind, query_len=row.query_len)
+    short = sum(1 for _, r in new_rows if r.query_len <= 8)
+    return passed(name, f"{len(new_rows)} new prompts ({short} of at most 8 tokens) started as zero-state prefills")
+
+
+def _classification_problem(row: RowTrace) -> str | None:
+    if row.kind != "prefill":
+        return f"was classified {row.kind!r}"
+    if row.has_initial_state:
+        return "was given an initial state"
+    if row.state_slot_read is not None:
+        return f"read state slot {row.state_slot_read}"
+    return None
+
+
+ID_FIELDS = ("input_ids", "drafter_input_ids", "draft_token_ids", "next_draft_token_ids")
+
+
+def check_id_range(test: Trace, vocab_size: int) -> CheckResult:
+    """No id < 0 or >= vocab reaches the model or the drafter, or comes out of the engine."""
+    name = "id-range"
+    seen = 0
+    for step in test.steps:
+        for row in step.rows:
+            for field in ID_FIELDS:
+                ids = getattr(row, field)
+                seen += len(ids)
+                bad = [t for t in ids if not 0 <= t < vocab_size]
+                if bad:
+                    return failed(name, f"request {row.request_id}: {field} holds {bad[0]} in engine step "
+                                  f"{step.index}", f"request {row.request_id}, engine step {step.index}: {field} = "
+                                  f"{ids} holds {bad[0]}, outside the vocabulary [0, {vocab_size})",
+                                  row.request_id, step=step.index, field=field, value=bad[0])
+    for rid, req in sorted(test.requests.items()):
+        bad = [t for t in req.token_ids if not 0 <= t < vocab_size]
+        if bad:
+            return failed(name, f"request {rid}: output token {bad[0]} is outside [0, {vocab_size})", request_id=rid,
+                          field="token_ids", value=bad[0])
+    if seen == 0:
+        return not_applicable(name, "no step records to inspect")
+    return passed(name, f"{seen} ids fed to the model and drafter, all in [0, {vocab_size})")
+
+
+def check_state_slots(test: Trace) -> CheckResult:
+    """No two requests in one step read the same GDN state slot."""
+    name = "state-slots"
+    if not test.steps:
+        return not_applicable(name, "no step records to inspect")
+    for step in test.steps:
+        owner: dict[int, str] = {}
+        for row in step.rows:
+            slot = row.state_slot_read
+            if slot is None:
+                continue
+            if slot in owner and owner[slot] != row.request_id:
+                return failed(name, f"engine step {step.index}: requests {owner[slot]} and {row.request_id} both "
+                              f"read state slot {slot}", request_id=row.request_id, step=step.index, slot=slot)
+            owner[slot] = row.request_id
+    return passed(name, f"{len(test.steps)} steps, no state slot read by two requests")
+
+
+def check_pools_empty(test: Trace) -> CheckResult:
+    """Once every request finished, no KV block and no state slot is still allocated."""
+    if test.pools_empty is None:
+        return not_applicable("pools-empty", "the engine cannot report its pools")
+    if not test.pools_empty:
+        return failed("pools-empty", "KV blocks or state slots are still allocated after every request finished")
+    return passed("pools-empty", "KV-block and state-slot pools empty at the end")
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "\n".join(by + line for line in text.splitlines())

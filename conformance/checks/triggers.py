@@ -1,0 +1,101 @@
+"""Workload power: did the reference run actually exercise what the scenario exists for?
+
+A scenario names triggers (a preemption happened, chunk tails of every size ran, ...). If a change
+to the scheduler or the model makes a workload stop hitting its trigger, this check says so,
+instead of the suite silently losing the power to catch the bug the scenario targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from conformance.results import CheckResult, failed, not_applicable, passed
+from conformance.trace import Trace
+from conformance.workloads import Scenario
+
+
+def _new_short_prompt(sc: Scenario, t: Trace) -> bool:
+    return any(r.num_computed_tokens == 0 and r.query_len <= sc.k + 2 for s in t.steps for r in s.rows)
+
+
+def _mixed_batch(sc: Scenario, t: Trace) -> bool:
+    return any(any(r.num_computed_tokens == 0 for r in s.rows) and any(r.kind == "decode" for r in s.rows)
+               for s in t.steps)
+
+
+def _chunk_tails(sc: Scenario, t: Trace) -> bool:
+    tails = {r.query_len for s in t.steps for r in s.rows
+             if r.kind == "prefill" and r.has_initial_state and r.output_token_ids is not None}
+    return set(range(1, sc.k + 2)) <= tails
+
+
+def _batch_churn(sc: Scenario, t: Trace) -> bool:
+    moves = 0
+    for prev, cur in zip(t.steps, t.steps[1:]):
+        a, b = {r.request_id for r in prev.rows}, {r.request_id for r in cur.rows}
+        moves += bool(a - b) and bool(b - a) and bool(a & b)
+    return moves >= 2
+
+
+def _preemption(sc: Scenario, t: Trace) -> bool:
+    return any(s.preempted for s in t.steps)
+
+
+def _recycled_slot(sc: Scenario, t: Trace) -> bool:
+    readers: dict[int, set[str]] = {}
+    for s in t.steps:
+        for r in s.rows:
+            if r.state_slot_read is not None:
+                readers.setdefault(r.state_slot_read, set()).add(r.request_id)
+    return any(len(v) > 1 for v in readers.values())
+
+
+def _decode_batches(sc: Scenario, t: Trace) -> bool:
+    sizes = {len(s.rows) for s in t.steps if s.rows and all(r.kind == "decode" for r in s.rows)}
+    return {3, 5, 7} <= sizes
+
+
+def _accepted(t: Trace) -> set[int]:
+    return {a for req in t.requests.values() for _, a in req.acceptance}
+
+
+def _stop_mid_window(sc: Scenario, t: Trace) -> bool:
+    for req in t.requests.values():
+        produced = sum(len(r.output_token_ids) for r in t.rows_of(req.request_id) if r.output_token_ids)
+        if req.finish_reason == "stop" and produced > len(req.token_ids):
+            return True
+    return False
+
+
+TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingProxyType({
+    "new-short-prompt": ("a new prompt of at most K+2 tokens was scheduled", _new_short_prompt),
+    "mixed-batch": ("a new prompt shared a step with running decodes", _mixed_batch),
+    "chunk-tails": ("prompt chunks ended in tails of every length 1..K+1", _chunk_tails),
+    "batch-churn": ("requests left and joined the batch between consecutive steps", _batch_churn),
+    "preemption": ("the KV pool ran out and a request was preempted", _preemption),
+    "recycled-slot": ("a state slot was read by two different requests over the run", _recycled_slot),
+    "decode-batches-3-5-7": ("decode-only steps with 3, 5 and 7 rows ran", _decode_batches),
+    "accept-all": ("a verify step accepted all K drafts", lambda sc, t: sc.k in _accepted(t)),
+    "reject-all": ("a verify step rejected every draft", lambda sc, t: 0 in _accepted(t)),
+    "every-accept-count": ("every accepted count 0..K occurred", lambda sc, t: set(range(sc.k + 1)) <= _accepted(t)),
+    "spec-verify": ("speculative verify steps ran", lambda sc, t: bool(_accepted(t))),
+    "stop-mid-window": ("a stop token ended a request inside a verified window", _stop_mid_window),
+})
+
+
+def check_triggers(scenario: Scenario, reference: Trace) -> CheckResult:
+    name = "workload-triggers"
+    if not scenario.triggers:
+        return not_applicable(name, "the scenario names no triggers")
+    unknown = [t for t in scenario.triggers if t not in TRIGGERS]
+    if unknown:
+        return failed(name, f"unknown trigger(s) {unknown}; known: {sorted(TRIGGERS)}")
+    missed = [t for t in scenario.triggers if not TRIGGERS[t][1](scenario, reference)]
+    if missed:
+        what = "; ".join(f"{t}: expected that {TRIGGERS[t][0]}" for t in missed)
+        return failed(name, f"the reference run never hit {', '.join(missed)}",
+                      f"scenario {scenario.id} exists to exercise {', '.join(scenario.triggers)}, but in the "
+                      f"reference run {what} - it did not happen, so this workload no longer tests what it is for",
+                      missed=missed)
+    return passed(name, "reference run hit " + ", ".join(scenario.triggers))

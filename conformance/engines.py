@@ -1,0 +1,153 @@
+"""Engines under test: a small protocol, refengine's own engines, and loading by name or import path.
+
+To plug in another engine, write an adapter and name it by import path::
+
+    conformance run --engine mypkg.conformance_adapter:make_adapter
+    pytest --pyargs conformance.suite --conformance-engine mypkg.conformance_adapter:make_adapter
+
+``make_adapter`` is an ``EngineAdapter`` (or a zero-argument callable returning one). Its
+``start`` builds one engine instance for one workload. The instance must deliver, for every
+finished request, an object with the fields of ``refengine.outputs.RequestOutput``, and should call
+``spec.observer`` once per step with an object shaped like ``refengine.outputs.StepRecord``
+(rows of ``RowRecord``). An engine without step records still gets the token and acceptance
+checks; the per-step checks then have nothing to look at.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from conformance.workloads import EngineSettings
+
+# Features an adapter may support; the checks that need one are "n/a" without it.
+FEATURES = (
+    "step_records",  # calls the observer with StepRecords every step
+    "batch_invariant",  # a request's logits do not depend on its batch (logits digests are comparable)
+    "pools",  # can tell whether its KV-block and state-slot pools are empty
+    "mtp",  # drafts with the model's MTP head
+    "scripted_drafter",  # takes refengine's ScriptedDrafter
+)
+GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
+BUILTIN_ENGINES = ("reference", "async", *(f"async:{m}" for m in GRAPH_MODES))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What ``EngineAdapter.start`` gets: one workload's engine configuration."""
+
+    model: str | None  # checkpoint folder; None: the embedded default model
+    settings: EngineSettings
+    vocab_size: int
+    observer: Callable[[Any], None]  # call with each step's StepRecord
+    device: str = "cpu"
+    seed: int = 0
+
+
+class EngineInstance(Protocol):
+    def add_request(self, request_id: str, prompt: list[int] | str, params: Any) -> None: ...
+    def step(self) -> list[Any]: ...  # RequestOutputs of the requests that finished in this step
+    def has_unfinished(self) -> bool: ...
+    def pools_empty(self) -> bool | None: ...  # None: cannot tell
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    name: str
+
+    def supports(self, feature: str) -> bool: ...
+    def start(self, spec: RunSpec) -> EngineInstance: ...
+
+
+class UnknownEngine(ValueError):
+    pass
+
+
+class _LLMInstance:
+    """refengine's LLM seen through the EngineInstance protocol."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def add_request(self, request_id, prompt, params) -> None:
+        self.llm.add_request(request_id, prompt, params)
+
+    def step(self):
+        return self.llm.step()
+
+    def has_unfinished(self) -> bool:
+        return self.llm.has_unfinished()
+
+    def pools_empty(self) -> bool:
+        return self.llm.engine.pools_empty()
+
+
+class RefEngineAdapter:
+    """refengine's engines: ``LLM(engine="reference")`` or ``LLM(engine="async", graph_mode=...)``."""
+
+    def __init__(self, engine: str = "reference", graph_mode: str = "none"):
+        if graph_mode not in GRAPH_MODES:
+            raise UnknownEngine(f"graph mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
+        self.engine = engine
+        self.graph_mode = graph_mode
+        self.name = engine if engine == "reference" else f"async:{graph_mode}"
+
+    def supports(self, feature: str) -> bool:
+        return feature in FEATURES
+
+    def start(self, spec: RunSpec) -> EngineInstance:
+        from refengine import LLM
+        from refengine.drafter import ScriptedDrafter
+
+        s = spec.settings
+        drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern) if s.drafter == "scripted" and s.k else "mtp"
+        llm = LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
+                  drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                  block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
+                  device=spec.device, seed=spec.seed, observer=spec.observer)
+        return _LLMInstance(llm)
+
+
+def reference_adapter() -> RefEngineAdapter:
+    """The side every engine is compared against: the reference engine, no graphs."""
+    return RefEngineAdapter("reference", "none")
+
+
+def load_engine(name: str) -> EngineAdapter:
+    """``reference``, ``async`` (FULL_AND_PIECEWISE graphs), ``async:<graph mode>``, or ``pkg.module:attr``."""
+    if name == "reference":
+        return reference_adapter()
+    if name == "async":
+        return RefEngineAdapter("async", "full_and_piecewise")
+    if name.startswith("async:"):
+        return RefEngineAdapter("async", name.partition(":")[2])
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise UnknownEngine(f"unknown engine {name!r}: use one of {', '.join(BUILTIN_ENGINES)} or an import path "
+                            "'package.module:factory'")
+    try:
+        obj = getattr(_import(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise UnknownEngine(f"cannot load engine {name!r}: {e}") from e
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "start")):
+        obj = obj()
+    if not isinstance(obj, EngineAdapter):
+        raise UnknownEngine(f"engine {name!r} gave {type(obj).__name__}, which lacks name/supports()/start() "
+                            "(see conformance.engines.EngineAdapter)")
+    return obj
+
+
+def _import(module_name: str):
+    """Import a module, also from the current directory (as ``python -m`` would) for local adapters."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        if e.name != module_name.split(".")[0] or cwd in sys.path:
+            raise
+        sys.path.insert(0, cwd)
+        return importlib.import_module(module_name)

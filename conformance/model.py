@@ -1,0 +1,50 @@
+"""What the suite needs to know about a checkpoint before running anything on it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str  # resolved checkpoint folder
+    label: str  # how reports name it: the path, or "embedded default model"
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    has_mtp: bool
+    has_tokenizer: bool
+
+
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """(folder, label); ``None`` is the embedded default model (FileNotFoundError until it exists)."""
+    if model is None:
+        from refengine.llm import default_model_path
+
+        return default_model_path(), "embedded default model"
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {model!r} (expected a folder with config.json)")
+    return str(path.resolve()), str(path.resolve())
+
+
+def describe_model(model: str | None) -> ModelFacts:
+    from refengine.model.loader import read_config
+
+    folder, label = resolve_model(model)
+    root = Path(folder)
+    cfg = read_config(root)
+    names = _tensor_names(root)
+    return ModelFacts(folder, label, cfg.vocab_size, tuple(cfg.eos_token_ids),
+                      any(n.startswith("mtp.") for n in names), (root / "tokenizer_config.json").is_file())
+
+
+def _tensor_names(root: Path) -> set[str]:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    from safetensors import safe_open
+
+    with safe_open(str(root / "model.safetensors"), framework="pt") as f:
+        return set(f.keys())

@@ -1,0 +1,236 @@
+"""pytest plugin for the conformance suite (registered through the ``pytest11`` entry point).
+
+It stays inert until a test asks for the ``conformance_scenario`` fixture (the shipped suite,
+``pytest --pyargs conformance.suite``, or a module re-exporting its test). Choosing what runs:
+
+  --conformance-engine E     engine under test: reference | async | async:<graph mode> |
+                             package.module:factory   (else $CONFORMANCE_ENGINE, else the
+                             ``conformance_default_engine`` fixture, "async" unless a conftest overrides it)
+  --conformance-tier T       default | nightly
+  --conformance-model PATH   checkpoint (else $CONFORMANCE_MODEL, else ``conformance_default_model``,
+                             None = the embedded default model)
+  --conformance-xfail-file F expected failures (TOML); default: conformance/expectations/<engine>.toml
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+
+import pytest
+
+from conformance import session
+from conformance.checks import CHECK_NAMES
+from conformance.env import describe, environment
+from conformance.expectations import judge, unknown_entries
+from conformance.results import ScenarioResult
+from conformance.workloads import TIERS, scenario_ids
+
+RESULT_PROPERTY = "conformance_result"  # carries a ScenarioResult from the worker to the controller
+GPU_IDS_ENV = "CONFORMANCE_GPU_IDS"  # exported by the xdist controller, read by each worker
+
+
+class StaleExpectationWarning(UserWarning):
+    """An expected failure that no longer fails."""
+
+
+class InfrastructureError(RuntimeError):
+    """The harness or the reference engine broke: no verdict about the engine under test."""
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("conformance", "engine conformance suite (pytest --pyargs conformance.suite)")
+    g.addoption("--conformance-engine", default=None, help="engine under test: reference, async, "
+                "async:<graph mode> or package.module:factory (default: $CONFORMANCE_ENGINE, else async)")
+    g.addoption("--conformance-tier", default=None, choices=TIERS, help="workload tier (default: default)")
+    g.addoption("--conformance-model", default=None, help="checkpoint folder (default: $CONFORMANCE_MODEL, else "
+                "the embedded default model)")
+    g.addoption("--conformance-device", default=None, help="device for both engines (default: cpu)")
+    g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
+                "(default: the engine's file in conformance/expectations/)")
+    g.addoption("--conformance-strict-expectations", action="store_true",
+                help="fail (not just warn) when a listed expected failure passes")
+    g.addoption("--conformance-report-json", default=None, metavar="FILE", help="write all results as JSON")
+    g.addoption("--conformance-threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)")
+
+
+def _gpu_ids() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d for d in visible.split(",") if d.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """On an xdist worker, pin one GPU (before any conftest can initialise CUDA)."""
+    worker, ids = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(GPU_IDS_ENV)
+    if worker and ids and worker.startswith("gw"):
+        gpus = ids.split(",")
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per GPU when there are GPUs, else one per CPU core."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if env:
+        return int(env)
+    gpus = _gpu_ids()
+    if gpus:
+        return len(gpus)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "conformance: a conformance-suite scenario test (conformance.suite)")
+    is_worker = hasattr(config, "workerinput")
+    if not is_worker:
+        config.pluginmanager.register(ResultCollector(config), "conformance-results")
+    if not is_worker and getattr(config.option, "numprocesses", None) and GPU_IDS_ENV not in os.environ:
+        ids = _gpu_ids()
+        if ids:
+            os.environ[GPU_IDS_ENV] = ",".join(ids)
+
+
+def pytest_report_header(config):
+    engine = config.getoption("conformance_engine") or os.environ.get(session.ENV_ENGINE)
+    engine = engine or f"{session.DEFAULT_ENGINE} (suite default; a conftest may choose another)"
+    model = config.getoption("conformance_model") or os.environ.get(session.ENV_MODEL) or "default"
+    tier = config.getoption("conformance_tier") or "default"
+    return f"conformance: engine {engine}, tier {tier}, model {model}; {describe(environment(probe_device=False))}"
+
+
+def pytest_generate_tests(metafunc):
+    if "conformance_scenario" in metafunc.fixturenames:
+        ids = scenario_ids(metafunc.config.getoption("conformance_tier") or "default")
+        metafunc.parametrize("conformance_scenario", ids, ids=ids)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "conformance_scenario" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.conformance)
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def conformance_default_engine() -> str:
+    """Engine under test when neither the option nor the environment names one (override in a conftest)."""
+    return session.DEFAULT_ENGINE
+
+
+@pytest.fixture(scope="session")
+def conformance_default_model() -> str | None:
+    """Checkpoint when neither the option nor the environment names one; None: the embedded model."""
+    return None
+
+
+@pytest.fixture(scope="session")
+def conformance_selection(pytestconfig, conformance_default_engine, conformance_default_model):
+    opt = pytestconfig.getoption
+    return session.Selection(
+        engine=session.pick(opt("conformance_engine"), session.ENV_ENGINE, conformance_default_engine),
+        model=session.pick(opt("conformance_model"), session.ENV_MODEL, conformance_default_model),
+        tier=opt("conformance_tier") or "default",
+        device=session.pick(opt("conformance_device"), session.ENV_DEVICE, "cpu"),
+        xfail_file=opt("conformance_xfail_file"))
+
+
+@pytest.fixture(scope="session")
+def conformance_case(pytestconfig, conformance_selection):
+    if conformance_selection.device == "cpu":
+        import torch
+
+        torch.set_num_threads(pytestconfig.getoption("conformance_threads"))
+    return conformance_selection.open_case()
+
+
+@pytest.fixture(scope="session")
+def conformance_expectations(conformance_selection):
+    exp = conformance_selection.expectations()
+    typos = unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES)
+    if typos:
+        warnings.warn(StaleExpectationWarning(f"{exp.source}: entries name no scenario or check: {', '.join(typos)}"),
+                      stacklevel=1)
+    return exp
+
+
+def conclude(request, result: ScenarioResult, expectations) -> None:
+    """Turn a scenario result into the pytest outcome: pass, fail, xfail, skip, or error."""
+    __tracebackhide__ = True
+    from conformance.report_text import LEGEND, format_result
+
+    node = request.node
+    env = environment()
+    node.user_properties += [("engine", result.engine), ("torch", env["torch"]), ("triton", env["triton"]),
+                             ("cuda", env["cuda"]), ("device", env["device"])]
+    for c in result.failures[:1]:
+        for key in ("position", "verify_step", "step"):
+            if c.details.get(key) is not None:
+                node.user_properties.append((f"first_divergence_{key}", c.details[key]))
+        node.user_properties.append(("replay", c.details.get("replay", result.replay)))
+    verdict = judge(result, expectations)
+    result.expected = verdict.expected
+    node.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict())))
+    if verdict.stale:
+        if request.config.getoption("conformance_strict_expectations"):
+            pytest.fail(verdict.stale_message(expectations.source), pytrace=False)
+        warnings.warn(StaleExpectationWarning(verdict.stale_message(expectations.source)), stacklevel=1)
+    if verdict.outcome == "skip":
+        pytest.skip(result.skipped)
+    if verdict.outcome == "error":
+        raise InfrastructureError(result.error)
+    if verdict.outcome == "fail":
+        pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND, pytrace=False)
+    if verdict.outcome == "xfail":
+        pytest.xfail("; ".join(f"{k}: {v}" for k, v in verdict.expected.items()))
+
+
+# ---- reporting on the controller ------------------------------------------------------------
+class ResultCollector:
+    """Collects scenario results from test reports (xdist forwards workers' reports here)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.results: list[ScenarioResult] = []
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report):
+        props = getattr(report, "user_properties", None)
+        if not props:
+            return
+        blobs = [v for k, v in props if k == RESULT_PROPERTY]
+        report.user_properties = [(k, v) for k, v in props if k != RESULT_PROPERTY]  # keep JUnit readable
+        if blobs and report.when == "call":
+            self.results.append(ScenarioResult.from_dict(json.loads(blobs[-1])))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.results:
+            return
+        from conformance.report_text import format_summary
+
+        tr, r0 = terminalreporter, self.results[0]
+        tr.section("conformance summary")
+        tr.write_line(f"engine under test {r0.engine}, model {r0.model}, tier {r0.tier}")
+        tr.write_line(format_summary(self.results, sum(r.duration_s for r in self.results)))
+        for r in self.results:
+            for c in r.failures:
+                tr.write_line(f"  replay {r.scenario_id} ({c.check}): {c.details.get('replay', r.replay)}")
+
+    def pytest_sessionfinish(self):
+        path = self.config.getoption("conformance_report_json")
+        if not path:
+            return
+        from conformance.report_files import build_json, write_json
+
+        r0 = self.results[0] if self.results else None
+        write_json(path, build_json(self.results, engine=r0.engine if r0 else "", tier=r0.tier if r0 else "",
+                                    model=r0.model if r0 else "", environment=environment(),
+                                    elapsed=sum(r.duration_s for r in self.results)))

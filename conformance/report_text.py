@@ -1,0 +1,112 @@
+"""Human-readable reports: one block per scenario, a legend, per-request replay detail."""
+
+from __future__ import annotations
+
+from conformance.checks import acceptance_history
+from conformance.results import FAIL, NA, PASS, ScenarioResult
+from conformance.trace import Trace
+
+LEGEND = """\
+How to read a failure:
+  - "reference" is refengine's reference engine (synchronous, no graphs) on the same configuration;
+    it defines the correct output. The other name is the engine under test.
+  - output position: index into a request's generated tokens (0 = the first generated token).
+  - verify step: the request's n-th speculative verification (K drafts checked by the target model).
+  - drafted/accepted: drafts proposed and drafts the target model kept in that verify step.
+  - in token windows, [brackets] mark the first token that differs; "..." means more tokens.
+  - replay: a command that reruns just that scenario and prints the request step by step."""
+
+
+def status_line(result: ScenarioResult, index: int | None = None, total: int | None = None,
+                elapsed: float | None = None) -> str:
+    prefix = f"[{index:>{len(str(total))}}/{total}] " if index is not None and total is not None else ""
+    if result.skipped:
+        verdict, detail = "SKIP", result.skipped
+    elif result.error:
+        verdict, detail = "ERROR", result.error.strip().splitlines()[-1]
+    else:
+        counts = {s: sum(c.status == s for c in result.checks) for s in (PASS, FAIL, NA)}
+        verdict = "FAIL" if counts[FAIL] else "PASS"
+        detail = f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[NA]} n/a"
+        if counts[FAIL]:
+            detail += ": " + ", ".join(c.check for c in result.failures)
+    tail = f"  {result.duration_s:.1f} s" + (f" (elapsed {elapsed:.0f} s)" if elapsed is not None else "")
+    return f"{prefix}{verdict:<5} {result.scenario_id}  [{detail}]{tail}"
+
+
+def format_result(result: ScenarioResult, show_passing: bool = False) -> str:
+    """The block printed for a scenario that failed (or for any scenario with ``show_passing``)."""
+    head = "FAILED" if not result.ok else "PASSED"
+    lines = [
+        f"{head} scenario {result.scenario_id}: {result.description}",
+        f"  engine under test : {result.engine}",
+        "  compared against  : reference engine (refengine, no graphs), same configuration",
+        f"  model             : {result.model}",
+        f"  configuration     : {result.settings}  (tier {result.tier})",
+    ]
+    if result.skipped:
+        lines.append(f"  skipped: {result.skipped}")
+    if result.error:
+        lines.append("  infrastructure error (not a conformance verdict):")
+        lines += ["    " + line for line in result.error.rstrip().splitlines()]
+    for c in result.checks:
+        if c.status == FAIL:
+            lines.append(f"  [FAIL] {c.check}: {c.summary}")
+            lines += ["      " + line for line in c.report.rstrip().splitlines()]
+            if "replay" in c.details:
+                lines.append(f"      replay: {c.details['replay']}")
+        elif show_passing:
+            lines.append(f"  [{c.status.upper()}] {c.check}: {c.summary}")
+    if not show_passing:
+        ok = [c.check for c in result.checks if c.status == PASS]
+        na = [f"{c.check} ({c.summary})" for c in result.checks if c.status == NA]
+        if ok:
+            lines.append("  passed: " + ", ".join(ok))
+        if na:
+            lines.append("  not applicable: " + "; ".join(na))
+    lines.append(f"  replay the scenario: {result.replay}")
+    return "\n".join(lines)
+
+
+def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
+    checks = [c for r in results for c in r.checks]
+    failed = [r for r in results if r.unexpected_failures or r.error]
+    xfailed = [r for r in results if r.failures and not r.unexpected_failures and not r.error]
+    lines = [(
+        f"{len(results)} scenarios in {elapsed:.1f} s: {sum(r.ok and not r.skipped for r in results)} passed, "
+        f"{len(failed)} failed, {len(xfailed)} expected failures, {sum(bool(r.skipped) for r in results)} skipped; "
+        f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
+        f"{sum(c.status == FAIL for c in checks)} failed, {sum(c.status == NA for c in checks)} n/a")]
+    for r in failed:
+        what = ", ".join(c.check for c in r.unexpected_failures) or "infrastructure error"
+        lines.append(f"  FAILED {r.scenario_id}: {what}")
+    for r in xfailed:
+        lines.append(f"  expected failure {r.scenario_id}: " + ", ".join(f"{k} ({v})" for k, v in r.expected.items()))
+    return "\n".join(lines)
+
+
+def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
+    """Everything the traces know about one request, engine by engine, step by step."""
+    lines = []
+    for trace in traces.values():
+        req = trace.requests.get(request_id)
+        lines.append(f"== {trace.engine} ==")
+        if req is None:
+            lines.append(f"  request {request_id} did not finish" + (" (engine error)" if trace.error else ""))
+            continue
+        lines += [
+            f"  prompt ({len(req.prompt_token_ids)} tokens): {req.prompt_token_ids}",
+            f"  output ({len(req.token_ids)} tokens, finish {req.finish_reason}): {req.token_ids}",
+            f"  acceptance (drafted/accepted): {acceptance_history(req.acceptance, limit=10**6)}",
+            f"  preemptions: {req.num_preemptions}",
+            "  step  kind     computed  query  slot(off)  graph  drafts -> output",
+        ]
+        for step in trace.steps:
+            for r in step.rows:
+                if r.request_id != request_id:
+                    continue
+                slot = "zero" if r.state_slot_read is None else f"{r.state_slot_read}({r.state_offset})"
+                out = "(partial prefill)" if r.output_token_ids is None else str(r.output_token_ids)
+                lines.append(f"  {step.index:>4}  {r.kind:<8} {r.num_computed_tokens:>8}  {r.query_len:>5}  "
+                             f"{slot:>9}  {step.graph_mode:<5}  {r.draft_token_ids} -> {out}")
+    return "\n".join(lines)

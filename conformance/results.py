@@ -1,0 +1,68 @@
+"""Check and scenario results: what the reports, the CLI and the pytest plugin consume."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+PASS, FAIL, NA = "pass", "fail", "n/a"
+
+
+@dataclass
+class CheckResult:
+    check: str  # stable check name, e.g. "tokens" (used in expectation files as "<scenario>/<check>")
+    status: str  # PASS | FAIL | NA
+    summary: str  # one line
+    report: str = ""  # the full explanation of a failure, for a reader who never saw the code
+    request_id: str | None = None  # the request the failure is about, when there is one
+    details: dict = field(default_factory=dict)  # JSON-safe facts (first divergence, step, ...)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+def passed(check: str, summary: str) -> CheckResult:
+    return CheckResult(check, PASS, summary)
+
+
+def not_applicable(check: str, summary: str) -> CheckResult:
+    return CheckResult(check, NA, summary)
+
+
+def failed(check: str, summary: str, report: str = "", request_id: str | None = None, **details) -> CheckResult:
+    return CheckResult(check, FAIL, summary, report or summary, request_id, details)
+
+
+@dataclass
+class ScenarioResult:
+    scenario_id: str
+    description: str
+    tier: str
+    engine: str  # the engine selection as given (name or import path)
+    model: str  # checkpoint label
+    settings: str  # the engine configuration in words
+    checks: list[CheckResult] = field(default_factory=list)
+    duration_s: float = 0.0
+    skipped: str | None = None  # why the scenario does not apply (e.g. the model has no MTP head)
+    error: str | None = None  # the harness or the reference engine broke: an infrastructure error
+    replay: str = ""  # command that reruns the whole scenario
+    expected: dict[str, str] = field(default_factory=dict)  # failing checks an expectations file lists -> reason
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.failed]
+
+    @property
+    def unexpected_failures(self) -> list[CheckResult]:
+        return [c for c in self.failures if c.check not in self.expected]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.failures
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ScenarioResult:
+        return cls(**{**d, "checks": [CheckResult(**c) for c in d["checks"]]})

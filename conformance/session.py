@@ -1,0 +1,47 @@
+"""Settings shared by the CLI and the pytest plugin: which engine, model, tier and device."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from conformance.engines import load_engine
+from conformance.expectations import Expectations, expectations_file_for, load_expectations
+from conformance.harness import Case
+from conformance.model import describe_model
+from conformance.workloads import TIERS
+
+DEFAULT_ENGINE = "async"  # the engine under test unless --engine / CONFORMANCE_ENGINE says otherwise
+ENV_ENGINE = "CONFORMANCE_ENGINE"
+ENV_MODEL = "CONFORMANCE_MODEL"
+ENV_DEVICE = "CONFORMANCE_DEVICE"
+
+
+def pick(option: str | None, env_var: str, default: str | None) -> str | None:
+    """An explicit option wins, then the environment variable, then the default."""
+    if option:
+        return option
+    return os.environ.get(env_var) or default
+
+
+@dataclass(frozen=True)
+class Selection:
+    engine: str = DEFAULT_ENGINE
+    model: str | None = None  # None: the embedded default model
+    tier: str = "default"
+    device: str = "cpu"
+    xfail_file: str | None = None  # None: the engine's packaged expectations file, if any
+
+    def __post_init__(self):
+        if self.tier not in TIERS:
+            raise ValueError(f"unknown tier {self.tier!r}; choose one of {', '.join(TIERS)}")
+
+    def open_case(self) -> Case:
+        """Load the adapter and describe the model (raises for unknown engines or missing models)."""
+        adapter = load_engine(self.engine)
+        facts = describe_model(self.model)
+        return Case(self.engine, adapter, facts, self.model, self.tier, self.device)
+
+    def expectations(self) -> Expectations:
+        path = self.xfail_file or expectations_file_for(self.engine)
+        return load_expectations(path) if path else Expectations()

@@ -1,0 +1,1 @@
+"""The shipped conformance tests: ``pytest --pyargs conformance.suite --conformance-engine E``."""

@@ -1,0 +1,157 @@
+"""Traces: what one engine did with one workload, per step and per request.
+
+The recorder is an observer of the engines' ``StepRecord``s; it reads records by attribute name,
+so an engine from another package can hand in its own objects with the same fields. Everything
+here converts to and from plain JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class RowTrace:
+    """One scheduled row of one step (a RowRecord, with the step it ran in)."""
+
+    step: int
+    request_id: str
+    kind: str  # "prefill" | "decode"
+    has_initial_state: bool
+    num_computed_tokens: int  # before the step
+    query_len: int
+    state_slot_read: int | None  # None: zero initial state
+    state_offset: int  # column of the request's state slots read (num_accepted - 1)
+    input_ids: list[int]
+    positions: list[int]
+    draft_token_ids: list[int]  # drafts verified in this step
+    output_token_ids: list[int] | None  # verifier output; None for a partial prefill
+    num_accepted: int | None
+    logits_digest: str | None
+    drafter_input_ids: list[int]
+    next_draft_token_ids: list[int]
+
+
+@dataclass
+class StepTrace:
+    index: int
+    graph_mode: str  # "none" | "piecewise" | "full"
+    num_reqs_padded: int | None
+    gdn_metadata_shapes: dict[str, list[int]]  # "group.field" -> shape
+    preempted: list[str]
+    rows: list[RowTrace]
+
+
+@dataclass
+class VerifyStep:
+    index: int  # the request's verify step number (0, 1, ...)
+    step: int | None  # engine step it ran in
+    position: int | None  # output position of the first token it produced
+    drafted: int
+    accepted: int
+
+
+@dataclass
+class RequestTrace:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str | None
+    acceptance: list[tuple[int, int]]  # (drafted, accepted) per verify step, as the engine reported it
+    num_preemptions: int = 0
+    verify_steps: list[VerifyStep] = field(default_factory=list)
+    token_steps: list[int] = field(default_factory=list)  # engine step that produced each output token
+    token_kinds: list[str] = field(default_factory=list)  # kind of the row ("prefill"/"decode") that produced it
+    logits: list[tuple[int, int, str]] = field(default_factory=list)  # (position, rows, digest) per sampling row
+
+
+@dataclass
+class Trace:
+    engine: str
+    scenario_id: str
+    requests: dict[str, RequestTrace] = field(default_factory=dict)
+    steps: list[StepTrace] = field(default_factory=list)
+    pools_empty: bool | None = None  # None: the engine cannot tell
+    error: str | None = None  # the engine raised (traceback text) or made no progress
+    num_engine_steps: int = 0
+
+    def rows_of(self, request_id: str) -> list[RowTrace]:
+        return [r for s in self.steps for r in s.rows if r.request_id == request_id]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Trace:
+        steps = [StepTrace(**{**s, "rows": [RowTrace(**r) for r in s["rows"]]}) for s in d["steps"]]
+        requests = {}
+        for rid, r in d["requests"].items():
+            requests[rid] = RequestTrace(**{
+                **r, "acceptance": [tuple(a) for a in r["acceptance"]],
+                "verify_steps": [VerifyStep(**v) for v in r["verify_steps"]],
+                "logits": [tuple(x) for x in r["logits"]]})
+        rest = {f.name: d[f.name] for f in fields(cls) if f.name not in ("steps", "requests")}
+        return cls(**rest, steps=steps, requests=requests)
+
+
+class Recorder:
+    """Collects step records and request outputs into a Trace."""
+
+    def __init__(self, engine: str, scenario_id: str):
+        self.trace = Trace(engine, scenario_id)
+
+    def on_step(self, record) -> None:
+        rows = [RowTrace(
+            step=record.step_index, request_id=r.request_id, kind=r.kind, has_initial_state=bool(r.has_initial_state),
+            num_computed_tokens=int(r.num_computed_tokens), query_len=int(r.query_len),
+            state_slot_read=None if r.state_slot_read is None else int(r.state_slot_read),
+            state_offset=int(r.state_offset), input_ids=_ints(r.input_ids), positions=_ints(r.positions),
+            draft_token_ids=_ints(r.draft_token_ids),
+            output_token_ids=None if r.output_token_ids is None else _ints(r.output_token_ids),
+            num_accepted=None if r.num_accepted is None else int(r.num_accepted),
+            logits_digest=getattr(r, "logits_digest", None),
+            drafter_input_ids=_ints(getattr(r, "drafter_input_ids", [])),
+            next_draft_token_ids=_ints(getattr(r, "next_draft_token_ids", [])),
+        ) for r in record.rows]
+        shapes = {k: [int(x) for x in v] for k, v in sorted(dict(getattr(record, "gdn_metadata_shapes", {})).items())}
+        self.trace.steps.append(StepTrace(
+            index=record.step_index, graph_mode=getattr(record, "graph_mode", "none"),
+            num_reqs_padded=getattr(record, "num_reqs_padded", None), gdn_metadata_shapes=shapes,
+            preempted=list(getattr(record, "preempted", [])), rows=rows))
+
+    def on_output(self, out) -> None:
+        self.trace.requests[out.request_id] = RequestTrace(
+            request_id=out.request_id, prompt_token_ids=_ints(out.prompt_token_ids), token_ids=_ints(out.token_ids),
+            finish_reason=out.finish_reason, acceptance=[(int(d), int(a)) for d, a in out.acceptance],
+            num_preemptions=int(getattr(out, "num_preemptions", 0)))
+
+    def finish(self, spec_enabled: bool) -> Trace:
+        """Derive per-request verify steps, token steps and logits digests from the rows."""
+        for req in self.trace.requests.values():
+            _derive(req, self.trace.rows_of(req.request_id), spec_enabled)
+        return self.trace
+
+
+def _derive(req: RequestTrace, rows: list[RowTrace], spec_enabled: bool) -> None:
+    produced = 0
+    for row in rows:
+        if row.output_token_ids is None:
+            continue
+        if spec_enabled and row.kind == "decode":
+            req.verify_steps.append(VerifyStep(len(req.verify_steps), row.step, produced, len(row.draft_token_ids),
+                                               row.num_accepted if row.num_accepted is not None else -1))
+        if row.logits_digest is not None:
+            req.logits.append((produced, len(row.draft_token_ids) + 1, row.logits_digest))
+        req.token_steps += [row.step] * len(row.output_token_ids)
+        req.token_kinds += [row.kind] * len(row.output_token_ids)
+        produced += len(row.output_token_ids)
+    del req.token_steps[len(req.token_ids):], req.token_kinds[len(req.token_ids):]
+    if not rows:  # an engine without step records: positions follow from the reported acceptance
+        position = 1 if req.acceptance else 0
+        for i, (drafted, accepted) in enumerate(req.acceptance):
+            req.verify_steps.append(VerifyStep(i, None, position, drafted, accepted))
+            position += accepted + 1
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in values]

@@ -1,0 +1,191 @@
+"""The scenario corpus: every workload the suite runs, with a stable id and a one-line purpose.
+
+Each family targets one trigger from DESIGN.md §5 (the conditions upstream bugs needed) and is
+instantiated for K in {0, 1, 3} where that matters. Sizes follow the tier: "default" keeps each
+scenario to about a second on CPU with a tiny model; "nightly" runs longer outputs and more
+requests, plus a few nightly-only soak scenarios.
+"""
+
+from __future__ import annotations
+
+from conformance.workloads.scenario import TIERS, EngineSettings, ScenarioDef
+
+NIGHTLY = ("nightly",)  # scenarios too slow for the default tier
+
+
+def _short_prompts(k: int) -> ScenarioDef:
+    def build(b):
+        lengths = sorted({1, 2, k + 1, k + 2})
+        for _ in range(b.size(1, 3)):
+            for n in lengths:
+                b.add(n, b.size(6, 24))
+
+    return ScenarioDef(
+        f"short-prompts-k{k}", f"prompts of 1, 2, K+1 and K+2 tokens arriving together (K={k}): each starts "
+        "as a prefill from zero state", EngineSettings(num_speculative_tokens=k), build, ("new-short-prompt",))
+
+
+def _short_prompts_mixed(k: int, tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        b.add(20, b.size(10, 40))
+        b.add(27, b.size(10, 40))
+        for i, n in enumerate(range(1, k + 3)):
+            b.add(n, b.size(4, 16), arrival=2 + i)
+
+    return ScenarioDef(
+        f"short-prompts-mixed-k{k}", f"prompts of 1..K+2 tokens arriving one per step while two long requests "
+        f"decode (K={k})", EngineSettings(num_speculative_tokens=k), build, ("new-short-prompt", "mixed-batch"), tiers)
+
+
+def _chunk_tails(k: int) -> ScenarioDef:
+    budget = 8
+
+    def build(b):
+        # Each of the first prompts arrives once the one before finished, so it gets the whole
+        # budget and its last chunk is exactly t tokens, for every t in 1..K+1. The last two
+        # arrive together and are chunked next to each other's decodes.
+        arrival, new = 0, b.size(3, 12)
+        for t in range(1, k + 2):
+            b.add(budget + t, new, arrival=arrival)
+            arrival += 2 + new + 1
+        b.add(2 * budget + 1, new, arrival=arrival)
+        b.add(3 * budget - 1, new, arrival=arrival)
+
+    return ScenarioDef(
+        f"chunk-tails-k{k}", f"a budget of {budget} tokens cuts prompts into chunks whose last piece is 1..K+1 tokens "
+        f"(K={k})", EngineSettings(num_speculative_tokens=k, max_num_batched_tokens=budget), build, ("chunk-tails",))
+
+
+def _churn(k: int) -> ScenarioDef:
+    def build(b):
+        for i in range(b.size(8, 40)):
+            b.add(b.rng.randint(2, 12), b.rng.randint(1, b.size(4, 8)), arrival=i)
+
+    return ScenarioDef(
+        f"churn-k{k}", f"a request arrives every step and ragged max_tokens finish others, three seats, so "
+        f"rows move between steps (K={k})", EngineSettings(num_speculative_tokens=k, max_num_seqs=3), build,
+        ("batch-churn",))
+
+
+def _preemption(k: int) -> ScenarioDef:
+    def build(b):
+        lengths = (10, 16, 7, 12, 5, 3) if not b.nightly else (20, 30, 9, 25, 14, 3, 17, 11)
+        for n in lengths:
+            b.add(n, b.size(8, 30))
+
+    # 12 blocks is the smallest pool that still holds one request of max_model_len (40 + 2K tokens).
+    return ScenarioDef(
+        f"preemption-k{k}", f"a pool of 12 KV blocks of 4 tokens cannot hold the growing requests: the newest "
+        f"are preempted and recomputed (K={k})",
+        EngineSettings(num_speculative_tokens=k, block_size=4, num_kv_blocks=12, max_model_len=40), build,
+        ("preemption",))
+
+
+def _recycled_slots(k: int) -> ScenarioDef:
+    def build(b):
+        for n in (30, 25, 40, 12):
+            b.add(n, b.size(4, 20))
+        for n in range(1, k + 3):
+            b.add(n, b.size(4, 16), arrival=b.size(8, 26))
+
+    return ScenarioDef(
+        f"recycled-slots-k{k}", f"four requests fill every state slot and finish; short prompts then reuse the "
+        f"slots, which still hold old state (K={k})", EngineSettings(num_speculative_tokens=k, max_num_seqs=4), build,
+        ("recycled-slot", "new-short-prompt"))
+
+
+def _graph_padding(k: int, drafter: str, pattern: str, tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        scale = b.size(1, 3)
+        step = k + 1 if pattern == "all-accept" else 1  # tokens per verify step
+        for n, stop in zip((3, 5, 7, 9, 11, 4, 6), (1, 1, 2, 2, 3, 3, 3)):
+            b.add(n, 1 + step * stop * scale)
+
+    return ScenarioDef(
+        f"graph-padding-k{k}", f"7, then 5, then 3 concurrent decodes: batch sizes a CUDA graph must pad (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter=drafter, pattern=pattern), build,
+        ("decode-batches-3-5-7",), tiers)
+
+
+def _scripted(k: int, pattern: str, name: str, triggers: tuple[str, ...], tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        lengths = (1, k + 1, k + 2, 17) if not b.nightly else (1, 2, k + 1, k + 2, 9, 17, 33)
+        for n in lengths:
+            b.add(n, b.size(8, 40))
+
+    return ScenarioDef(
+        f"scripted-{name}-k{k}", f"a scripted drafter proposes the true continuation with {pattern} correct "
+        f"tokens per step (K={k})", EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern=pattern),
+        build, triggers, tiers)
+
+
+def _mtp(k: int) -> ScenarioDef:
+    def build(b):
+        for n in (1, 3, 6, 13, 21):
+            b.add(n, b.size(8, 48))
+
+    return ScenarioDef(
+        f"mtp-k{k}", f"MTP-head drafts verified by the target model (K={k})",
+        EngineSettings(num_speculative_tokens=k), build, ("spec-verify",))
+
+
+def _stop_tokens(k: int) -> ScenarioDef:
+    def build(b):
+        stops = tuple(sorted(b.rng.sample(range(b.vocab_size), max(1, b.vocab_size // 12))))
+        for n in (2, 5, 8, 11, 14, 17)[: b.size(4, 6)]:
+            b.add(n, b.size(10, 48), ignore_eos=False, stop_token_ids=stops)
+
+    return ScenarioDef(
+        f"stop-tokens-k{k}", f"stop tokens end requests at data-dependent points, also in the middle of an "
+        f"accepted draft window (K={k})", EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern="all-accept"),
+        build, ("stop-mid-window",))
+
+
+def _soak(k: int) -> ScenarioDef:
+    def build(b):
+        for i in range(60):
+            b.add(b.rng.randint(1, 40), b.rng.randint(1, 24), arrival=b.rng.randint(0, 80))
+
+    return ScenarioDef(
+        f"soak-k{k}", f"60 requests with random lengths and arrivals through a small, preempting pool (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="scripted", max_num_seqs=6, max_num_batched_tokens=32,
+                       block_size=4, num_kv_blocks=40, max_model_len=120),
+        build, ("preemption", "batch-churn"), NIGHTLY)
+
+
+def _long_prompts(k: int) -> ScenarioDef:
+    def build(b):
+        for n in (150, 201, 96, 257):
+            b.add(n, 32)
+
+    return ScenarioDef(
+        f"long-prompts-k{k}", f"long prompts prefilled in many 64-token chunks next to decodes (K={k})",
+        EngineSettings(num_speculative_tokens=k, max_num_batched_tokens=64), build, (), NIGHTLY)
+
+
+def scenario_defs() -> tuple[ScenarioDef, ...]:
+    """Every scenario definition, sorted by id (a fresh tuple: callers cannot change the corpus)."""
+    defs = [
+        *(_short_prompts(k) for k in (0, 1, 3)),
+        _short_prompts_mixed(1, NIGHTLY),
+        _short_prompts_mixed(3),
+        *(_chunk_tails(k) for k in (0, 1, 3)),
+        *(_churn(k) for k in (1, 3)),
+        *(_preemption(k) for k in (0, 3)),
+        *(_recycled_slots(k) for k in (0, 3)),
+        _graph_padding(0, "mtp", "hash"),
+        _graph_padding(1, "scripted", "all-reject"),
+        _graph_padding(3, "scripted", "all-accept", NIGHTLY),
+        _scripted(3, "hash", "ragged", ("every-accept-count",)),
+        _scripted(3, "all-accept", "all-accept", ("accept-all",), NIGHTLY),
+        _scripted(3, "all-reject", "all-reject", ("reject-all",), NIGHTLY),
+        _scripted(1, "cycle", "cycle", ("every-accept-count",), NIGHTLY),
+        *(_mtp(k) for k in (1, 3)),
+        _stop_tokens(3),
+        *(_soak(k) for k in (0, 3)),
+        _long_prompts(3),
+    ]
+    ids = [d.id for d in defs]
+    if len(set(ids)) != len(ids):
+        raise AssertionError("duplicate scenario ids in the corpus")
+    return tuple(sorted(defs, key=lambda d: d.id))

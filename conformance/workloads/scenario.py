@@ -1,0 +1,143 @@
+"""What a scenario is: an engine configuration plus requests that arrive at given steps.
+
+Scenarios are defined once (``ScenarioDef``) and materialised per tier and model
+(``ScenarioDef.materialize``): prompts come from a generator seeded by the scenario id, so the
+same id, tier and vocabulary always give the same token ids, on every machine and every xdist
+worker. Nothing here draws unseeded randomness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+
+TIERS = ("default", "nightly")
+DRAFTERS = ("mtp", "scripted")
+PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
+
+
+def seed_of(text: str) -> int:
+    """A stable 63-bit seed for a string (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine configuration a scenario runs under (identical for both engines)."""
+
+    num_speculative_tokens: int = 0  # K
+    drafter: str = "mtp"  # "mtp" | "scripted"
+    pattern: str = "hash"  # scripted drafter: how many drafts per verify step are correct
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized by the engine
+    max_model_len: int | None = None  # None: the engine's default for the model
+
+    def __post_init__(self):
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
+
+    @property
+    def k(self) -> int:
+        return self.num_speculative_tokens
+
+    def plain(self) -> EngineSettings:
+        """The same configuration without speculation: the lossless-speculation baseline."""
+        return replace(self, num_speculative_tokens=0, drafter="mtp", pattern="hash")
+
+    def describe(self) -> str:
+        parts = [f"K={self.k}"]
+        if self.k:
+            parts.append(f"drafter={self.drafter}" + (f"/{self.pattern}" if self.drafter == "scripted" else ""))
+        parts += [f"max_num_seqs={self.max_num_seqs}", f"max_num_batched_tokens={self.max_num_batched_tokens}",
+                  f"block_size={self.block_size}"]
+        if self.num_kv_blocks is not None:
+            parts.append(f"num_kv_blocks={self.num_kv_blocks}")
+        if self.max_model_len is not None:
+            parts.append(f"max_model_len={self.max_model_len}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    request_id: str
+    prompt: tuple[int, ...] | str  # token ids, or text for models that ship a tokenizer
+    max_tokens: int
+    arrival_step: int = 0  # added just before the engine's step with this index
+    ignore_eos: bool = True
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One materialised workload: everything needed to run it, nothing engine-specific."""
+
+    id: str
+    description: str
+    tier: str
+    settings: EngineSettings
+    requests: tuple[RequestSpec, ...]
+    triggers: tuple[str, ...] = ()  # what the reference run must exercise (checked by "workload-triggers")
+
+    @property
+    def k(self) -> int:
+        return self.settings.k
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Builder:
+    """Handed to a scenario's ``build`` function: seeded prompts and request bookkeeping."""
+
+    def __init__(self, scenario_id: str, tier: str, vocab_size: int, k: int):
+        self.tier = tier
+        self.vocab_size = vocab_size
+        self.k = k
+        self.rng = random.Random(seed_of(f"{scenario_id}@{tier}"))
+        self.requests: list[RequestSpec] = []
+
+    @property
+    def nightly(self) -> bool:
+        return self.tier == "nightly"
+
+    def size(self, default: int, nightly: int) -> int:
+        return nightly if self.nightly else default
+
+    def prompt(self, length: int) -> tuple[int, ...]:
+        if length < 1:
+            raise ValueError(f"prompt length must be >= 1, got {length}")
+        return tuple(self.rng.randrange(self.vocab_size) for _ in range(length))
+
+    def add(self, length: int, max_tokens: int, arrival: int = 0, **kw) -> RequestSpec:
+        spec = RequestSpec(f"r{len(self.requests):02d}", self.prompt(length), max_tokens, arrival, **kw)
+        self.requests.append(spec)
+        return spec
+
+
+@dataclass(frozen=True)
+class ScenarioDef:
+    id: str
+    description: str
+    settings: EngineSettings
+    build: Callable[[Builder], None]
+    triggers: tuple[str, ...] = ()
+    tiers: tuple[str, ...] = TIERS
+    tags: tuple[str, ...] = field(default=())
+
+    def materialize(self, tier: str, vocab_size: int) -> Scenario:
+        if tier not in self.tiers:
+            raise ValueError(f"scenario {self.id!r} is not part of tier {tier!r} (tiers: {self.tiers})")
+        b = Builder(self.id, tier, vocab_size, self.settings.k)
+        self.build(b)
+        if not b.requests:
+            raise ValueError(f"scenario {self.id!r} built no requests")
+        ids = [r.request_id for r in b.requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"scenario {self.id!r} has duplicate request ids")
+        return Scenario(self.id, self.description, tier, self.settings, tuple(b.requests), self.triggers)

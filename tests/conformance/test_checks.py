@@ -1,0 +1,170 @@
+"""The checks catch deliberately corrupted traces, and pass on the real ones they were taken from."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from conformance import checks
+from conformance.results import FAIL, NA, PASS
+from conformance.workloads import get_def
+
+SCENARIO = "short-prompts-mixed-k3"  # new short prompts next to running decodes, K=3 verify steps
+
+
+@pytest.fixture(scope="module")
+def run(recorded_run):
+    result, traces = recorded_run(SCENARIO)
+    assert result.ok, result.checks
+    return result, traces
+
+
+@pytest.fixture
+def traces(run):
+    return copy.deepcopy(run[1])
+
+
+def test_real_traces_pass_every_check(run):
+    result, _ = run
+    statuses = {c.check: c.status for c in result.checks}
+    assert set(statuses) == set(checks.CHECK_NAMES)
+    assert statuses["full-graph-metadata"] == NA  # the reference engine runs no graphs
+    assert all(s == PASS for name, s in statuses.items() if name != "full-graph-metadata")
+
+
+def test_flipped_token_reports_first_divergence(traces):
+    req = traces["test"].requests["r01"]
+    req.token_ids[3] = (req.token_ids[3] + 1) % 256
+    req.token_ids[6] = (req.token_ids[6] + 1) % 256  # a later difference must not hide the first
+    result = checks.check_tokens(traces["reference"], traces["test"])
+    assert result.status == FAIL and result.request_id == "r01"
+    assert result.details["position"] == 3
+    assert f"[{req.token_ids[3]}]" in result.report
+    assert "acceptance per verify step" in result.report
+    assert result.details["verify_step"] is not None  # position 3 came out of a verify step (K=3)
+
+
+def test_length_and_finish_reason_differences_are_divergences(traces):
+    req = traces["test"].requests["r00"]
+    del req.token_ids[-1]
+    result = checks.check_tokens(traces["reference"], traces["test"])
+    assert result.failed and result.details["position"] == len(req.token_ids)
+    assert "[end]" in result.report
+
+
+def test_changed_accepted_count_fails_acceptance(traces):
+    req = traces["test"].requests["r02"]
+    drafted, accepted = req.acceptance[1]
+    req.acceptance[1] = (drafted, (accepted + 1) % (drafted + 1))
+    result = checks.check_acceptance(traces["reference"], traces["test"])
+    assert result.failed and result.request_id == "r02" and result.details["verify_step"] == 1
+    assert "verify step 1" in result.summary
+
+
+def _make_full(step, padded: int, per_request: int, offsets: int):
+    step.graph_mode = "full"
+    step.num_reqs_padded = padded
+    k1 = 4  # K+1 state slots per request
+    step.gdn_metadata_shapes = {"decode.query_start_loc": [offsets], "decode.state_indices": [per_request, k1],
+                                "decode.num_accepted_tokens": [per_request]}
+
+
+def test_full_graph_metadata_sized_by_tokens_fails(traces):
+    step = next(s for s in traces["test"].steps if len(s.rows) == 3 and all(r.kind == "decode" for r in s.rows))
+    _make_full(step, padded=4, per_request=4, offsets=5)
+    assert checks.check_full_graph_metadata(traces["test"]).status == PASS
+    tokens = sum(r.query_len for r in step.rows)  # 3 rows x (1 + K) = 12 tokens
+    _make_full(step, padded=4, per_request=tokens, offsets=tokens + 1)
+    result = checks.check_full_graph_metadata(traces["test"])
+    assert result.failed and result.details["step"] == step.index
+    assert f"leading dimension {tokens + 1}, expected 5" in result.summary
+
+
+def test_full_graph_step_without_padded_count_fails(traces):
+    step = traces["test"].steps[-1]
+    _make_full(step, padded=4, per_request=4, offsets=5)
+    step.num_reqs_padded = None
+    assert checks.check_full_graph_metadata(traces["test"]).failed
+
+
+def _first_new_short_row(trace):
+    return next(r for s in trace.steps for r in s.rows if r.num_computed_tokens == 0 and r.query_len <= 5
+                and len(s.rows) > 1)
+
+
+@pytest.mark.parametrize("corruption", ["decode", "initial-state", "slot-read"])
+def test_short_prompt_misclassified_fails(traces, corruption):
+    row = _first_new_short_row(traces["test"])
+    if corruption == "decode":
+        row.kind = "decode"
+    elif corruption == "initial-state":
+        row.has_initial_state = True
+    else:
+        row.state_slot_read = 7
+    result = checks.check_new_prompt_prefill(traces["test"])
+    assert result.failed and result.request_id == row.request_id
+    assert "alongside" in result.report  # it shared the step with running decodes
+
+
+@pytest.mark.parametrize("field, value", [("drafter_input_ids", -1), ("input_ids", 256),
+                                          ("next_draft_token_ids", -1), ("draft_token_ids", 1 << 20)])
+def test_out_of_range_ids_fail(traces, field, value):
+    row = next(r for s in traces["test"].steps for r in s.rows if getattr(r, field))
+    getattr(row, field)[0] = value
+    result = checks.check_id_range(traces["test"], vocab_size=256)
+    assert result.failed and result.details == {"step": row.step, "field": field, "value": value}
+
+
+def test_shared_state_slot_fails(traces):
+    step = next(s for s in traces["test"].steps if sum(r.state_slot_read is not None for r in s.rows) >= 2)
+    a, b = [r for r in step.rows if r.state_slot_read is not None][:2]
+    b.state_slot_read = a.state_slot_read
+    assert checks.check_state_slots(traces["test"]).failed
+
+
+def test_pools_left_allocated_fail(traces):
+    traces["test"].pools_empty = False
+    assert checks.check_pools_empty(traces["test"]).failed
+    traces["test"].pools_empty = None
+    assert checks.check_pools_empty(traces["test"]).status == NA
+
+
+def test_logits_digest_difference_fails(traces):
+    req = traces["test"].requests["r03"]
+    pos, rows, _ = req.logits[1]
+    req.logits[1] = (pos, rows, "0" * 16)
+    result = checks.check_logits_digests(traces["reference"], traces["test"])
+    assert result.failed and result.details["position"] == pos
+
+
+def test_speculation_that_changes_output_fails_lossless(traces):
+    for trace in (traces["reference"], traces["test"]):  # both engines agree, both wrong
+        trace.requests["r04"].token_ids[0] ^= 1
+    assert checks.check_tokens(traces["reference"], traces["test"]).status == PASS
+    result = checks.check_spec_lossless(traces["plain"], traces["test"])
+    assert result.failed and result.details["position"] == 0
+    assert "plain greedy" in result.report
+
+
+def test_engine_error_fails_runs(traces):
+    traces["test"].error = "Traceback (most recent call last):\nRuntimeError: boom\n"
+    result = checks.check_runs(traces["test"], list(traces["reference"].requests))
+    assert result.failed and "RuntimeError: boom" in result.summary
+
+
+def test_workload_that_stops_hitting_its_trigger_fails(traces):
+    scenario = get_def(SCENARIO).materialize("default", 256)
+    for step in traces["reference"].steps:  # pretend new prompts never met running decodes
+        step.rows = [r for r in step.rows if r.num_computed_tokens > 0] or step.rows[:1]
+    result = checks.check_triggers(scenario, traces["reference"])
+    assert result.failed and "mixed-batch" in result.details["missed"]
+
+
+def test_helpers():
+    assert checks.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert checks.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert checks.first_difference([1, 2], [1, 2, 3]) == 2
+    assert checks.token_window(list(range(20)), 10, width=2) == "... 8 9 [10] 11 12 ..."
+    assert checks.token_window([1, 2], 2) == "1 2 [end]"
+    assert checks.acceptance_history([(3, 1), (3, 3)], mark=1) == "3/1 [3/3]"

@@ -1,0 +1,111 @@
+"""ci/: JUnit summaries against a baseline, the rerun policy, and the environment check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="5">
+  <testcase classname="tests.conformance.test_suite" name="test_scenario[mtp-k3]" time="1.0">
+    <properties><property name="replay" value="conformance replay mtp-k3 --request r01"/></properties>
+    <failure message="CONFORMANCE MISMATCH">FAILED scenario mtp-k3 ... diverges at output position 4</failure>
+  </testcase>
+  <testcase classname="tests.conformance.test_suite" name="test_scenario[churn-k3]@gw1" time="1.0">
+    <error message="worker 'gw1' crashed while running">Fatal Python error: Segmentation fault</error>
+  </testcase>
+  <testcase classname="tests.conformance.test_suite" name="test_scenario[short-prompts-k0]" time="0.1"/>
+  <testcase classname="tests.kernels.test_norm" name="test_rms" time="0.1">
+    <skipped type="pytest.xfail" message="known"/>
+  </testcase>
+  <testcase classname="tests.kernels.test_linear" name="test_odd" time="0.1">
+    <failure message="torch.OutOfMemoryError: CUDA out of memory">...</failure>
+  </testcase>
+</testsuite></testsuites>
+"""
+
+
+@pytest.fixture
+def ci(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "ci"))
+    import check_env
+    import nightly
+    import summarize_junit
+
+    return check_env, nightly, summarize_junit
+
+
+def test_junit_cases_are_classified(ci, tmp_path):
+    _, _, sj = ci
+    (tmp_path / "t.xml").write_text(JUNIT)
+    cases = {c.id: c for c in sj.read_junit([tmp_path / "t.xml"])}
+    assert cases["tests.conformance.test_suite::test_scenario[mtp-k3]"].kind == sj.MISMATCH
+    assert cases["tests.conformance.test_suite::test_scenario[churn-k3]"].kind == sj.INFRASTRUCTURE
+    assert cases["tests.kernels.test_linear::test_odd"].kind == sj.INFRASTRUCTURE
+    assert cases["tests.kernels.test_norm::test_rms"].outcome == "xfailed"
+    assert cases["tests.conformance.test_suite::test_scenario[short-prompts-k0]"].kind is None
+
+
+def test_summary_against_baseline(ci, tmp_path):
+    _, _, sj = ci
+    (tmp_path / "t.xml").write_text(JUNIT)
+    baseline = tmp_path / "baseline.txt"
+    baseline.write_text("# known\ntests.kernels.test_linear::test_odd\n"
+                        "tests.conformance.test_suite::test_scenario[short-prompts-k0]  # fixed now\n")
+    out = tmp_path / "summary.md"
+    code = sj.main([str(tmp_path / "t.xml"), "--baseline", str(baseline), "--output", str(out), "--fail-on-new"])
+    text = out.read_text()
+    assert code == 1
+    assert "### New failures: 2" in text and "### Still failing (in the baseline): 1" in text
+    assert "### Fixed (in the baseline, now passing): 1" in text
+    assert "`conformance replay mtp-k3 --request r01`" in text
+    assert "| 1 | 2 | 1 | 0 | 1 | 5 |" in text  # passed, failed, errors, skipped, xfailed, total
+    sj.main([str(tmp_path / "t.xml"), "--write-baseline", str(baseline)])
+    assert sj.main([str(tmp_path / "t.xml"), "--baseline", str(baseline), "--output", str(out),
+                    "--fail-on-new"]) == 0
+
+
+def test_only_infrastructure_failures_are_rerun(ci, tmp_path, monkeypatch):
+    _, nightly, sj = ci
+    (tmp_path / "t.xml").write_text(JUNIT)
+    cases = sj.read_junit([tmp_path / "t.xml"])
+    calls = []
+
+    def fake_run(cmd, log=None):
+        calls.append(cmd)
+        xml = Path(cmd[cmd.index("--junitxml") + 1])
+        xml.write_text('<testsuites><testsuite><testcase classname="tests.conformance.test_suite" '
+                       'name="test_scenario[churn-k3]"/></testsuite></testsuites>')
+        return 0
+
+    monkeypatch.setattr(nightly, "run", fake_run)
+    merged, notes = nightly.rerun_infrastructure(cases, tmp_path, attempts=2)
+    rerun_ids = [a for cmd in calls for a in cmd if "::" in a]
+    assert "tests/conformance/test_suite.py::test_scenario[churn-k3]" in rerun_ids
+    assert not any("mtp-k3" in a for a in rerun_ids)  # a mismatch is never rerun
+    by_id = {c.id: c for c in merged}
+    assert by_id["tests.conformance.test_suite::test_scenario[churn-k3]"].outcome == "passed"
+    assert by_id["tests.conformance.test_suite::test_scenario[mtp-k3]"].outcome == "failed"
+    assert any("not rerun" in n for n in notes)
+
+
+def test_extra_command_hook_is_an_empty_list(ci):
+    _, nightly, _ = ci
+    assert nightly.NIGHTLY_EXTRA_COMMANDS == []
+
+
+def test_check_env(ci):
+    check_env, _, _ = ci
+    assert check_env.factor_to_cuda("cu128") == "12.8" and check_env.factor_to_cuda("cu130") == "13.0"
+    cpu = {"torch": "2.13.0+cpu", "cuda": "none", "device": "cpu"}
+    assert check_env.problems(cpu, None, "cpu") == []
+    assert check_env.problems(cpu, "12.8", "cuda")  # wrong build and no GPU
+    gpu = {"torch": "2.9.0+cu126", "cuda": "12.6", "device": "cuda", "gpus": "H100"}
+    assert check_env.problems(gpu, "12.6", "cuda") == []
+    assert "expects CUDA 12.8" in check_env.problems(gpu, "12.8", "cuda")[0]
+    import torch
+
+    assert check_env.main(["--device", "cuda" if torch.cuda.is_available() else "cpu"]) == 0

@@ -1,0 +1,99 @@
+"""``conformance list / run / replay``: exit codes, reports, and what a failure prints."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conformance.cli import main
+from conformance.workloads import scenario_ids
+
+CORRUPT = "tests.conformance.corrupt_engine:factory"
+
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+def test_list_through_the_console_script():
+    exe = shutil.which("conformance") or pytest.skip("the conformance console script is not installed")
+    proc = subprocess.run([exe, "list", "--tier", "default"], capture_output=True, text=True, check=True)
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == scenario_ids("default")
+    assert all(len(line.split(maxsplit=1)) == 2 for line in lines)  # every id has a description
+
+
+def test_run_default_tier_passes_with_reports(tiny_checkpoint, tmp_path):
+    code, out = run_cli("run", "--engine", "reference", "--tier", "default", "--model", tiny_checkpoint,
+                        "--report-json", str(tmp_path / "r.json"), "--junit-xml", str(tmp_path / "r.xml"))
+    assert code == 0, out
+    n = len(scenario_ids("default"))
+    assert f"[{n}/{n}] PASS" in out and f"{n} scenarios" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["summary"]["failed"] == 0 and len(data["scenarios"]) == n
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "0" and suite.get("errors") == "0"
+
+
+def test_corrupted_engine_fails_with_divergence_and_replay(tiny_checkpoint, tmp_path):
+    code, out = run_cli("run", "--engine", CORRUPT, "--scenario", "short-prompts-k3", "--model", tiny_checkpoint,
+                        "--junit-xml", str(tmp_path / "r.xml"))
+    assert code == 1
+    assert "FAIL  short-prompts-k3" in out and "[FAIL] tokens" in out
+    assert "diverges at output position 2" in out
+    assert "replay: conformance replay short-prompts-k3 --request r" in out and f"--engine {CORRUPT}" in out
+    assert "How to read a failure" in out
+    failure = ET.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase[@name='tokens']/failure")
+    assert failure is not None and "diverges" in failure.text
+
+
+def test_replay_prints_the_request_step_by_step(tiny_checkpoint):
+    code, out = run_cli("replay", "short-prompts-k3", "--request", "r00", "--engine", CORRUPT, "--model",
+                        tiny_checkpoint)
+    assert code == 1
+    assert "== reference ==" in out and f"== {CORRUPT} ==" in out and "step  kind" in out
+    code, _ = run_cli("replay", "short-prompts-k3", "--request", "r99", "--engine", "reference", "--model",
+                      tiny_checkpoint)
+    assert code == 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--engine", "reference", "--scenario", "no-such-scenario"],
+    ["run", "--engine", "no-such-engine"],
+    ["run", "--engine", "nosuchmodule.x:factory"],
+    ["run", "--engine", "reference", "--model", "/nonexistent/checkpoint"],
+    ["run", "--engine", "reference", "--scenario", "soak-k3", "--tier", "default"],
+])
+def test_usage_errors_exit_2(argv, tiny_checkpoint):
+    if "--model" not in argv:
+        argv = [*argv, "--model", tiny_checkpoint]
+    assert run_cli(*argv)[0] == 2
+
+
+def test_bad_arguments_exit_2():
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--tier", "weekly"])
+    assert e.value.code == 2
+
+
+def test_module_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "list"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and "soak-k3" in proc.stdout
+
+
+def test_xfail_file_turns_listed_failures_into_expected_ones(tiny_checkpoint, tmp_path):
+    xfails = tmp_path / "x.toml"
+    xfails.write_text('[expected-failures]\n"short-prompts-k3/tokens" = "flipped on purpose"\n'
+                      '"short-prompts-k3/spec-lossless" = "flipped on purpose"\n"short-prompts-k3/acceptance" = "x"\n')
+    code, out = run_cli("run", "--engine", CORRUPT, "--scenario", "short-prompts-k3", "--model", tiny_checkpoint,
+                        "--xfail-file", str(xfails))
+    assert code == 0, out
+    assert "expected failure" in out and "short-prompts-k3/acceptance no longer fail" in out
