@@ -27,8 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Hook point: further nightly jobs. Each entry is a command (a list of arguments; "{reports}" is
 # replaced by the reports folder) that writes a JUnit XML file into that folder; its testcases join
-# the summary and the gate. The mutant run (conformance/mutants) is meant to be added here.
-NIGHTLY_EXTRA_COMMANDS: list[list[str]] = []
+# the summary and the gate.
+NIGHTLY_EXTRA_COMMANDS: tuple[tuple[str, ...], ...] = (
+    # Every mutant caught over the whole tier, twice (determinism), with its time to catch.
+    (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "slow or not slow",
+     "tests/conformance/test_mutants.py", "--junitxml={reports}/mutants.xml"),
+)
 
 
 def run(cmd: list[str], log: Path | None = None) -> int:

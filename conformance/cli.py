@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("scenario", metavar="ID")
     rp.add_argument("--request", default=None, help="request id to print step by step")
     _common(rp)
+    mu = sub.add_parser("mutate", help="run the suite against every mutant and print the mutation score")
+    mu.add_argument("--mutant", action="append", default=[], metavar="ID", help="only this mutant (repeatable)")
+    mu.add_argument("--model", default=None, help="checkpoint folder (default: the embedded default model)")
+    mu.add_argument("--tier", default="default", choices=TIERS)
+    mu.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    mu.add_argument("--list", action="store_true", help="list the mutants and what they break")
     return parser
 
 
@@ -138,12 +144,35 @@ def cmd_replay(args, out) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_mutate(args, out) -> int:
+    import torch
+
+    from conformance.mutants import MUTANTS
+    from conformance.mutants.run import format_score, run_mutants
+
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.id:<28} {m.origin}; breaks {m.contract}\n{'':<28} {m.description}", file=out)
+        return 0
+    torch.set_num_threads(args.threads)
+    model = session.pick(args.model, session.ENV_MODEL, None)
+
+    def progress(result, i, n):
+        verdict = f"caught by {result.scenario}" if result.caught else "MISSED"
+        print(f"[{i}/{n}] {result.mutant.id}: {verdict} in {result.seconds:.1f} s", file=out, flush=True)
+
+    results = run_mutants(model, args.tier, args.mutant or None, progress=progress)
+    print("\n" + format_score(results), file=out)
+    return 0 if all(r.caught for r in results) else 1
+
+
 def main(argv: list[str] | None = None, out=None) -> int:
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "run": cmd_run, "replay": cmd_replay}[args.command](args, out)
-    except (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError) as e:
+        commands = {"list": cmd_list, "run": cmd_run, "replay": cmd_replay, "mutate": cmd_mutate}
+        return commands[args.command](args, out)
+    except (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError, KeyError) as e:
         print(f"conformance {args.command}: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into a command that stopped reading (| head)

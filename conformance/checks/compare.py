@@ -147,8 +147,11 @@ def check_acceptance(reference: Trace, test: Trace) -> CheckResult:
                          f"  {la} : drafts {list(rd)}, accepted {ra}",
                          f"  {lb} : drafts {list(gd)}, accepted {ga}",
                          "  the same point of the request was drafted or verified differently"]
-                return failed(name, f"request {rid}: at position {pos} drafted/accepted {len(gd)}/{ga}, "
-                              f"expected {len(rd)}/{ra}", "\n".join(lines), rid, position=pos,
+                if rd != gd:
+                    summary = f"request {rid}: at position {pos} drafted {list(gd)}, expected {list(rd)}"
+                else:
+                    summary = f"request {rid}: at position {pos} accepted {ga} of {len(gd)}, expected {ra}"
+                return failed(name, summary, "\n".join(lines), rid, position=pos,
                               reference=[len(rd), ra], test=[len(gd), ga])
         if ref_req.num_preemptions or got_req.num_preemptions:
             continue

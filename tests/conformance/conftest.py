@@ -12,8 +12,8 @@ from tests.helpers.checkpoints import write_checkpoint
 
 # ---- What this repository's own test run puts under test: the one place to change ---------------
 # The engine under test for tests/conformance/test_suite.py. Switch to "async" (FULL_AND_PIECEWISE
-# graphs; or "async:full", "async:none", ...) once LLM(engine="async") is implemented.
-REPO_ENGINE_UNDER_TEST = "reference"
+# graphs; or "async:full", "async:none", ...) or "reference" (self-conformance).
+REPO_ENGINE_UNDER_TEST = "async"
 # The checkpoint: a tiny transformers-written preset from tests/helpers/checkpoints.py, or None for
 # the embedded default model (refengine/data/default_model) once it is installed.
 REPO_MODEL_PRESET: str | None = "next-tiny"
