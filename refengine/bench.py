@@ -33,7 +33,7 @@ def _timed(llm, prompts, params) -> tuple[float, list]:
 def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, max_num_seqs: int) -> dict:
     from refengine import LLM
 
-    common = dict(model=model, num_speculative_tokens=k, max_num_seqs=max_num_seqs)
+    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs}
     ref = LLM(engine="reference", **common)
     fast = LLM(engine="async", graph_mode=graph_mode, **common)
     prompts, params = _workload(ref, copies, seed=0)

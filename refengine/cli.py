@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", default="mtp", choices=("mtp", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
     sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
     return p
@@ -43,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    import torch
+
     from refengine import LLM, SamplingParams
 
+    torch.set_num_threads(args.threads)
     prompts = list(args.prompt) + list(args.prompt_ids)
     if not prompts:
         print("refengine generate: give at least one --prompt or --prompt-ids", file=sys.stderr)

@@ -39,7 +39,7 @@ class LLM:
             speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter),
         )
         self.tokenizer = load_tokenizer(path)
-        async_options = dict(delay=delay_copies, hazard_check=hazard_check) if engine == "async" else {}
+        async_options = {"delay": delay_copies, "hazard_check": hazard_check} if engine == "async" else {}
         self.engine = _make_engine(self.config, net, model_config, self.tokenizer, **async_options)
         if observer is not None:
             self.engine.observers.append(observer)

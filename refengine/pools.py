@@ -39,9 +39,9 @@ class IdPool:
         self._free.extend(reversed(ids))
 
 
-def KVBlockPool(num_blocks: int) -> IdPool:  # noqa: N802 - reads as a type at call sites
+def KVBlockPool(num_blocks: int) -> IdPool:
     return IdPool("kv-block", num_blocks)
 
 
-def StateSlotPool(num_slots: int) -> IdPool:  # noqa: N802
+def StateSlotPool(num_slots: int) -> IdPool:
     return IdPool("state-slot", num_slots)

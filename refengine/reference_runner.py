@@ -50,7 +50,7 @@ class _GroupBuilder:
     def build(self, device, speculative: bool, prefill: bool) -> GDNGroup | None:
         if not self.state_indices:
             return None
-        i32 = dict(dtype=torch.int32, device=device)
+        i32 = {"dtype": torch.int32, "device": device}
         return GDNGroup(
             token_indices=torch.tensor(self.token_indices, dtype=torch.int64, device=device),
             query_start_loc=torch.tensor(self.query_start_loc, **i32),

@@ -29,8 +29,8 @@ class RequestSlots:
 class DeviceState:
     def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_spec_tokens: int,
                  device: torch.device, truth_len: int = 0):
-        i32 = dict(dtype=torch.int32, device=device)
-        i64 = dict(dtype=torch.int64, device=device)
+        i32 = {"dtype": torch.int32, "device": device}
+        i64 = {"dtype": torch.int64, "device": device}
         self.num_computed = torch.zeros(num_slots, **i32)  # [R] committed tokens whose KV/state is written
         self.num_tokens = torch.zeros(num_slots, **i32)  # [R] committed tokens (prompt + outputs)
         self.num_prompt = torch.zeros(num_slots, **i32)  # [R] original prompt length

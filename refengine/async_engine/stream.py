@@ -125,7 +125,7 @@ class Stream:
             try:
                 if self._error is None:
                     fn()
-            except BaseException as e:  # surfaced on the host at the next wait or submit
+            except BaseException as e:  # noqa: BLE001 - surfaced on the host at the next wait or submit
                 self._error = e
             with self._cv:
                 self._done_seq = seq

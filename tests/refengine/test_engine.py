@@ -103,7 +103,7 @@ def test_preemption_under_tiny_kv_pool(checkpoints, k):
     ckpt = checkpoints["next-tiny"]
     prompts = prompts_of([20, 35, 9, 28, 14, 3], 256, seed=5)
     free, _, _ = greedy(ckpt, prompts, max_tokens=40, num_speculative_tokens=k)
-    squeezed, outs, llm = greedy(ckpt, prompts, max_tokens=40, num_speculative_tokens=k, block_size=4,
+    squeezed, outs, _llm = greedy(ckpt, prompts, max_tokens=40, num_speculative_tokens=k, block_size=4,
                                  num_kv_blocks=24, max_model_len=90)
     assert squeezed == free
     assert sum(o.num_preemptions for o in outs) > 0, "the pool was never exhausted: the test proves nothing"
