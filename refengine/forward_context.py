@@ -51,6 +51,18 @@ class GDNMetadata:
     prefill: GDNGroup | None = None
     decode: GDNGroup | None = None
 
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """``"group.field" -> shape`` of every per-request tensor handed to the GDN kernels."""
+        out = {}
+        for name, group in (("prefill", self.prefill), ("decode", self.decode)):
+            if group is None:
+                continue
+            for field_name in ("query_start_loc", "state_indices", "has_initial_state", "num_accepted_tokens"):
+                value = getattr(group, field_name)
+                if value is not None:
+                    out[f"{name}.{field_name}"] = tuple(value.shape)
+        return out
+
 
 @dataclass
 class ForwardContext:

@@ -142,7 +142,7 @@ class ReferenceRunner:
                 rec.output_token_ids = v
                 rec.num_accepted = len(v) - 1
                 rec.logits_digest = d
-        return StepResult(valid, records, hidden, query_start, computed, _gdn_shapes(gdn))
+        return StepResult(valid, records, hidden, query_start, computed, gdn.shapes())
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
                 digests: list) -> list[list[int] | None]:
@@ -239,15 +239,3 @@ class ReferenceRunner:
 def logits_digest(logits: torch.Tensor) -> str:
     """A short hash of a row's logits bytes: equal digests mean bitwise-equal logits."""
     return hashlib.blake2b(logits.detach().cpu().contiguous().numpy().tobytes(), digest_size=8).hexdigest()
-
-
-def _gdn_shapes(gdn: GDNMetadata) -> dict:
-    shapes = {}
-    for name, group in (("prefill", gdn.prefill), ("decode", gdn.decode)):
-        if group is None:
-            continue
-        for field_name in ("query_start_loc", "state_indices", "has_initial_state", "num_accepted_tokens"):
-            t = getattr(group, field_name)
-            if t is not None:
-                shapes[f"{name}.{field_name}"] = tuple(t.shape)
-    return shapes

@@ -101,15 +101,3 @@ def _pad_qsl(qsl: torch.Tensor, rows: int) -> torch.Tensor:
     if qsl.shape[0] >= rows + 1:
         return qsl[: rows + 1]
     return torch.cat([qsl, qsl[-1:].expand(rows + 1 - qsl.shape[0])])
-
-
-def gdn_shapes(gdn: GDNMetadata) -> dict:
-    out = {}
-    for name, group in (("prefill", gdn.prefill), ("decode", gdn.decode)):
-        if group is None:
-            continue
-        for field in ("query_start_loc", "state_indices", "has_initial_state", "num_accepted_tokens"):
-            value = getattr(group, field)
-            if value is not None:
-                out[f"{name}.{field}"] = tuple(value.shape)
-    return out

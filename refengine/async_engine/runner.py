@@ -15,7 +15,7 @@ import kernels
 from kernels.input_prep import post_update, prepare_inputs
 from refengine.async_engine.drafting import DeviceDrafter, DraftInputs
 from refengine.async_engine.graphs import StepShape
-from refengine.async_engine.metadata import MetadataBuilder, StepTensors, gdn_shapes
+from refengine.async_engine.metadata import MetadataBuilder, StepTensors
 from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.forward_context import AttnMetadata, ForwardContext
 
@@ -167,7 +167,7 @@ class AsyncRunner:
                 sampling_rows=s_rows.cpu(), kept=(q if draft_ids is None else kept).cpu(),
                 draft_ids=None if draft_ids is None else draft_ids.cpu(),
                 chain_ids=None if chain_ids is None else chain_ids.cpu(),
-                next_drafts=st.draft_tokens[idx].cpu(), gdn_shapes=gdn_shapes(gdn))
+                next_drafts=st.draft_tokens[idx].cpu(), gdn_shapes=gdn.shapes())
 
 
 def _pad(x: torch.Tensor, rows: int, value) -> torch.Tensor:
