@@ -68,6 +68,17 @@ def format_result(result: ScenarioResult, show_passing: bool = False) -> str:
     return "\n".join(lines)
 
 
+def format_check_table(checks: list) -> str:
+    """One line per check: how many scenarios it passed, failed and did not apply to."""
+    names = list(dict.fromkeys(c.check for c in checks))
+    lines = [f"  {'check':<22} {'pass':>5} {'fail':>5} {'n/a':>5}"]
+    for name in names:
+        of = [c for c in checks if c.check == name]
+        lines.append(f"  {name:<22} {sum(c.status == PASS for c in of):>5} {sum(c.status == FAIL for c in of):>5} "
+                     f"{sum(c.status == NA for c in of):>5}")
+    return "\n".join(lines)
+
+
 def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
     checks = [c for r in results for c in r.checks]
     failed = [r for r in results if r.unexpected_failures or r.error]
@@ -77,6 +88,7 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
         f"{len(failed)} failed, {len(xfailed)} expected failures, {sum(bool(r.skipped) for r in results)} skipped; "
         f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
         f"{sum(c.status == FAIL for c in checks)} failed, {sum(c.status == NA for c in checks)} n/a")]
+    lines.append(format_check_table(checks))
     for r in failed:
         what = ", ".join(c.check for c in r.unexpected_failures) or "infrastructure error"
         lines.append(f"  FAILED {r.scenario_id}: {what}")

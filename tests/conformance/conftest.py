@@ -16,7 +16,7 @@ from tests.helpers.checkpoints import write_checkpoint
 REPO_ENGINE_UNDER_TEST = "async"
 # The checkpoint: a tiny transformers-written preset from tests/helpers/checkpoints.py, or None for
 # the embedded default model (refengine/data/default_model) once it is installed.
-REPO_MODEL_PRESET: str | None = "next-tiny"
+REPO_MODEL_PRESET: str | None = None
 # ---------------------------------------------------------------------------------------------------
 
 TINY_PRESET = "next-tiny"  # the checkpoint the suite's self-tests use, whatever the choice above
