@@ -92,9 +92,11 @@ def test_only_infrastructure_failures_are_rerun(ci, tmp_path, monkeypatch):
     assert any("not rerun" in n for n in notes)
 
 
-def test_extra_command_hook_is_an_empty_list(ci):
+def test_nightly_runs_the_mutants_into_the_reports_folder(ci):
     _, nightly, _ = ci
-    assert nightly.NIGHTLY_EXTRA_COMMANDS == []
+    mutant_runs = [cmd for cmd in nightly.NIGHTLY_EXTRA_COMMANDS if "tests/conformance/test_mutants.py" in cmd]
+    assert len(mutant_runs) == 1
+    assert any(part.startswith("--junitxml={reports}/") for part in mutant_runs[0])
 
 
 def test_check_env(ci):
