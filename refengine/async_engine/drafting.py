@@ -24,6 +24,7 @@ class DraftInputs:
     idx: torch.Tensor  # [N] int64 request slots
     query_start_loc: torch.Tensor  # [N+1] int32
     is_sampling: torch.Tensor  # [N] bool, rows whose logits picked tokens this step
+    sampling_rows: torch.Tensor  # [Ns] int64, the indices of those rows
     backup_pos: torch.Tensor  # [N] int64, position of the token after a prompt chunk (host-known)
     kept: torch.Tensor  # [N] int64, positions of the row now committed
     input_ids: torch.Tensor  # [T] int64
@@ -59,7 +60,7 @@ class DeviceDrafter:
 
     def propose(self, d: DraftInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts for the sampling rows into ``state.draft_tokens``; returns (first-pass ids [T], chain ids [Ns, K-1])."""
-        sampling = torch.nonzero(d.is_sampling).flatten()
+        sampling = d.sampling_rows
         if self.kind == "scripted":
             return self._scripted(d, sampling)
         st, model = self.state, self.model

@@ -57,3 +57,74 @@ class GraphDispatcher:
             if t_pad is not None:
                 return StepShape("piecewise", n, n, t, t_pad)
         return StepShape("none", n, n, t, t)
+
+
+class CudaGraphs:
+    """FULL-mode capture and replay on CUDA: one graph per padded request count.
+
+    Everything a replay reads lives in static buffers allocated at capture: the step's input ids
+    and positions, the attention metadata and the decode group's GDN metadata; the caches are
+    persistent already. Capture runs on inert metadata (every slot ``PAD_SLOT_ID``, every row empty)
+    so it writes no cache entry and no state slot; each replay first copies the real metadata in.
+    On CPU, or outside FULL steps, the model runs eagerly on the same padded tensors.
+    """
+
+    def __init__(self):
+        self._entries: dict[int, tuple] = {}  # padded requests -> (graph, static inputs, static output)
+
+    def run(self, model, input_ids, positions, ctx, shape: StepShape):
+        if input_ids.device.type != "cuda" or shape.mode != "full":
+            return model(input_ids, positions, ctx)
+        entry = self._entries.get(shape.num_reqs_padded)
+        if entry is None:
+            entry = self._capture(model, input_ids, positions, ctx)
+            self._entries[shape.num_reqs_padded] = entry
+        graph, static, output = entry
+        for dst, src in zip(static, _graph_inputs(input_ids, positions, ctx)):
+            dst.copy_(src)
+        graph.replay()
+        return output
+
+    def _capture(self, model, input_ids, positions, ctx):
+        import torch
+
+        from kernels import PAD_SLOT_ID
+
+        static_ids, static_pos = input_ids.clone(), positions.clone()
+        static_ctx = _clone_context(ctx)
+        inert = (static_ctx.attn.slot_mapping, static_ctx.gdn.decode.state_indices)
+        for t in inert:
+            t.fill_(PAD_SLOT_ID)
+        static_ctx.attn.query_start_loc.zero_()
+        static_ctx.gdn.decode.query_start_loc.zero_()
+        static_ctx.attn.seq_lens.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(static_ids, static_pos, static_ctx)  # warm-up on inert metadata: writes nothing
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = model(static_ids, static_pos, static_ctx)
+        return graph, _graph_inputs(static_ids, static_pos, static_ctx), output
+
+
+def _graph_inputs(input_ids, positions, ctx) -> list:
+    a, d = ctx.attn, ctx.gdn.decode
+    tensors = [input_ids, positions, a.query_start_loc, a.seq_lens, a.block_table, a.slot_mapping,
+               d.token_indices, d.query_start_loc, d.state_indices]
+    if d.num_accepted_tokens is not None:
+        tensors.append(d.num_accepted_tokens)
+    return tensors
+
+
+def _clone_context(ctx):
+    from dataclasses import replace
+
+    attn = replace(ctx.attn, **{f: getattr(ctx.attn, f).clone()
+                                for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")})
+    d = ctx.gdn.decode
+    decode = replace(d, token_indices=d.token_indices.clone(), query_start_loc=d.query_start_loc.clone(),
+                     state_indices=d.state_indices.clone(),
+                     num_accepted_tokens=None if d.num_accepted_tokens is None else d.num_accepted_tokens.clone())
+    return replace(ctx, attn=attn, gdn=replace(ctx.gdn, decode=decode, prefill=None))

@@ -14,7 +14,7 @@ import torch
 import kernels
 from kernels.input_prep import post_update, prepare_inputs
 from refengine.async_engine.drafting import DeviceDrafter, DraftInputs
-from refengine.async_engine.graphs import StepShape
+from refengine.async_engine.graphs import CudaGraphs, StepShape
 from refengine.async_engine.metadata import MetadataBuilder, StepTensors
 from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.forward_context import AttnMetadata, ForwardContext
@@ -82,6 +82,7 @@ class AsyncRunner:
         self.k = num_spec_tokens
         self.gdn_prefill_chunked = gdn_prefill_chunked
         self.device = stream.device
+        self.graphs = CudaGraphs()  # FULL-mode capture and replay (CUDA only)
 
     def num_computed_source(self, plan: StepPlan) -> torch.Tensor:
         """Where positions come from: the device's authoritative counts (DESIGN §4.4)."""
@@ -128,10 +129,10 @@ class AsyncRunner:
         attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl, plan.host_num_accepted)
         ctx = ForwardContext(attn=attn, gdn=gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
                              gdn_prefill_chunked=self.gdn_prefill_chunked)
-        hidden = self.model(input_ids, positions, ctx)
+        hidden = self.graphs.run(self.model, input_ids, positions, ctx, shape)
 
         # Greedy verification of the rows that reach their last committed token.
-        s_rows = torch.nonzero(is_sampling).flatten()
+        s_rows = _host_index([i for i in range(n) if plan.samples[i]], dev)  # no device->host read
         counts = num_draft[s_rows] + 1
         total = sum(1 + len(plan.rows[i].draft_token_ids) for i in range(n) if plan.samples[i])
         cu = torch.zeros(s_rows.numel() + 1, dtype=torch.int64, device=dev)
@@ -154,7 +155,7 @@ class AsyncRunner:
             kept = q - torch.where(is_sampling, num_draft - (valid.long() - 1), torch.zeros_like(q))
             d_attn = AttnMetadata(qsl, seq_lens[:n], attn.block_table[:n], slot_mapping[:num_tokens])
             draft_ids, chain_ids = self.drafter.propose(DraftInputs(
-                idx=idx, query_start_loc=qsl, is_sampling=dmeta[:, DMETA_SAMPLING].bool(),
+                idx=idx, query_start_loc=qsl, is_sampling=dmeta[:, DMETA_SAMPLING].bool(), sampling_rows=s_rows,
                 backup_pos=dmeta[:, DMETA_BACKUP], kept=kept, input_ids=input_ids[:num_tokens],
                 positions=positions[:num_tokens], hidden=hidden[:num_tokens], attn=d_attn))
 
@@ -174,6 +175,14 @@ def _pad(x: torch.Tensor, rows: int, value) -> torch.Tensor:
     if x.shape[0] >= rows:
         return x
     return torch.cat([x, torch.full((rows - x.shape[0],), value, dtype=x.dtype, device=x.device)])
+
+
+def _host_index(values: list[int], dev: torch.device) -> torch.Tensor:
+    """A small index tensor from host values, copied without waiting for the device."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if dev.type == "cuda":
+        return t.pin_memory().to(dev, non_blocking=True)
+    return t
 
 
 def _to(x, dev):
