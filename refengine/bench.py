@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--copies", type=int, default=1, help="repeat the default prompts this many times")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     r = run(args.model, args.num_spec_tokens, args.graph_mode, args.repeat, args.copies, args.max_num_seqs)
     print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_spec_tokens}, "
           f"graph mode {args.graph_mode}, torch threads {torch.get_num_threads()}")
