@@ -87,7 +87,12 @@ class _LLMInstance:
 
 
 class RefEngineAdapter:
-    """refengine's engines: ``LLM(engine="reference")`` or ``LLM(engine="async", graph_mode=...)``."""
+    """refengine's engines: ``LLM(engine="reference")`` or ``LLM(engine="async", graph_mode=...)``.
+
+    The async engine runs with its hazard checker on and its copies delayed: a host buffer touched
+    while its asynchronous copy is pending then fails the run deterministically (naming the buffer)
+    instead of racing silently, and every pending copy lands as late as it can.
+    """
 
     def __init__(self, engine: str = "reference", graph_mode: str = "none"):
         if graph_mode not in GRAPH_MODES:
@@ -100,16 +105,19 @@ class RefEngineAdapter:
         return feature in FEATURES
 
     def start(self, spec: RunSpec) -> EngineInstance:
+        return _LLMInstance(self.build(spec))
+
+    def build(self, spec: RunSpec):
         from refengine import LLM
         from refengine.drafter import ScriptedDrafter
 
         s = spec.settings
         drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern) if s.drafter == "scripted" and s.k else "mtp"
-        llm = LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
-                  drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                  block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
-                  device=spec.device, seed=spec.seed, observer=spec.observer)
-        return _LLMInstance(llm)
+        checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
+        return LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
+                   drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                   block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
+                   device=spec.device, seed=spec.seed, observer=spec.observer, **checked)
 
 
 def reference_adapter() -> RefEngineAdapter:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.engines import FEATURES, EngineInstance, RunSpec, _LLMInstance
+from conformance.engines import EngineInstance, RefEngineAdapter, RunSpec, _LLMInstance
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,6 @@ class Mutant:
     description: str
     patch: Callable  # patch(engine) -> None, applied to an AsyncLLMEngine instance
     graph_mode: str = "full_and_piecewise"
-    delay_copies: bool = False
     scenarios: tuple[str, ...] = ()  # scenario ids tried first (the rest of the tier follows)
 
 
@@ -58,7 +57,7 @@ def _optimistic_backup_token(engine) -> None:
     def next_token_ids(d):
         ids = original(d)
         last = d.query_start_loc[:-1].long() + d.kept - 1
-        ids[last] = drafter.state.token_ids[d.idx, d.backup_pos.clamp(max=drafter.state.token_ids.shape[1] - 1)]
+        ids[last] = d.backup_token  # the host's token at the optimistic length: a placeholder (-1) for decodes
         return ids
 
     drafter.next_token_ids = next_token_ids
@@ -68,7 +67,8 @@ def _shared_host_buffer(engine) -> None:
     """Seed 001: the drafter's inputs are staged in one persistent host buffer, rewritten every step.
 
     Under asynchronous scheduling the next step's drafter inputs are written while this step's copy
-    may still be pending; with copies delayed the drafter reads the next step's rows.
+    may still be pending: with copies delayed the drafter would read the next step's rows; the hazard
+    checker stops the run at the rewrite, naming the buffer.
     """
     persistent = {}
     make = type(engine).host_buffer
@@ -117,7 +117,7 @@ MUTANTS: tuple[Mutant, ...] = (
            _optimistic_backup_token, scenarios=("mtp-k3",)),
     Mutant("shared-host-buffer", "seed 001 (async scheduling x spec decode)", "§4.7 host buffers",
            "the drafter stages its inputs in one host buffer that the next step rewrites while the copy is pending",
-           _shared_host_buffer, delay_copies=True, scenarios=("chunk-tails-k3",)),
+           _shared_host_buffer, scenarios=("chunk-tails-k3",)),
     Mutant("host-optimistic-positions", "own", "§4.4 num_computed_tokens is device-authoritative",
            "positions and slot mappings built from the host's optimistic num_computed_tokens",
            _host_positions, scenarios=("scripted-ragged-k3", "churn-k3")),
@@ -134,26 +134,15 @@ def get_mutant(mutant_id: str) -> Mutant:
     raise KeyError(f"unknown mutant {mutant_id!r}; known: {', '.join(m.id for m in MUTANTS)}")
 
 
-class MutantAdapter:
-    """The async engine with one mutant applied, through the conformance adapter protocol."""
+class MutantAdapter(RefEngineAdapter):
+    """The async engine, built exactly as the conformance adapter builds it, with one mutant applied."""
 
     def __init__(self, mutant: Mutant):
+        super().__init__("async", mutant.graph_mode)
         self.mutant = mutant
         self.name = f"mutant:{mutant.id}"
 
-    def supports(self, feature: str) -> bool:
-        return feature in FEATURES
-
     def start(self, spec: RunSpec) -> EngineInstance:
-        from refengine import LLM
-        from refengine.drafter import ScriptedDrafter
-
-        s = spec.settings
-        drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern) if s.drafter == "scripted" and s.k else "mtp"
-        llm = LLM(model=spec.model, engine="async", graph_mode=self.mutant.graph_mode, num_speculative_tokens=s.k,
-                  drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                  block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
-                  device=spec.device, seed=spec.seed, observer=spec.observer,
-                  delay_copies=self.mutant.delay_copies)
+        llm = self.build(spec)
         self.mutant.patch(llm.engine)
         return _LLMInstance(llm)

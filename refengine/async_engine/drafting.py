@@ -25,7 +25,7 @@ class DraftInputs:
     query_start_loc: torch.Tensor  # [N+1] int32
     is_sampling: torch.Tensor  # [N] bool, rows whose logits picked tokens this step
     sampling_rows: torch.Tensor  # [Ns] int64, the indices of those rows
-    backup_pos: torch.Tensor  # [N] int64, position of the token after a prompt chunk (host-known)
+    backup_token: torch.Tensor  # [N] int64, the prompt token after a prompt chunk (host-staged), else -1
     kept: torch.Tensor  # [N] int64, positions of the row now committed
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -54,8 +54,7 @@ class DeviceDrafter:
         committed = nxt_pos < st.num_tokens[r].long()
         nxt = torch.where(committed, st.token_ids[r, nxt_pos.clamp(max=st.token_ids.shape[1] - 1)], d.input_ids)
         last = d.query_start_loc[:-1].long() + d.kept - 1  # [N] last kept token of each row
-        backup = st.token_ids[d.idx, d.backup_pos.clamp(max=st.token_ids.shape[1] - 1)]
-        nxt[last] = torch.where(d.is_sampling, st.last_sampled[d.idx], backup)
+        nxt[last] = torch.where(d.is_sampling, st.last_sampled[d.idx], d.backup_token)
         return nxt
 
     def propose(self, d: DraftInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,6 +30,17 @@ from refengine.request import Request, RequestStatus
 from refengine.scheduler import Scheduler, SchedulerOutput
 
 
+def _backup_token(req: Request, num_tokens: int) -> int:
+    """The token after a row's last position when it is a prompt token the host knows (else -1).
+
+    A prompt chunk that does not reach the end of the prompt samples nothing; the drafter pairs its
+    last position with this next prompt token instead.
+    """
+    nxt = req.num_computed_tokens + num_tokens
+    known = len(req.prompt_token_ids) + len(req.output_token_ids)
+    return req.all_token_ids[nxt] if nxt < known else -1
+
+
 @dataclass(eq=False)
 class AsyncRequest(Request):
     idx: int = -1  # request slot of the persistent device state; -1 while not running
@@ -163,7 +174,7 @@ class AsyncLLMEngine(LLMEngine):
             qsl.append(qsl[-1] + row.num_tokens)
             tmeta.append([req.idx, row.num_tokens, int(i < num_decode), int(req.has_initial_state),
                           int(row.samples), len(row.draft_token_ids)])
-            dmeta.append([int(row.samples), len(row.draft_token_ids), req.num_computed_tokens + row.num_tokens])
+            dmeta.append([int(row.samples), len(row.draft_token_ids), _backup_token(req, row.num_tokens)])
         shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))])
         target = self.host_buffer("target-inputs", len(rows), 6)
         target.write(tmeta)

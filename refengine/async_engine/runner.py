@@ -156,7 +156,7 @@ class AsyncRunner:
             d_attn = AttnMetadata(qsl, seq_lens[:n], attn.block_table[:n], slot_mapping[:num_tokens])
             draft_ids, chain_ids = self.drafter.propose(DraftInputs(
                 idx=idx, query_start_loc=qsl, is_sampling=dmeta[:, DMETA_SAMPLING].bool(), sampling_rows=s_rows,
-                backup_pos=dmeta[:, DMETA_BACKUP], kept=kept, input_ids=input_ids[:num_tokens],
+                backup_token=dmeta[:, DMETA_BACKUP], kept=kept, input_ids=input_ids[:num_tokens],
                 positions=positions[:num_tokens], hidden=hidden[:num_tokens], attn=d_attn))
 
         fut.sampled.copy_(sampled, non_blocking=True)
