@@ -126,13 +126,21 @@ def reference_adapter() -> RefEngineAdapter:
 
 
 def load_engine(name: str) -> EngineAdapter:
-    """``reference``, ``async`` (FULL_AND_PIECEWISE graphs), ``async:<graph mode>``, or ``pkg.module:attr``."""
+    """``reference``, ``async`` (FULL_AND_PIECEWISE graphs), ``async:<graph mode>``, ``mutant:<id>``, or
+    ``pkg.module:attr``."""
     if name == "reference":
         return reference_adapter()
     if name == "async":
         return RefEngineAdapter("async", "full_and_piecewise")
     if name.startswith("async:"):
         return RefEngineAdapter("async", name.partition(":")[2])
+    if name.startswith("mutant:"):  # the async engine with one seed bug re-created (conformance/mutants)
+        from conformance.mutants import MutantAdapter, get_mutant
+
+        try:
+            return MutantAdapter(get_mutant(name.partition(":")[2]))
+        except KeyError as e:
+            raise UnknownEngine(str(e.args[0])) from None
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
         raise UnknownEngine(f"unknown engine {name!r}: use one of {', '.join(BUILTIN_ENGINES)} or an import path "
