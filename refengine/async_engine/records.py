@@ -8,7 +8,7 @@ from refengine.reference_runner import logits_digest
 
 def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[RowRecord]:
     ids, positions = payload["input_ids"].tolist(), payload["positions"].tolist()
-    prev_valid, prev_drafts = payload["prev_valid"].tolist(), payload["prev_drafts"].tolist()
+    used_accepted, prev_drafts = payload["used_accepted"].tolist(), payload["prev_drafts"].tolist()
     next_drafts = payload["next_drafts"].tolist()
     kept = payload["kept"].tolist()
     sampling = payload["sampling_rows"].tolist()
@@ -26,7 +26,7 @@ def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[
         has_init = positions[lo] > 0 if hi > lo else False
         slots = plan.slots[i]
         if decode:
-            offset = prev_valid[i] - 1
+            offset = used_accepted[i] - 1  # as handed to the GDN kernels
             slot = slots[offset]
         else:
             offset, slot = 0, (slots[0] if has_init else None)

@@ -122,11 +122,14 @@ class AsyncRunner:
         input_ids, positions, seq_lens, slot_mapping = prepare_inputs(
             idx_p, qsl_p, is_decode_p, self.num_computed_source(plan), st.last_sampled, st.draft_tokens, st.token_ids,
             st.block_table, self.block_size, shape.num_tokens_padded)
-        prev_valid = st.num_valid[idx].clone()
         prev_drafts = st.draft_tokens[idx].clone()
         tensors = StepTensors(idx_p, qsl_p, is_decode_p, _pad(tmeta[:, META_HAS_INIT].bool(), rows_p, False),
                               seq_lens, slot_mapping)
         attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl, plan.host_num_accepted)
+        # The accepted counts the GDN kernels are handed (what decides the state offset each row reads).
+        used_accepted = torch.ones(n, dtype=torch.int32, device=dev)
+        if gdn.decode is not None and gdn.decode.num_accepted_tokens is not None:
+            used_accepted[: plan.num_decode] = gdn.decode.num_accepted_tokens[: plan.num_decode]
         ctx = ForwardContext(attn=attn, gdn=gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
                              gdn_prefill_chunked=self.gdn_prefill_chunked)
         hidden = self.graphs.run(self.model, input_ids, positions, ctx, shape)
@@ -164,7 +167,7 @@ class AsyncRunner:
         if plan.record:
             fut.payload.update(
                 input_ids=input_ids[:num_tokens].cpu(), positions=positions[:num_tokens].cpu(),
-                prev_valid=prev_valid.cpu(), prev_drafts=prev_drafts.cpu(), logits=logits.cpu(), cu=cu.cpu(),
+                used_accepted=used_accepted.cpu(), prev_drafts=prev_drafts.cpu(), logits=logits.cpu(), cu=cu.cpu(),
                 sampling_rows=s_rows.cpu(), kept=(q if draft_ids is None else kept).cpu(),
                 draft_ids=None if draft_ids is None else draft_ids.cpu(),
                 chain_ids=None if chain_ids is None else chain_ids.cpu(),
