@@ -33,8 +33,13 @@ class DraftInputs:
     attn: AttnMetadata  # the target's metadata, unpadded
 
 
+class DrafterInputError(ValueError):
+    """An id outside the vocabulary was about to reach the drafter (DESIGN §4.5)."""
+
+
 class DeviceDrafter:
-    def __init__(self, model, caches, state, num_spec_tokens: int, block_size: int, vocab_size: int, kind: str):
+    def __init__(self, model, caches, state, num_spec_tokens: int, block_size: int, vocab_size: int, kind: str,
+                 check_inputs: bool = False):
         self.model = model
         self.caches = caches
         self.state = state
@@ -42,6 +47,7 @@ class DeviceDrafter:
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.kind = kind  # "mtp" | "scripted"
+        self.check_inputs = check_inputs  # debug mode: read the ids back and refuse bad ones (a device sync)
 
     def next_token_ids(self, d: DraftInputs) -> torch.Tensor:
         """[T] the committed token after each position (filler ids past the kept positions)."""
@@ -64,6 +70,8 @@ class DeviceDrafter:
             return self._scripted(d, sampling)
         st, model = self.state, self.model
         ids = self.next_token_ids(d)
+        if self.check_inputs:
+            self._check(ids, d)
         mtp_hidden = model.mtp(ids, d.hidden, d.positions, d.attn, self.caches.kv["mtp"])
         if sampling.numel() == 0:
             return ids, ids.new_zeros(0, max(self.k - 1, 0))
@@ -85,6 +93,15 @@ class DeviceDrafter:
         table = torch.stack(drafts, dim=1)
         st.draft_tokens[r] = table
         return ids, table[:, :-1]
+
+    def _check(self, ids: torch.Tensor, d: DraftInputs) -> None:
+        bad = torch.nonzero((ids < 0) | (ids >= self.vocab_size)).flatten().tolist()
+        if bad:
+            t = bad[0]
+            row = int(torch.searchsorted(d.query_start_loc[1:], torch.tensor(t, device=ids.device), right=True))
+            raise DrafterInputError(
+                f"drafter input id {int(ids[t])} (outside [0, {self.vocab_size})) for request slot "
+                f"{int(d.idx[row])} at position {int(d.positions[t])}; {len(bad)} bad id(s) in this step")
 
     def _scripted(self, d: DraftInputs, sampling: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         st = self.state

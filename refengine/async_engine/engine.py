@@ -105,7 +105,7 @@ class AsyncLLMEngine(LLMEngine):
         if k:
             kind = "mtp" if self.drafter == "mtp" else "scripted"
             drafter = DeviceDrafter(self.model, self.caches, self.state, k, c.cache.block_size,
-                                    self.model_config.vocab_size, kind)
+                                    self.model_config.vocab_size, kind, check_inputs=self.stream.hazard_check)
         return AsyncRunner(self.model, self.caches, self.state, self.stream, self.builder, drafter,
                            block_size=c.cache.block_size, num_spec_tokens=k,
                            gdn_prefill_chunked=c.gdn_prefill_chunked)
