@@ -97,7 +97,7 @@ class LLMEngine:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress: the KV pool cannot hold any waiting request")
             return []
-        result = self.runner.execute(sched)
+        result = self.runner.execute(sched, record_digests=bool(self.observers))
         finished = self._commit(sched, result)
         self.runner.propose(sched, result)
         self._observe(sched, result)

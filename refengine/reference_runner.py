@@ -98,7 +98,7 @@ class ReferenceRunner:
                               gdn_prefill_chunked=self.gdn_prefill_chunked)
 
     # ---- one step ---------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> StepResult:
+    def execute(self, sched: SchedulerOutput, record_digests: bool = False) -> StepResult:
         input_ids: list[int] = []
         positions: list[int] = []
         attn_rows, records, query_start, computed = [], [], [], []
@@ -136,7 +136,7 @@ class ReferenceRunner:
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64, device=dev), ctx)
 
         digests: list[str | None] = [None] * len(sched.rows)
-        valid = self._verify(sched.rows, query_start, hidden, digests)
+        valid = self._verify(sched.rows, query_start, hidden, digests if record_digests else None)
         for rec, v, d in zip(records, valid, digests):
             if v is not None:
                 rec.output_token_ids = v
@@ -145,7 +145,7 @@ class ReferenceRunner:
         return StepResult(valid, records, hidden, query_start, computed, gdn.shapes())
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
-                digests: list) -> list[list[int] | None]:
+                digests: list | None) -> list[list[int] | None]:
         sampling = [i for i, r in enumerate(rows) if r.samples]
         out: list[list[int] | None] = [None] * len(rows)
         if not sampling:
@@ -169,7 +169,8 @@ class ReferenceRunner:
         tokens, num_valid = tokens.tolist(), num_valid.tolist()
         for j, i in enumerate(sampling):
             out[i] = tokens[j][: num_valid[j]]
-            digests[i] = logits_digest(logits[cu[j]: cu[j + 1]])
+            if digests is not None:
+                digests[i] = logits_digest(logits[cu[j]: cu[j + 1]])
         return out
 
     # ---- drafting (after the engine committed the step) -----------------------------------------

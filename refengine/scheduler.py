@@ -2,7 +2,8 @@
 
 Every step has one token budget. Running requests are served first, in admission order: a
 request's query is everything it has not computed yet plus its drafts
-(``num_tokens + len(drafts) - num_computed_tokens``), cut to the budget. Waiting requests are
+(``num_tokens + len(drafts) - num_computed_tokens``). Prompts are chunked to the budget; a verify
+row runs whole or waits, so acceptance never depends on the budget. Waiting requests are
 admitted after that while seats, budget, blocks and state slots last. When KV blocks run out, the
 most recently admitted running request is preempted: its blocks and slots are freed and it starts
 over from its prompt plus the tokens it already produced.

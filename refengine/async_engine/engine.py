@@ -180,8 +180,7 @@ class AsyncLLMEngine(LLMEngine):
         target.write(tmeta)
         drafter = self.host_buffer("drafter-inputs", len(rows), 3)
         drafter.write(dmeta)
-        plan = StepPlan(self._plans, rows, shape, num_decode, qsl, target, drafter,
-                        [self.batch.row_of(r.request) for r in rows], [r.samples for r in rows],
+        plan = StepPlan(self._plans, rows, shape, num_decode, qsl, target, drafter, [r.samples for r in rows],
                         [list(r.request.state_slots) for r in rows], [r.request.num_computed_tokens for r in rows],
                         [self.batch.num_accepted_cpu[self.batch.row_of(r.request)] for r in rows],
                         record=bool(self.observers))
@@ -276,9 +275,6 @@ class AsyncLLMEngine(LLMEngine):
         for j in range(drafted):
             s.drafted_per_position[j] += 1
             s.accepted_per_position[j] += int(j < accepted)
-
-    def abort(self, request_id: str) -> RequestOutput:
-        return super().abort(request_id)
 
     def pools_empty(self) -> bool:
         return super().pools_empty() and self._inflight is None

@@ -52,11 +52,11 @@ class MetadataBuilder:
               host_accepted: list[int]) -> tuple[AttnMetadata, GDNMetadata]:
         dev = self.device
         rows = self.per_request_rows(shape)
-        idx, qsl = _pad_rows(t.idx_mapping, rows, -1), _pad_qsl(t.query_start_loc, rows)
+        idx, qsl = pad_rows(t.idx_mapping, rows, -1), pad_qsl(t.query_start_loc, rows)
         real = idx >= 0
         safe = idx.long().clamp(min=0)
         block_table = torch.where(real[:, None], self.state.block_table[safe], 0)
-        attn = AttnMetadata(query_start_loc=qsl, seq_lens=_pad_rows(t.seq_lens, rows, 0),
+        attn = AttnMetadata(query_start_loc=qsl, seq_lens=pad_rows(t.seq_lens, rows, 0),
                             block_table=block_table, slot_mapping=t.slot_mapping)
 
         gdn = GDNMetadata()
@@ -68,7 +68,7 @@ class MetadataBuilder:
             slots = torch.where(d_real[:, None], slots, torch.full_like(slots, PAD_SLOT_ID))
             accepted = None
             if self.k:
-                acc = _pad_rows(self.num_accepted(t.idx_mapping[:num_decode], host_accepted[:num_decode]),
+                acc = pad_rows(self.num_accepted(t.idx_mapping[:num_decode], host_accepted[:num_decode]),
                                 decode_rows, 1)
                 accepted = torch.where(d_real, acc, torch.ones_like(acc)).to(torch.int32)
             end = shape.num_tokens_padded if shape.mode == "full" else qsl_host[num_decode]
@@ -91,13 +91,15 @@ class MetadataBuilder:
         return attn, gdn
 
 
-def _pad_rows(x: torch.Tensor, rows: int, value) -> torch.Tensor:
+def pad_rows(x: torch.Tensor, rows: int, value) -> torch.Tensor:
+    """``x`` cut or padded with ``value`` to ``rows`` leading entries."""
     if x.shape[0] >= rows:
         return x[:rows]
     return torch.cat([x, torch.full((rows - x.shape[0], *x.shape[1:]), value, dtype=x.dtype, device=x.device)])
 
 
-def _pad_qsl(qsl: torch.Tensor, rows: int) -> torch.Tensor:
+def pad_qsl(qsl: torch.Tensor, rows: int) -> torch.Tensor:
+    """``query_start_loc`` for ``rows`` rows: padding rows repeat the last value (zero tokens)."""
     if qsl.shape[0] >= rows + 1:
         return qsl[: rows + 1]
     return torch.cat([qsl, qsl[-1:].expand(rows + 1 - qsl.shape[0])])

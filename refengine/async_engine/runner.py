@@ -15,7 +15,7 @@ import kernels
 from kernels.input_prep import post_update, prepare_inputs
 from refengine.async_engine.drafting import DeviceDrafter, DraftInputs
 from refengine.async_engine.graphs import CudaGraphs, StepShape
-from refengine.async_engine.metadata import MetadataBuilder, StepTensors
+from refengine.async_engine.metadata import MetadataBuilder, StepTensors, pad_qsl, pad_rows
 from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.forward_context import AttnMetadata, ForwardContext
 
@@ -44,7 +44,6 @@ class StepPlan:
     qsl: list[int]  # [N+1] host query_start_loc (query lengths are scheduling facts, not device state)
     target_meta: HostBuffer  # [N, 6] int64
     drafter_meta: HostBuffer  # [N, 3] int64
-    batch_rows: list[int]  # persistent-batch row of each step row
     samples: list[bool]  # per row: reaches its last committed token (snapshot at scheduling time)
     slots: list[list[int]]  # per row: the request's GDN slots s_0..s_K (snapshot)
     host_num_computed: list[int]  # per row: the host's optimistic mirror; never an input (DESIGN §4.4)
@@ -116,14 +115,14 @@ class AsyncRunner:
         qsl = torch.zeros(n + 1, dtype=torch.int32, device=dev)
         qsl[1:] = q.cumsum(0)
         rows_p = shape.num_reqs_padded
-        idx_p = _pad(idx.to(torch.int32), rows_p, -1)
-        qsl_p = torch.cat([qsl, qsl[-1:].expand(rows_p - n)])
-        is_decode_p = _pad(is_decode, rows_p, True)
+        idx_p = pad_rows(idx.to(torch.int32), rows_p, -1)
+        qsl_p = pad_qsl(qsl, rows_p)
+        is_decode_p = pad_rows(is_decode, rows_p, True)
         input_ids, positions, seq_lens, slot_mapping = prepare_inputs(
             idx_p, qsl_p, is_decode_p, self.num_computed_source(plan), st.last_sampled, st.draft_tokens, st.token_ids,
             st.block_table, self.block_size, shape.num_tokens_padded)
         prev_drafts = st.draft_tokens[idx].clone()
-        tensors = StepTensors(idx_p, qsl_p, is_decode_p, _pad(tmeta[:, META_HAS_INIT].bool(), rows_p, False),
+        tensors = StepTensors(idx_p, qsl_p, is_decode_p, pad_rows(tmeta[:, META_HAS_INIT].bool(), rows_p, False),
                               seq_lens, slot_mapping)
         attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl, plan.host_num_accepted)
         # The accepted counts the GDN kernels are handed (what decides the state offset each row reads).
@@ -172,12 +171,6 @@ class AsyncRunner:
                 draft_ids=None if draft_ids is None else draft_ids.cpu(),
                 chain_ids=None if chain_ids is None else chain_ids.cpu(),
                 next_drafts=st.draft_tokens[idx].cpu(), gdn_shapes=gdn.shapes())
-
-
-def _pad(x: torch.Tensor, rows: int, value) -> torch.Tensor:
-    if x.shape[0] >= rows:
-        return x
-    return torch.cat([x, torch.full((rows - x.shape[0],), value, dtype=x.dtype, device=x.device)])
 
 
 def _host_index(values: list[int], dev: torch.device) -> torch.Tensor:
