@@ -40,12 +40,17 @@ def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, ma
     for llm in (ref, fast):  # warm-up
         llm.generate(prompts[:2], params)
     times = {"reference": [], "async": []}
+    host_busy = []  # per async run: the share of wall time the host was not blocked on the device
     outputs = {}
+    stream = fast.engine.stream
     for _ in range(repeat):
         for name, llm in (("reference", ref), ("async", fast)):
+            waited = stream.host_wait_seconds
             dt, outs = _timed(llm, prompts, params)
             times[name].append(dt)
             outputs[name] = [o.token_ids for o in outs]
+            if name == "async":
+                host_busy.append(1.0 - (stream.host_wait_seconds - waited) / dt)
     if outputs["reference"] != outputs["async"]:
         raise SystemExit("bench: the engines disagree on the workload's tokens; fix that first")
     tokens = sum(len(t) for t in outputs["reference"])
@@ -56,7 +61,7 @@ def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, ma
         "ratio": tps["async"] / tps["reference"],
         "async_syncs_per_step": stats.syncs_per_step(fast.engine.stream.num_host_waits),
         "async_wasted_tokens": stats.wasted_tokens, "async_graph_steps": dict(stats.graph_steps),
-        "async_row_moves": stats.row_moves,
+        "async_row_moves": stats.row_moves, "async_host_busy": statistics.median(host_busy),
     }
 
 
@@ -79,4 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio async/reference: {r['ratio']:.2f}x")
     print(f"  async: {r['async_syncs_per_step']:.2f} host syncs per step, {r['async_wasted_tokens']} wasted tokens, "
           f"{r['async_row_moves']} row moves, graph steps {r['async_graph_steps']}")
+    busy = r["async_host_busy"]
+    print(f"  async host busy {100 * busy:.1f}% of the run (the rest blocked on the device): overlapping host "
+          f"work with the device can gain at most {1 / max(1.0 - busy, 1e-9):.2f}x here")
     return 0

@@ -15,6 +15,7 @@ Two debugging modes make host/device races visible on CPU:
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -40,10 +41,14 @@ class Event:
 
     def wait(self) -> None:
         self.stream.num_host_waits += 1
-        if self._cuda_event is not None:
-            self._cuda_event.synchronize()
-        else:
-            self.stream._wait_for(self.seq)
+        start = time.perf_counter()
+        try:
+            if self._cuda_event is not None:
+                self._cuda_event.synchronize()
+            else:
+                self.stream._wait_for(self.seq)
+        finally:
+            self.stream.host_wait_seconds += time.perf_counter() - start
 
 
 class Stream:
@@ -52,6 +57,7 @@ class Stream:
         self.delay = delay
         self.hazard_check = hazard_check
         self.num_host_waits = 0  # device->host synchronisations, for stats
+        self.host_wait_seconds = 0.0  # time the host spent blocked in those waits, for stats
         self._seq = 0
         self._done_seq = 0
         self._released_seq = 0 if delay else float("inf")

@@ -130,6 +130,8 @@ def test_delay_and_hazard_modes_stay_exact(ckpt):
         got = drive(llm, items)
         assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
         assert llm.engine.stream.num_host_waits <= llm.engine.stats.steps + 1, "more than one sync per step"
+        waited = llm.engine.stream.host_wait_seconds
+        assert 0 < waited <= llm.engine.stats.elapsed, f"host wait {waited} s outside (0, {llm.engine.stats.elapsed}] s"
 
 
 def test_hazard_checker_names_the_buffer(ckpt):

@@ -1,0 +1,29 @@
+"""``refengine bench``: both engines on the default workload, side by side, outputs checked equal."""
+
+from __future__ import annotations
+
+import pytest
+
+from refengine import bench
+
+
+def test_bench_reports_both_engines_and_the_host_share():
+    r = bench.run(None, k=3, graph_mode="full_and_piecewise", repeat=1, copies=1, max_num_seqs=16)
+    assert r["tokens"] > 0 and set(r["tokens_per_s"]) == {"reference", "async"}
+    assert r["ratio"] == pytest.approx(r["tokens_per_s"]["async"] / r["tokens_per_s"]["reference"])
+    assert 0.0 < r["async_host_busy"] < 1.0, r["async_host_busy"]
+    assert r["async_graph_steps"].get("full", 0) > 0, "the default workload should replay FULL decode steps"
+
+
+def test_bench_refuses_engines_that_disagree(monkeypatch):
+    timed = bench._timed
+
+    def corrupt_async(llm, prompts, params):
+        dt, outs = timed(llm, prompts, params)
+        if llm.config.engine == "async":
+            outs[0].token_ids = outs[0].token_ids[:-1]
+        return dt, outs
+
+    monkeypatch.setattr(bench, "_timed", corrupt_async)
+    with pytest.raises(SystemExit, match="disagree"):
+        bench.run(None, k=0, graph_mode="none", repeat=1, copies=1, max_num_seqs=16)
