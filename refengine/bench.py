@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, tps in r["tokens_per_s"].items():
         print(f"  {name:9s} {tps:8.1f} tokens/s (median of {args.repeat})")
     print(f"  ratio async/reference: {r['ratio']:.2f}x")
-    print(f"  async: {r['async_syncs_per_step']:.2f} host syncs per step, {r['async_wasted_tokens']} wasted tokens, "
-          f"{r['async_row_moves']} row moves, graph steps {r['async_graph_steps']}")
+    print(f"  async, totals over the warm-up and {args.repeat} timed runs: {r['async_syncs_per_step']:.2f} host syncs "
+          f"per step, {r['async_wasted_tokens']} wasted tokens, {r['async_row_moves']} row moves, "
+          f"graph steps {r['async_graph_steps']}")
     busy = r["async_host_busy"]
     print(f"  async host busy {100 * busy:.1f}% of the run (the rest blocked on the device): overlapping host "
           f"work with the device can gain at most {1 / max(1.0 - busy, 1e-9):.2f}x here")
