@@ -40,14 +40,6 @@ def attention_inputs(rows):
     return q, k_cache, v_cache, qsl.to(dev), seq_lens, table
 
 
-def timed(benchmark, fn):
-    def run():
-        fn()
-        torch.cuda.synchronize()
-
-    run()  # compile / warm up outside the measurement
-    benchmark(run)
-
 
 CASES = {
     "decode-64x1k": [(1024, 1)] * 64,
@@ -59,6 +51,6 @@ CASES = {
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_bench_paged_attention(benchmark, backend, case):
+def test_bench_paged_attention(cuda_benchmark, backend, case):
     args = attention_inputs(CASES[case])
-    timed(benchmark, lambda: paged_attention(*args, scale=D**-0.5, backend=backend))
+    cuda_benchmark(lambda: paged_attention(*args, scale=D**-0.5, backend=backend))

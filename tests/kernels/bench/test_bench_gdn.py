@@ -32,17 +32,10 @@ def _gdn_inputs(lens):
     return q, k, v, g, beta, cu
 
 
-def _timed(benchmark, fn):
-    def run():
-        fn()
-        torch.cuda.synchronize()
-    run()                                     # compile / warm up outside the measurement
-    benchmark(run)
-
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("rows,spec_tokens", [(64, 0), (16, 3)])
-def test_bench_recurrent(benchmark, backend, rows, spec_tokens):
+def test_bench_recurrent(cuda_benchmark, backend, rows, spec_tokens):
     q, k, v, g, beta, cu = _gdn_inputs([spec_tokens + 1] * rows)
     pool = torch.zeros(rows * (spec_tokens + 1) + 1, HV, D, D, device="cuda")
     if spec_tokens:
@@ -50,23 +43,23 @@ def test_bench_recurrent(benchmark, backend, rows, spec_tokens):
         accepted = torch.randint(1, spec_tokens + 2, (rows,), dtype=torch.int32, device="cuda")
     else:
         idx, accepted = torch.arange(rows, dtype=torch.int32, device="cuda"), None
-    _timed(benchmark, lambda: fused_recurrent_gated_delta_rule(
+    cuda_benchmark(lambda: fused_recurrent_gated_delta_rule(
         q, k, v, g, beta, pool, cu, idx, num_accepted_tokens=accepted, backend=backend))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("lens", [[2048], [512, 1000, 300, 10]], ids=["one-2048", "varlen-4"])
-def test_bench_chunk(benchmark, backend, lens):
+def test_bench_chunk(cuda_benchmark, backend, lens):
     q, k, v, g, beta, cu = _gdn_inputs(lens)
     pool = torch.zeros(len(lens), HV, D, D, device="cuda")
     idx = torch.arange(len(lens), dtype=torch.int32, device="cuda")
     has_init = torch.zeros(len(lens), dtype=torch.bool, device="cuda")
-    _timed(benchmark, lambda: chunk_gated_delta_rule(q, k, v, g, beta, pool, cu, idx, has_init,
+    cuda_benchmark(lambda: chunk_gated_delta_rule(q, k, v, g, beta, pool, cu, idx, has_init,
                                                      backend=backend))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_bench_conv_update(benchmark, backend):
+def test_bench_conv_update(cuda_benchmark, backend):
     rows, spec_tokens = 32, 3
     x = torch.randn(rows * (spec_tokens + 1), CONV_DIM, device="cuda", dtype=torch.bfloat16)
     weight = torch.randn(CONV_DIM, WIDTH, device="cuda", dtype=torch.bfloat16)
@@ -74,5 +67,5 @@ def test_bench_conv_update(benchmark, backend):
     cu = torch.arange(0, rows * (spec_tokens + 1) + 1, spec_tokens + 1, dtype=torch.int32, device="cuda")
     idx = torch.arange(rows, dtype=torch.int32, device="cuda")
     accepted = torch.randint(1, spec_tokens + 2, (rows,), dtype=torch.int32, device="cuda")
-    _timed(benchmark, lambda: causal_conv1d_update(x, weight, state, cu, idx, num_accepted_tokens=accepted,
+    cuda_benchmark(lambda: causal_conv1d_update(x, weight, state, cu, idx, num_accepted_tokens=accepted,
                                                    backend=backend))

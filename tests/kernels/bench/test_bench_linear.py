@@ -21,22 +21,14 @@ SHAPES = {  # (M, K, N)
 }
 
 
-def timed(benchmark, fn):
-    def run():
-        fn()
-        torch.cuda.synchronize()
-
-    run()  # compile / warm up outside the measurement
-    benchmark(run)
-
 
 @pytest.mark.parametrize("impl", ["triton", "torch", "matmul"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_bench_linear(benchmark, impl, shape):
+def test_bench_linear(cuda_benchmark, impl, shape):
     m, k, n = SHAPES[shape]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     if impl == "matmul":
-        timed(benchmark, lambda: x @ w.t())
+        cuda_benchmark(lambda: x @ w.t())
     else:
-        timed(benchmark, lambda: linear(x, w, backend=impl))
+        cuda_benchmark(lambda: linear(x, w, backend=impl))
