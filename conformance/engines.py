@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from conformance.workloads import EngineSettings
+from refengine.config import GRAPH_MODES
 
 # Features an adapter may support; the checks that need one are "n/a" without it.
 FEATURES = (
@@ -32,7 +33,6 @@ FEATURES = (
     "mtp",  # drafts with the model's MTP head
     "scripted_drafter",  # takes refengine's ScriptedDrafter
 )
-GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
 BUILTIN_ENGINES = ("reference", "async", *(f"async:{m}" for m in GRAPH_MODES))
 
 
@@ -67,8 +67,8 @@ class UnknownEngine(ValueError):
     pass
 
 
-class _LLMInstance:
-    """refengine's LLM seen through the EngineInstance protocol."""
+class LLMInstance:
+    """refengine's LLM seen through the EngineInstance protocol (``llm.engine`` is the engine itself)."""
 
     def __init__(self, llm):
         self.llm = llm
@@ -81,6 +81,9 @@ class _LLMInstance:
 
     def has_unfinished(self) -> bool:
         return self.llm.has_unfinished()
+
+    def abort(self, request_id: str):
+        return self.llm.abort(request_id)
 
     def pools_empty(self) -> bool:
         return self.llm.engine.pools_empty()
@@ -105,11 +108,11 @@ class RefEngineAdapter:
         return feature in FEATURES
 
     def start(self, spec: RunSpec) -> EngineInstance:
-        return _LLMInstance(self.build(spec))
+        return LLMInstance(self.build(spec))
 
     def build(self, spec: RunSpec):
         from refengine import LLM
-        from refengine.drafter import ScriptedDrafter
+        from refengine.drafters import ScriptedDrafter
 
         s = spec.settings
         drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern) if s.drafter == "scripted" and s.k else "mtp"
@@ -126,21 +129,15 @@ def reference_adapter() -> RefEngineAdapter:
 
 
 def load_engine(name: str) -> EngineAdapter:
-    """``reference``, ``async`` (FULL_AND_PIECEWISE graphs), ``async:<graph mode>``, ``mutant:<id>``, or
-    ``pkg.module:attr``."""
+    """``reference``, ``async`` (FULL_AND_PIECEWISE graphs), ``async:<graph mode>``, or ``pkg.module:attr``.
+
+    (``mutant:<id>`` names are resolved one level up, by ``conformance.session``.)"""
     if name == "reference":
         return reference_adapter()
     if name == "async":
         return RefEngineAdapter("async", "full_and_piecewise")
     if name.startswith("async:"):
         return RefEngineAdapter("async", name.partition(":")[2])
-    if name.startswith("mutant:"):  # the async engine with one seed bug re-created (conformance/mutants)
-        from conformance.mutants import MutantAdapter, get_mutant
-
-        try:
-            return MutantAdapter(get_mutant(name.partition(":")[2]))
-        except KeyError as e:
-            raise UnknownEngine(str(e.args[0])) from None
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
         raise UnknownEngine(f"unknown engine {name!r}: use one of {', '.join(BUILTIN_ENGINES)} or an import path "

@@ -5,16 +5,28 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from conformance.engines import load_engine
+from conformance.engines import EngineAdapter, UnknownEngine, load_engine
 from conformance.expectations import Expectations, expectations_file_for, load_expectations
 from conformance.harness import Case
 from conformance.model import describe_model
+from conformance.mutants import MutantAdapter, get_mutant
 from conformance.workloads import TIERS
 
 DEFAULT_ENGINE = "async"  # the engine under test unless --engine / CONFORMANCE_ENGINE says otherwise
 ENV_ENGINE = "CONFORMANCE_ENGINE"
 ENV_MODEL = "CONFORMANCE_MODEL"
 ENV_DEVICE = "CONFORMANCE_DEVICE"
+
+
+def resolve_engine(name: str) -> EngineAdapter:
+    """Any engine name: those ``load_engine`` knows, and ``mutant:<id>`` (the async engine with one
+    seed bug re-created, see ``conformance.mutants``)."""
+    if name.startswith("mutant:"):
+        try:
+            return MutantAdapter(get_mutant(name.partition(":")[2]))
+        except KeyError as e:
+            raise UnknownEngine(str(e.args[0])) from None
+    return load_engine(name)
 
 
 def pick(option: str | None, env_var: str, default: str | None) -> str | None:
@@ -38,7 +50,7 @@ class Selection:
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
-        adapter = load_engine(self.engine)
+        adapter = resolve_engine(self.engine)
         facts = describe_model(self.model)
         return Case(self.engine, adapter, facts, self.model, self.tier, self.device)
 

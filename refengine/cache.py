@@ -9,7 +9,7 @@ from refengine.model.config import ModelConfig
 
 class ModelCaches:
     def __init__(self, cfg: ModelConfig, num_kv_blocks: int, block_size: int, num_state_slots: int,
-                 num_spec_tokens: int, dtype: torch.dtype, device: torch.device | str, with_mtp: bool):
+                 num_spec_tokens: int, dtype: torch.dtype, device: torch.device | str, drafter_kv: bool):
         kv_shape = (num_kv_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + (
             cfg.linear_num_value_heads * cfg.linear_value_head_dim
@@ -26,7 +26,7 @@ class ModelCaches:
             else:
                 self.gdn[i] = (torch.zeros(conv_shape, dtype=dtype, device=device),
                                torch.zeros(ssm_shape, dtype=torch.float32, device=device))
-        if with_mtp:
+        if drafter_kv:
             self.kv["mtp"] = (torch.zeros(kv_shape, dtype=dtype, device=device),
                               torch.zeros(kv_shape, dtype=dtype, device=device))
 

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 
-GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
+import torch
+
+
+class GraphMode(enum.StrEnum):
+    """How the async engine replays steps (see ``refengine.async_engine.graphs``)."""
+
+    NONE = "none"
+    PIECEWISE = "piecewise"
+    FULL = "full"
+    FULL_AND_PIECEWISE = "full_and_piecewise"
+
+    @property
+    def has_full(self) -> bool:
+        return self in (GraphMode.FULL, GraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def has_piecewise(self) -> bool:
+        return self in (GraphMode.PIECEWISE, GraphMode.FULL_AND_PIECEWISE)
+
+
+GRAPH_MODES = tuple(m.value for m in GraphMode)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return DTYPES[name]
 
 
 @dataclass(slots=True)
@@ -43,8 +69,10 @@ class SpeculativeConfig:
     def __post_init__(self):
         if self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
-        if isinstance(self.drafter, str) and self.drafter not in ("mtp", "scripted"):
-            raise ValueError(f"drafter must be 'mtp', 'scripted' or a Drafter instance, got {self.drafter!r}")
+        from refengine.drafters import DRAFTERS
+
+        if isinstance(self.drafter, str) and self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {tuple(DRAFTERS)} or a Drafter instance, got {self.drafter!r}")
 
     @property
     def enabled(self) -> bool:
@@ -58,7 +86,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
-    graph_mode: str = "none"
+    graph_mode: GraphMode | str = GraphMode.NONE
     gdn_prefill_chunked: bool = False  # False keeps logits independent of prefill chunk boundaries
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -67,11 +95,12 @@ class EngineConfig:
     def __post_init__(self):
         if self.engine not in ("reference", "async"):
             raise ValueError(f"engine must be 'reference' or 'async', got {self.engine!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {self.graph_mode!r}")
-        if self.engine == "reference" and self.graph_mode != "none":
+        self.graph_mode = GraphMode(self.graph_mode)
+        if self.engine == "reference" and self.graph_mode is not GraphMode.NONE:
             raise ValueError("graph_mode: the reference engine runs without graphs (graph_mode='none')")
         k = self.speculative.num_speculative_tokens
         if self.scheduler.max_num_batched_tokens < 1 + k:

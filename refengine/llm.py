@@ -6,9 +6,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from refengine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
-from refengine.engine import DTYPES, EngineError, LLMEngine
+from refengine.config import DTYPES, CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from refengine.core import EngineError
+from refengine.drafters import ScriptedDrafter
 from refengine.outputs import RequestOutput, StepRecord
+from refengine.reference import ReferenceEngine
+from refengine.request import Request
 from refengine.sampling_params import SamplingParams
 
 
@@ -39,15 +42,21 @@ class LLM:
             speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter),
         )
         self.tokenizer = load_tokenizer(path)
+        spec = self.config.speculative
+        if isinstance(spec.drafter, ScriptedDrafter) and spec.drafter.truth is None:
+            spec.drafter.truth = GreedyTruth(self.config, net, model_config)
+        elif spec.drafter == "scripted" and spec.enabled:
+            spec.drafter = ScriptedDrafter(num_speculative_tokens, model_config.vocab_size,
+                                           truth=GreedyTruth(self.config, net, model_config))
         async_options = {"delay": delay_copies, "hazard_check": hazard_check} if engine == "async" else {}
         self.engine = _make_engine(self.config, net, model_config, self.tokenizer, **async_options)
         if observer is not None:
-            self.engine.observers.append(observer)
+            self.engine.core.observers.append(observer)
         self._next_id = 0
 
     @property
     def model_config(self):
-        return self.engine.model_config
+        return self.engine.core.model_config
 
     def _tokenize(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -74,10 +83,10 @@ class LLM:
         batch = []
         for prompt, p in zip(prompts, params):
             rid = f"gen-{self._next_id + len(batch)}"
-            batch.append((rid, self.engine.validate(rid, self._tokenize(prompt), p), p))
+            batch.append((rid, self.engine.core.validate(rid, self._tokenize(prompt), p), p))
         self._next_id += len(batch)
         for rid, ids, p in batch:
-            self.engine.add_request(rid, ids, p)
+            self.engine.core.add_request(rid, ids, p)
         wanted = {rid for rid, _, _ in batch}
         done: dict[str, RequestOutput] = {}
         while wanted - done.keys():
@@ -87,13 +96,13 @@ class LLM:
 
     # Lower-level API.
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
-        self.engine.add_request(request_id, self._tokenize(prompt), params or SamplingParams())
+        self.engine.core.add_request(request_id, self._tokenize(prompt), params or SamplingParams())
 
     def step(self) -> list[RequestOutput]:
         return self.engine.step()
 
     def abort(self, request_id: str) -> RequestOutput:
-        return self.engine.abort(request_id)
+        return self.engine.core.abort(request_id)
 
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
@@ -101,10 +110,36 @@ class LLM:
 
 def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_options):
     if config.engine == "reference":
-        return LLMEngine(config, net, model_config, tokenizer)
-    from refengine.async_engine.engine import AsyncLLMEngine
+        return ReferenceEngine(config, net, model_config, tokenizer)
+    from refengine.async_engine import AsyncEngine
 
-    return AsyncLLMEngine(config, net, model_config, tokenizer, **async_options)
+    return AsyncEngine(config, net, model_config, tokenizer, **async_options)
+
+
+class GreedyTruth:
+    """A scripted drafter's truth source: each request's plain greedy (K=0) output, from a private
+    reference engine on the same weights, ``K`` tokens past ``max_tokens`` so drafts made near the
+    end are scripted too."""
+
+    def __init__(self, config: EngineConfig, net, model_config):
+        self._config = EngineConfig(model=config.model, engine="reference", dtype=config.dtype,
+                                    device=config.device, seed=config.seed,
+                                    gdn_prefill_chunked=config.gdn_prefill_chunked, scheduler=config.scheduler,
+                                    cache=CacheConfig(block_size=config.cache.block_size))
+        self._k = config.speculative.num_speculative_tokens
+        self._net, self._model_config = net, model_config
+        self._engine: ReferenceEngine | None = None
+
+    def __call__(self, req: Request) -> list[int]:
+        if self._engine is None:
+            self._engine = ReferenceEngine(self._config, self._net, self._model_config)
+        core, p = self._engine.core, req.params
+        core.add_request("truth", req.prompt_token_ids,
+                         SamplingParams(p.max_tokens + self._k, p.ignore_eos, p.stop_token_ids))
+        out = []
+        while self._engine.has_unfinished():
+            out += self._engine.step()
+        return out[0].token_ids
 
 
 def default_model_path() -> str:

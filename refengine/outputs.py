@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -47,3 +50,8 @@ class StepRecord:
     graph_mode: str = "none"  # graph mode the step ran in: "none" | "piecewise" | "full"
     num_reqs_padded: int | None = None  # rows the step's per-request tensors were sized for (graph padding)
     gdn_metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of each GDN tensor
+
+
+def logits_digest(logits: torch.Tensor) -> str:
+    """A short hash of a row's logits bytes: equal digests mean bitwise-equal logits."""
+    return hashlib.blake2b(logits.detach().cpu().contiguous().numpy().tobytes(), digest_size=8).hexdigest()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from refengine.config import EngineConfig
@@ -25,16 +26,11 @@ class ScheduledRow:
     request: Request
     num_tokens: int  # query length: committed tokens not yet computed, then drafts
     draft_token_ids: list[int]  # the drafts at the tail of the query
+    samples: bool  # the row reaches the request's last token, so its logits pick the next tokens
 
     @property
     def num_committed(self) -> int:
         return self.num_tokens - len(self.draft_token_ids)
-
-    @property
-    def samples(self) -> bool:
-        """Whether the row reaches the last committed token, so its logits pick the next tokens."""
-        req = self.request
-        return req.num_computed_tokens + self.num_committed == req.num_tokens
 
 
 @dataclass
@@ -47,9 +43,26 @@ class SchedulerOutput:
         return sum(r.num_tokens for r in self.rows)
 
 
+def committed_tokens(req: Request) -> int:
+    return req.num_tokens
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig):
+    """One scheduler for both engines; what differs between them comes in as parameters.
+
+    ``num_tokens(req)``: the tokens the scheduler treats as the request's sequence (the async engine
+    counts its not-yet-confirmed placeholder tokens too). ``on_release(req)`` runs after a request's
+    blocks and slots went back to the pools (finish, abort or preemption); ``on_preempt(req)`` after
+    a request was sent back to the waiting queue.
+    """
+
+    def __init__(self, config: EngineConfig, *, num_tokens: Callable[[Request], int] = committed_tokens,
+                 on_release: Callable[[Request], None] | None = None,
+                 on_preempt: Callable[[Request], None] | None = None):
         self.config = config
+        self.num_tokens = num_tokens
+        self.on_release = on_release
+        self.on_preempt = on_preempt
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.budget = config.scheduler.max_num_batched_tokens
         self.block_size = config.cache.block_size
@@ -72,7 +85,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            uncomputed = req.num_tokens - req.num_computed_tokens
+            uncomputed = self.num_tokens(req) - req.num_computed_tokens
             if req.is_prefilling:
                 num_new = min(uncomputed, budget)  # prompts are chunked to the budget
             else:
@@ -82,13 +95,15 @@ class Scheduler:
                     continue
             if not self._reserve_blocks(req, num_new, out):
                 continue  # ``req`` itself was preempted; running[i] is now the next request
-            out.rows.append(ScheduledRow(req, num_new, list(req.draft_token_ids) if not req.is_prefilling else []))
+            drafts = [] if req.is_prefilling else list(req.draft_token_ids)
+            out.rows.append(ScheduledRow(req, num_new, drafts, samples=num_new - len(drafts) == uncomputed))
             budget -= num_new
             i += 1
 
         while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            total = self.num_tokens(req)
+            num_new = min(total - req.num_computed_tokens, budget)
             blocks = self.kv_pool.allocate(self._blocks_needed(req, num_new))
             if blocks is None:
                 break
@@ -98,10 +113,10 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.block_ids, req.state_slots = blocks, slots
-            req.num_prefill_tokens = req.num_tokens
+            req.num_prefill_tokens = total
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.rows.append(ScheduledRow(req, num_new, []))
+            out.rows.append(ScheduledRow(req, num_new, [], samples=req.num_computed_tokens + num_new == total))
             budget -= num_new
         return out
 
@@ -132,11 +147,15 @@ class Scheduler:
         req.num_valid_prev = 1
         req.num_preemptions += 1
         self.waiting.appendleft(req)
+        if self.on_preempt is not None:
+            self.on_preempt(req)
 
     def _release(self, req: Request) -> None:
         self.kv_pool.free(req.block_ids)
         self.slot_pool.free(req.state_slots)
         req.block_ids, req.state_slots = [], []
+        if self.on_release is not None:
+            self.on_release(req)
 
     def finish(self, req: Request, reason: str) -> None:
         if req.status is RequestStatus.RUNNING:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.engines import EngineInstance, RefEngineAdapter, RunSpec, _LLMInstance
+from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, RunSpec
 
 
 @dataclass(frozen=True)
@@ -22,18 +22,66 @@ class Mutant:
     origin: str  # the seed pull request, or "own" for the other DESIGN §4 contracts
     contract: str  # the DESIGN §4 contract it breaks
     description: str
-    patch: Callable  # patch(engine) -> None, applied to an AsyncLLMEngine instance
+    patch: Callable  # patch(engine) -> None, applied to a refengine.async_engine.AsyncEngine instance
     graph_mode: str = "full_and_piecewise"
     scenarios: tuple[str, ...] = ()  # scenario ids tried first (the rest of the tier follows)
 
 
+class _PlanSnapshots:
+    """Host values a mutant captures when the engine plans a step, looked up by plan index later.
+
+    A mutant re-creates a host copy the engine deliberately does not keep (DESIGN contracts 3 and 4)
+    and feeds it where the engine reads the device's authoritative value.
+    """
+
+    def __init__(self, engine, capture: Callable):
+        self.values: dict[int, list] = {}
+        plan = engine.plan
+
+        def planned(sched):
+            before = capture(sched)
+            result = plan(sched)
+            self.values[result.index] = [before[id(row.request)] for row in result.rows]
+            return result
+
+        engine.plan = planned
+
+    def pop(self, plan_index: int) -> list:
+        return self.values.pop(plan_index)
+
+
 def _stale_accepted(engine) -> None:
-    """Seed 000: the GDN builder takes accepted counts from the per-row host mirror."""
+    """Seed 000: GDN state offsets come from a host copy of the accepted counts, one step stale.
 
-    def num_accepted(idx, host_mirror):
-        return torch.tensor(host_mirror, dtype=torch.int32, device=idx.device)
+    The host copy is what the host knew when it planned the step: the counts of the step it had
+    processed last, which under asynchronous scheduling is the one before the step in flight.
+    """
+    known: dict[int, int] = {}  # id(request) -> accepted count (bonus included) the host last saw
+    process = engine._process
 
-    engine.builder.num_accepted = num_accepted
+    def processed(fut):
+        finished = process(fut)
+        for row, valid in zip(fut.plan.rows, fut.num_valid.tolist()):
+            if row.samples:
+                known[id(row.request)] = valid
+        return finished
+
+    engine._process = processed
+    stale = _PlanSnapshots(engine, lambda sched: {id(r.request): known.get(id(r.request), 1) for r in sched.rows})
+    runner = engine.runner
+    prepare = runner.prepare
+
+    def prepare_with_stale_counts(plan, rows, num_computed):
+        step = prepare(plan, rows, num_computed)
+        values = stale.pop(plan.index)[: plan.num_decode]
+        decode = step.gdn.decode
+        if values and decode is not None and decode.num_accepted_tokens is not None:
+            host = torch.tensor(values, dtype=torch.int32, device=decode.num_accepted_tokens.device)
+            decode.num_accepted_tokens[: plan.num_decode] = host
+            step.used_accepted[: plan.num_decode] = host
+        return step
+
+    runner.prepare = prepare_with_stale_counts
 
 
 def _token_count_metadata(engine) -> None:
@@ -44,15 +92,15 @@ def _token_count_metadata(engine) -> None:
 def _short_prompt_as_decode(engine) -> None:
     """Seed 004: rows are classified by query length, so a new prompt of <= 1+K tokens is a decode."""
     k = engine.config.speculative.num_speculative_tokens
-    engine.is_decode = lambda req, num_tokens: num_tokens <= 1 + k or not req.is_prefilling
+    engine.is_decode = lambda row: row.num_tokens <= 1 + k or not row.request.is_prefilling
 
 
 def _optimistic_backup_token(engine) -> None:
     """Seed 002: the drafter's next token is read at the host's optimistic sequence length."""
-    drafter = engine.runner.drafter
-    if drafter is None:
+    proposer = engine.runner.proposer
+    if proposer is None or not hasattr(proposer, "next_token_ids"):
         return
-    original = drafter.next_token_ids
+    original = proposer.next_token_ids
 
     def next_token_ids(d):
         ids = original(d)
@@ -60,7 +108,7 @@ def _optimistic_backup_token(engine) -> None:
         ids[last] = d.backup_token  # the host's token at the optimistic length: a placeholder (-1) for decodes
         return ids
 
-    drafter.next_token_ids = next_token_ids
+    proposer.next_token_ids = next_token_ids
 
 
 def _shared_host_buffer(engine) -> None:
@@ -71,33 +119,35 @@ def _shared_host_buffer(engine) -> None:
     checker stops the run at the rewrite, naming the buffer.
     """
     persistent = {}
-    make = type(engine).host_buffer
+    make = engine.host_buffer
 
     def host_buffer(name, rows, cols):
         if name != "drafter-inputs":
-            return make(engine, name, rows, cols)
+            return make(name, rows, cols)
         if name not in persistent:
-            persistent[name] = make(engine, "drafter-inputs (persistent)", 4096, cols)
+            persistent[name] = make("drafter-inputs (persistent)", 4096, cols)
         return persistent[name]
 
     engine.host_buffer = host_buffer
 
 
 def _host_positions(engine) -> None:
-    """Own (§4.4): positions come from the host's optimistic num_computed_tokens."""
+    """Own (contract 4): positions come from the host's optimistic num_computed_tokens."""
     runner = engine.runner
+    host = _PlanSnapshots(engine, lambda sched: {id(r.request): r.request.num_computed_tokens for r in sched.rows})
+    prepare = runner.prepare
 
-    def num_computed_source(plan):
-        counts = runner.state.num_computed.clone()
-        for row, value in zip(plan.rows, plan.host_num_computed):
+    def prepare_from_host(plan, rows, num_computed):
+        counts = num_computed.clone()
+        for row, value in zip(plan.rows, host.pop(plan.index)):
             counts[row.request.idx] = value
-        return counts
+        return prepare(plan, rows, counts)
 
-    runner.num_computed_source = num_computed_source
+    runner.prepare = prepare_from_host
 
 
 def _prefill_in_decode_graph(engine) -> None:
-    """Own (§4.6): FULL-graph eligibility judged by query lengths alone."""
+    """Own (contract 6): FULL-graph eligibility judged by query lengths alone."""
     graphs = engine.graphs
     graphs.is_uniform_decode = lambda query_lens, is_decode: all(q == 1 + graphs.k for q in query_lens)
 
@@ -145,4 +195,4 @@ class MutantAdapter(RefEngineAdapter):
     def start(self, spec: RunSpec) -> EngineInstance:
         llm = self.build(spec)
         self.mutant.patch(llm.engine)
-        return _LLMInstance(llm)
+        return LLMInstance(llm)

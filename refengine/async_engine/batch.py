@@ -2,9 +2,8 @@
 
 New requests take the first free row; finished and preempted requests leave holes; ``condense``
 moves the last rows into the holes and ``reorder`` swaps rows into decode -> short extend ->
-long extend -> prefill order, so a step's decode rows come first. A host mirror of each row's
-accepted count moves with the rows (like the host copies real engines keep); it is one step
-stale under asynchronous scheduling and is never used to build inputs.
+long extend -> prefill order, so a step's decode rows come first. Nothing per-request lives in
+batch rows: the device keys its state by request slot, so a row move copies nothing.
 """
 
 from __future__ import annotations
@@ -28,25 +27,14 @@ class PersistentBatch:
     def __init__(self, num_spec_tokens: int):
         self.k = num_spec_tokens
         self.rows: list[Request | None] = []
-        self.num_accepted_cpu: list[int] = []  # per row, host mirror; stale by one step
         self.num_moves = 0  # rows moved by condense and reorder, for stats and tests
-
-    def set_accepted(self, req: Request, num_accepted: int) -> None:
-        """Update the host mirror of ``req``'s accepted count (if it still has a row)."""
-        if req in self.rows:
-            self.num_accepted_cpu[self.rows.index(req)] = num_accepted
-
-    def row_of(self, req: Request) -> int:
-        return self.rows.index(req)
 
     def add(self, req: Request) -> None:
         for i, r in enumerate(self.rows):
             if r is None:
                 self.rows[i] = req
-                self.num_accepted_cpu[i] = 1
                 return
         self.rows.append(req)
-        self.num_accepted_cpu.append(1)
 
     def remove(self, req: Request) -> None:
         if req in self.rows:
@@ -57,21 +45,18 @@ class PersistentBatch:
         while True:
             while self.rows and self.rows[-1] is None:
                 self.rows.pop()
-                self.num_accepted_cpu.pop()
             if None not in self.rows:
                 return
             hole = self.rows.index(None)
             self._move(len(self.rows) - 1, hole)
 
     def _move(self, src: int, dst: int) -> None:
-        self.rows[dst], self.num_accepted_cpu[dst] = self.rows[src], self.num_accepted_cpu[src]
+        self.rows[dst] = self.rows[src]
         self.rows[src] = None
         self.num_moves += 1
 
     def _swap(self, a: int, b: int) -> None:
         self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
-        acc = self.num_accepted_cpu
-        acc[a], acc[b] = acc[b], acc[a]
         self.num_moves += 1
 
     def reorder(self) -> None:

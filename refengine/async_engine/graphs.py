@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from refengine.config import GraphMode
+
 
 def capture_sizes(limit: int) -> list[int]:
     sizes = [s for s in (1, 2, 4) if s <= limit] + list(range(8, limit + 1, 8))
@@ -28,7 +30,7 @@ def pad_to(sizes: list[int], n: int) -> int | None:
 
 @dataclass(frozen=True)
 class StepShape:
-    mode: str  # runtime mode: "none" | "piecewise" | "full"
+    mode: GraphMode  # how this step runs: NONE, PIECEWISE or FULL
     num_reqs: int
     num_reqs_padded: int
     num_tokens: int
@@ -36,8 +38,8 @@ class StepShape:
 
 
 class GraphDispatcher:
-    def __init__(self, graph_mode: str, max_num_seqs: int, max_num_batched_tokens: int, num_spec_tokens: int):
-        self.graph_mode = graph_mode
+    def __init__(self, graph_mode: GraphMode, max_num_seqs: int, max_num_batched_tokens: int, num_spec_tokens: int):
+        self.graph_mode = GraphMode(graph_mode)
         self.k = num_spec_tokens
         self.request_sizes = capture_sizes(max_num_seqs)
         self.token_sizes = capture_sizes(max_num_batched_tokens)
@@ -48,15 +50,15 @@ class GraphDispatcher:
 
     def dispatch(self, query_lens: list[int], is_decode: list[bool]) -> StepShape:
         n, t = len(query_lens), sum(query_lens)
-        if self.graph_mode in ("full", "full_and_piecewise") and self.is_uniform_decode(query_lens, is_decode):
+        if self.graph_mode.has_full and self.is_uniform_decode(query_lens, is_decode):
             n_pad = pad_to(self.request_sizes, n)
             if n_pad is not None:
-                return StepShape("full", n, n_pad, t, n_pad * (1 + self.k))
-        if self.graph_mode in ("piecewise", "full_and_piecewise"):
+                return StepShape(GraphMode.FULL, n, n_pad, t, n_pad * (1 + self.k))
+        if self.graph_mode.has_piecewise:
             t_pad = pad_to(self.token_sizes, t)
             if t_pad is not None:
-                return StepShape("piecewise", n, n, t, t_pad)
-        return StepShape("none", n, n, t, t)
+                return StepShape(GraphMode.PIECEWISE, n, n, t, t_pad)
+        return StepShape(GraphMode.NONE, n, n, t, t)
 
 
 class CudaGraphs:
@@ -73,7 +75,7 @@ class CudaGraphs:
         self._entries: dict[int, tuple] = {}  # padded requests -> (graph, static inputs, static output)
 
     def run(self, model, input_ids, positions, ctx, shape: StepShape):
-        if input_ids.device.type != "cuda" or shape.mode != "full":
+        if input_ids.device.type != "cuda" or shape.mode is not GraphMode.FULL:
             return model(input_ids, positions, ctx)
         entry = self._entries.get(shape.num_reqs_padded)
         if entry is None:

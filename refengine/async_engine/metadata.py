@@ -15,6 +15,7 @@ import torch
 from kernels import PAD_SLOT_ID
 from refengine.async_engine.graphs import StepShape
 from refengine.async_engine.state import DeviceState
+from refengine.config import GraphMode
 from refengine.forward_context import AttnMetadata, GDNGroup, GDNMetadata
 
 
@@ -40,16 +41,8 @@ class MetadataBuilder:
         """Rows every per-request tensor has: the padded request count (DESIGN §4.6)."""
         return shape.num_reqs_padded
 
-    def num_accepted(self, idx: torch.Tensor, host_mirror: list[int]) -> torch.Tensor:
-        """Accepted counts keyed by request slot, from the device (DESIGN §4.3).
-
-        ``host_mirror`` is the host's per-row copy, one step stale under async scheduling; it is
-        passed for diagnostics only and must never decide a state offset.
-        """
-        return self.state.num_valid[idx.long().clamp(min=0)]
-
-    def build(self, t: StepTensors, shape: StepShape, num_decode: int, qsl_host: list[int],
-              host_accepted: list[int]) -> tuple[AttnMetadata, GDNMetadata]:
+    def build(self, t: StepTensors, shape: StepShape, num_decode: int,
+              qsl_host: list[int]) -> tuple[AttnMetadata, GDNMetadata]:
         dev = self.device
         rows = self.per_request_rows(shape)
         idx, qsl = pad_rows(t.idx_mapping, rows, -1), pad_qsl(t.query_start_loc, rows)
@@ -60,7 +53,8 @@ class MetadataBuilder:
                             block_table=block_table, slot_mapping=t.slot_mapping)
 
         gdn = GDNMetadata()
-        decode_rows = rows if shape.mode == "full" else num_decode
+        full = shape.mode is GraphMode.FULL
+        decode_rows = rows if full else num_decode
         if decode_rows:
             d_idx = idx[:decode_rows]
             d_real = d_idx >= 0
@@ -68,10 +62,10 @@ class MetadataBuilder:
             slots = torch.where(d_real[:, None], slots, torch.full_like(slots, PAD_SLOT_ID))
             accepted = None
             if self.k:
-                acc = pad_rows(self.num_accepted(t.idx_mapping[:num_decode], host_accepted[:num_decode]),
-                                decode_rows, 1)
+                # Accepted counts keyed by request slot, from the device (contract 3).
+                acc = pad_rows(self.state.num_valid[t.idx_mapping[:num_decode].long()], decode_rows, 1)
                 accepted = torch.where(d_real, acc, torch.ones_like(acc)).to(torch.int32)
-            end = shape.num_tokens_padded if shape.mode == "full" else qsl_host[num_decode]
+            end = shape.num_tokens_padded if full else qsl_host[num_decode]
             gdn.decode = GDNGroup(
                 token_indices=torch.arange(0, end, dtype=torch.int64, device=dev),
                 query_start_loc=qsl[: decode_rows + 1],

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from refengine.outputs import RowRecord
-from refengine.reference_runner import logits_digest
+from refengine.outputs import RowRecord, logits_digest
 
 
 def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[RowRecord]:
@@ -13,9 +12,9 @@ def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[
     kept = payload["kept"].tolist()
     sampling = payload["sampling_rows"].tolist()
     cu, logits = payload["cu"].tolist(), payload["logits"]
-    draft_ids = payload.get("draft_ids")
-    chain = payload.get("chain_ids")
-    first_pass = draft_ids.tolist() if draft_ids is not None else None
+    first = payload["first_pass_ids"]
+    chain = payload["chain_ids"]
+    first_pass = first.tolist() if first is not None else None
     chain_rows = chain.tolist() if chain is not None else None
     records = []
     for i, row in enumerate(plan.rows):
@@ -45,9 +44,7 @@ def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[
                 rec.next_draft_token_ids = next_drafts[i]
         if first_pass is not None:
             rec.drafter_input_ids = first_pass[lo: lo + kept[i]]
-            if samples and chain_rows is not None:
-                rec.drafter_input_ids += chain_rows[sampling.index(i)]
-        elif samples and k:
-            rec.drafter_input_ids = [tokens[i][-1]]
+        if samples and chain_rows is not None:
+            rec.drafter_input_ids += chain_rows[sampling.index(i)]
         records.append(rec)
     return records

@@ -1,8 +1,16 @@
 """The async runner: turns a host step plan into one program on the device timeline.
 
-The program stages the plan's writes, prepares inputs on the device, builds the (padded)
-metadata, runs the model, verifies greedily, commits on the device, drafts, and copies the
-sampled tokens back. The host gets a future and goes on scheduling the next step.
+``enqueue`` copies the plan's staged tables to the device and submits the step program; the host
+gets a future and goes on scheduling the next step. The program is six small stages:
+
+    stage    admissions, block-table growth and drafter tables land in the persistent state
+    prepare  input ids, positions and slot mappings on the device; padded attention/GDN metadata
+    run      the model (a FULL graph replay where the step allows one)
+    verify   greedy verification of the rows that reach their last token
+    commit   the device-authoritative state advances by what was kept
+    draft    the drafter proposes the next step's drafts into the device state
+
+then the sampled tokens are copied back (the one sync the host waits on).
 """
 
 from __future__ import annotations
@@ -13,51 +21,75 @@ import torch
 
 import kernels
 from kernels.input_prep import post_update, prepare_inputs
-from refengine.async_engine.drafting import DeviceDrafter, DraftInputs
 from refengine.async_engine.graphs import CudaGraphs, StepShape
+from refengine.async_engine.inputs import DrafterRows, TargetRows
 from refengine.async_engine.metadata import MetadataBuilder, StepTensors, pad_qsl, pad_rows
 from refengine.async_engine.stream import Event, HostBuffer, Stream
-from refengine.forward_context import AttnMetadata, ForwardContext
-
-# Columns of the per-row metadata the host stages for the target and for the drafter.
-META_IDX, META_Q, META_DECODE, META_HAS_INIT, META_SAMPLING, META_DRAFTS = range(6)
-DMETA_SAMPLING, DMETA_DRAFTS, DMETA_BACKUP = range(3)
+from refengine.drafters import DraftInputs
+from refengine.drafters.base import DraftOutputs
+from refengine.forward_context import AttnMetadata, ForwardContext, GDNMetadata
 
 
 @dataclass
 class Admission:
+    """Host-staged rows of newly admitted (or resumed) requests."""
+
     idx: torch.Tensor  # [n] int64 request slots
     token_rows: torch.Tensor  # [n, L] int64, committed tokens then -1
     num_tokens: torch.Tensor  # [n] int32
     num_prompt: torch.Tensor  # [n] int32
     slots: torch.Tensor  # [n, K+1] int32
-    truth: torch.Tensor | None = None  # [n, Lt] int64 (scripted drafter)
-    num_correct: torch.Tensor | None = None  # [n, Lt] int32 (scripted drafter)
+    drafter: object = None  # what the drafter's proposer staged for them (its own tables), or None
 
 
 @dataclass
 class StepPlan:
     index: int
-    rows: list  # ScheduledRow, in batch order
+    rows: list  # ScheduledRow, in batch order (decode rows first)
     shape: StepShape
     num_decode: int
     qsl: list[int]  # [N+1] host query_start_loc (query lengths are scheduling facts, not device state)
-    target_meta: HostBuffer  # [N, 6] int64
-    drafter_meta: HostBuffer  # [N, 3] int64
-    samples: list[bool]  # per row: reaches its last committed token (snapshot at scheduling time)
-    slots: list[list[int]]  # per row: the request's GDN slots s_0..s_K (snapshot)
-    host_num_computed: list[int]  # per row: the host's optimistic mirror; never an input (DESIGN §4.4)
-    host_num_accepted: list[int]  # per row: the host's stale mirror of accepted counts; never an input (§4.3)
+    target_rows: HostBuffer  # TargetRows table [N, F]
+    drafter_rows: HostBuffer  # DrafterRows table [N, F]
+    slots: list[list[int]]  # per row: the request's GDN slots s_0..s_K (snapshot, for records)
+    record: bool = False  # observers want this step's payload
     admission: Admission | None = None
     block_idx: torch.Tensor | None = None  # [m] int64 request slots whose block rows changed
     block_rows: torch.Tensor | None = None  # [m, B] int32
-    record: bool = False
+
+    @property
+    def sampling_rows(self) -> list[int]:
+        return [i for i, row in enumerate(self.rows) if row.samples]
+
+
+@dataclass
+class PreparedStep:
+    """The device tensors of one step (n real rows, T real tokens, Np/Tp padded)."""
+
+    qsl: torch.Tensor  # [n+1] int32, unpadded query_start_loc
+    input_ids: torch.Tensor  # [Tp] int64
+    positions: torch.Tensor  # [Tp] int64
+    seq_lens: torch.Tensor  # [Np] int32
+    slot_mapping: torch.Tensor  # [Tp] int64
+    attn: AttnMetadata  # padded per the step's graph shape
+    gdn: GDNMetadata  # padded per the step's graph shape
+    prev_drafts: torch.Tensor  # [n, K] int64, the drafts this step verifies
+    used_accepted: torch.Tensor  # [n] int32, accepted counts the GDN kernels were handed (1 for prefill rows)
+
+
+@dataclass
+class Verified:
+    sampling_rows: torch.Tensor  # [Ns] int64
+    cu: torch.Tensor  # [Ns+1] int64, logits rows of each sampling row
+    logits: torch.Tensor  # [M, V] float32
+    sampled: torch.Tensor  # [n, K+1] int64, valid tokens then -1
+    num_valid: torch.Tensor  # [n] int32, tokens kept per row (1 for rows that do not sample)
 
 
 @dataclass
 class StepFuture:
     plan: StepPlan
-    event: Event
+    event: Event | None
     sampled: torch.Tensor  # [N, K+1] host, valid tokens then -1
     num_valid: torch.Tensor  # [N] host
     payload: dict = field(default_factory=dict)  # observer data, filled on the device timeline
@@ -69,108 +101,144 @@ class StepFuture:
 
 
 class AsyncRunner:
-    def __init__(self, model, caches, state, stream: Stream, builder: MetadataBuilder, drafter: DeviceDrafter | None,
+    def __init__(self, model, caches, state, stream: Stream, builder: MetadataBuilder, proposer,
                  *, block_size: int, num_spec_tokens: int, gdn_prefill_chunked: bool):
         self.model = model
         self.caches = caches
         self.state = state
         self.stream = stream
         self.builder = builder
-        self.drafter = drafter
+        self.proposer = proposer  # the drafter's device proposer, or None without speculation
         self.block_size = block_size
         self.k = num_spec_tokens
         self.gdn_prefill_chunked = gdn_prefill_chunked
         self.device = stream.device
-        self.graphs = CudaGraphs()  # FULL-mode capture and replay (CUDA only)
-
-    def num_computed_source(self, plan: StepPlan) -> torch.Tensor:
-        """Where positions come from: the device's authoritative counts (DESIGN §4.4)."""
-        return self.state.num_computed
+        self.cuda_graphs = CudaGraphs()  # FULL-mode capture and replay (CUDA only)
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
-        n, dev = len(plan.rows), self.device
-        tmeta = torch.empty(n, 6, dtype=torch.int64, device=dev)
-        self.stream.copy(tmeta, plan.target_meta.tensor[:n, :6], host=plan.target_meta)
-        dmeta = torch.empty(n, 3, dtype=torch.int64, device=dev)
-        self.stream.copy(dmeta, plan.drafter_meta.tensor[:n, :3], host=plan.drafter_meta)
+        n = len(plan.rows)
+        target = self._upload(plan.target_rows, n)
+        drafter = self._upload(plan.drafter_rows, n)
         fut = StepFuture(plan, None, torch.full((n, self.k + 1), -1, dtype=torch.int64),
                          torch.ones(n, dtype=torch.int64))
-        self.stream.submit(lambda: self._program(plan, tmeta, dmeta, fut))
+        self.stream.submit(lambda: self._program(plan, TargetRows.view(target), DrafterRows.view(drafter), fut))
         fut.event = self.stream.record_event()
         return fut
 
-    def _program(self, plan: StepPlan, tmeta: torch.Tensor, dmeta: torch.Tensor, fut: StepFuture) -> None:
-        st, shape, dev = self.state, plan.shape, self.device
-        if plan.admission is not None:
-            a = plan.admission
-            st.admit(a.idx.to(dev), a.token_rows.to(dev), a.num_tokens.to(dev), a.num_prompt.to(dev),
-                     a.slots.to(dev), _to(a.truth, dev), _to(a.num_correct, dev))
-        if plan.block_idx is not None:
-            st.block_table[plan.block_idx.to(dev)] = plan.block_rows.to(dev)
+    def _upload(self, buf: HostBuffer, n: int) -> torch.Tensor:
+        cols = buf.tensor.shape[1]
+        dst = torch.empty(n, cols, dtype=torch.int64, device=self.device)
+        self.stream.copy(dst, buf.tensor[:n], host=buf)
+        return dst
 
-        n, num_tokens = shape.num_reqs, plan.qsl[-1]
-        idx, q = tmeta[:, META_IDX], tmeta[:, META_Q]
-        is_decode, is_sampling = tmeta[:, META_DECODE].bool(), tmeta[:, META_SAMPLING].bool()
-        num_draft = tmeta[:, META_DRAFTS]
+    def _program(self, plan: StepPlan, rows: TargetRows, drafter_rows: DrafterRows, fut: StepFuture) -> None:
+        self.stage(plan)
+        step = self.prepare(plan, rows, self.state.num_computed)
+        hidden = self.run(plan, step)
+        verified = self.verify(plan, rows, step, hidden)
+        self.commit(rows, verified)
+        drafts = self.draft(plan, rows, drafter_rows, step, hidden, verified)
+        fut.sampled.copy_(verified.sampled, non_blocking=True)
+        fut.num_valid.copy_(verified.num_valid, non_blocking=True)
+        if plan.record:
+            fut.payload.update(_payload(plan, step, verified, drafts),
+                               next_drafts=self.state.draft_tokens[rows.idx].cpu())
+
+    # ---- the stages ----------------------------------------------------------------------------------
+    def stage(self, plan: StepPlan) -> None:
+        dev, a = self.device, plan.admission
+        if a is not None:
+            idx = a.idx.to(dev)
+            self.state.admit(idx, a.token_rows.to(dev), a.num_tokens.to(dev), a.num_prompt.to(dev), a.slots.to(dev))
+            if self.proposer is not None:
+                self.proposer.admit(idx, a.drafter)
+        if plan.block_idx is not None:
+            self.state.block_table[plan.block_idx.to(dev)] = plan.block_rows.to(dev)
+
+    def prepare(self, plan: StepPlan, rows: TargetRows, num_computed: torch.Tensor) -> PreparedStep:
+        """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4)."""
+        st, shape, dev = self.state, plan.shape, self.device
+        n = shape.num_reqs
         qsl = torch.zeros(n + 1, dtype=torch.int32, device=dev)
-        qsl[1:] = q.cumsum(0)
+        qsl[1:] = rows.query_len.cumsum(0)
         rows_p = shape.num_reqs_padded
-        idx_p = pad_rows(idx.to(torch.int32), rows_p, -1)
+        idx_p = pad_rows(rows.idx.to(torch.int32), rows_p, -1)
         qsl_p = pad_qsl(qsl, rows_p)
-        is_decode_p = pad_rows(is_decode, rows_p, True)
+        is_decode_p = pad_rows(rows.is_decode.bool(), rows_p, True)
         input_ids, positions, seq_lens, slot_mapping = prepare_inputs(
-            idx_p, qsl_p, is_decode_p, self.num_computed_source(plan), st.last_sampled, st.draft_tokens, st.token_ids,
+            idx_p, qsl_p, is_decode_p, num_computed, st.last_sampled, st.draft_tokens, st.token_ids,
             st.block_table, self.block_size, shape.num_tokens_padded)
-        prev_drafts = st.draft_tokens[idx].clone()
-        tensors = StepTensors(idx_p, qsl_p, is_decode_p, pad_rows(tmeta[:, META_HAS_INIT].bool(), rows_p, False),
+        tensors = StepTensors(idx_p, qsl_p, is_decode_p, pad_rows(rows.has_initial_state.bool(), rows_p, False),
                               seq_lens, slot_mapping)
-        attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl, plan.host_num_accepted)
-        # The accepted counts the GDN kernels are handed (what decides the state offset each row reads).
+        attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl)
         used_accepted = torch.ones(n, dtype=torch.int32, device=dev)
         if gdn.decode is not None and gdn.decode.num_accepted_tokens is not None:
             used_accepted[: plan.num_decode] = gdn.decode.num_accepted_tokens[: plan.num_decode]
-        ctx = ForwardContext(attn=attn, gdn=gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
-                             gdn_prefill_chunked=self.gdn_prefill_chunked)
-        hidden = self.graphs.run(self.model, input_ids, positions, ctx, shape)
+        return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, gdn,
+                            st.draft_tokens[rows.idx].clone(), used_accepted)
 
-        # Greedy verification of the rows that reach their last committed token.
-        s_rows = _host_index([i for i in range(n) if plan.samples[i]], dev)  # no device->host read
-        counts = num_draft[s_rows] + 1
-        total = sum(1 + len(plan.rows[i].draft_token_ids) for i in range(n) if plan.samples[i])
+    def run(self, plan: StepPlan, step: PreparedStep) -> torch.Tensor:
+        ctx = ForwardContext(attn=step.attn, gdn=step.gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
+                             gdn_prefill_chunked=self.gdn_prefill_chunked)
+        return self.cuda_graphs.run(self.model, step.input_ids, step.positions, ctx, plan.shape)
+
+    def verify(self, plan: StepPlan, rows: TargetRows, step: PreparedStep, hidden: torch.Tensor) -> Verified:
+        """Greedy verification; index arithmetic from host facts, so nothing is read back."""
+        n, dev = plan.shape.num_reqs, self.device
+        sampling = plan.sampling_rows
+        s_rows = _host_index(sampling, dev)
+        counts = rows.num_drafts[s_rows] + 1
+        total = sum(1 + len(plan.rows[i].draft_token_ids) for i in sampling)
         cu = torch.zeros(s_rows.numel() + 1, dtype=torch.int64, device=dev)
         cu[1:] = counts.cumsum(0)
-        starts = qsl[s_rows + 1].long() - counts
+        starts = step.qsl[s_rows + 1].long() - counts  # each sampling row's last committed token
         offsets = torch.arange(total, device=dev) - torch.repeat_interleave(cu[:-1], counts, output_size=total)
         logit_idx = torch.repeat_interleave(starts, counts, output_size=total) + offsets
         logits = self.model.compute_logits(hidden[logit_idx])
-        tokens, num_valid = kernels.greedy_verify(logits, prev_drafts[s_rows], num_draft[s_rows].to(torch.int32),
-                                                  cu.to(torch.int32))
+        tokens, num_valid = kernels.greedy_verify(logits, step.prev_drafts[s_rows],
+                                                  rows.num_drafts[s_rows].to(torch.int32), cu.to(torch.int32))
         sampled = torch.full((n, self.k + 1), -1, dtype=torch.int64, device=dev)
         sampled[s_rows] = tokens
         valid = torch.ones(n, dtype=torch.int32, device=dev)
         valid[s_rows] = num_valid
-        post_update(idx.to(torch.int32), q.to(torch.int32), num_draft.to(torch.int32), is_sampling, sampled, valid,
-                    st.num_computed, st.num_valid, st.last_sampled, st.token_ids, st.num_tokens)
+        return Verified(s_rows, cu, logits, sampled, valid)
 
-        draft_ids = chain_ids = None
-        if self.drafter is not None:
-            kept = q - torch.where(is_sampling, num_draft - (valid.long() - 1), torch.zeros_like(q))
-            d_attn = AttnMetadata(qsl, seq_lens[:n], attn.block_table[:n], slot_mapping[:num_tokens])
-            draft_ids, chain_ids = self.drafter.propose(DraftInputs(
-                idx=idx, query_start_loc=qsl, is_sampling=dmeta[:, DMETA_SAMPLING].bool(), sampling_rows=s_rows,
-                backup_token=dmeta[:, DMETA_BACKUP], kept=kept, input_ids=input_ids[:num_tokens],
-                positions=positions[:num_tokens], hidden=hidden[:num_tokens], attn=d_attn))
+    def commit(self, rows: TargetRows, v: Verified) -> None:
+        st = self.state
+        post_update(rows.idx.to(torch.int32), rows.query_len.to(torch.int32), rows.num_drafts.to(torch.int32),
+                    rows.is_sampling.bool(), v.sampled, v.num_valid, st.num_computed, st.num_valid, st.last_sampled,
+                    st.token_ids, st.num_tokens)
 
-        fut.sampled.copy_(sampled, non_blocking=True)
-        fut.num_valid.copy_(valid, non_blocking=True)
-        if plan.record:
-            fut.payload.update(
-                input_ids=input_ids[:num_tokens].cpu(), positions=positions[:num_tokens].cpu(),
-                used_accepted=used_accepted.cpu(), prev_drafts=prev_drafts.cpu(), logits=logits.cpu(), cu=cu.cpu(),
-                sampling_rows=s_rows.cpu(), kept=(q if draft_ids is None else kept).cpu(),
-                draft_ids=None if draft_ids is None else draft_ids.cpu(),
-                chain_ids=None if chain_ids is None else chain_ids.cpu(),
-                next_drafts=st.draft_tokens[idx].cpu(), gdn_shapes=gdn.shapes())
+    def draft(self, plan: StepPlan, rows: TargetRows, drafter_rows: DrafterRows, step: PreparedStep,
+              hidden: torch.Tensor, v: Verified) -> tuple[torch.Tensor, DraftOutputs | None]:
+        """Returns the kept positions per row [n] and what the proposer reports (None without one)."""
+        q, num_tokens = rows.query_len, plan.qsl[-1]
+        if self.proposer is None:
+            return q, None
+        sampling = drafter_rows.is_sampling.bool()
+        rejected = drafter_rows.num_drafts - (v.num_valid.long() - 1)
+        kept = q - torch.where(sampling, rejected, torch.zeros_like(q))
+        n = plan.shape.num_reqs
+        attn = AttnMetadata(step.qsl, step.seq_lens[:n], step.attn.block_table[:n], step.slot_mapping[:num_tokens])
+        out = self.proposer.propose(DraftInputs(
+            idx=rows.idx, query_start_loc=step.qsl, is_sampling=sampling, sampling_rows=v.sampling_rows,
+            backup_token=drafter_rows.backup_token, kept=kept, input_ids=step.input_ids[:num_tokens],
+            positions=step.positions[:num_tokens], hidden=hidden[:num_tokens], attn=attn))
+        return kept, out
+
+
+def _payload(plan: StepPlan, step: PreparedStep, v: Verified, drafts) -> dict:
+    """What the step records need, copied to the host (only when observers are attached)."""
+    t = plan.qsl[-1]
+    kept, out = drafts
+    payload = {"input_ids": step.input_ids[:t].cpu(), "positions": step.positions[:t].cpu(),
+               "used_accepted": step.used_accepted.cpu(), "prev_drafts": step.prev_drafts.cpu(),
+               "logits": v.logits.cpu(), "cu": v.cu.cpu(), "sampling_rows": v.sampling_rows.cpu(),
+               "kept": kept.cpu(), "first_pass_ids": None, "chain_ids": None, "gdn_shapes": step.gdn.shapes()}
+    if out is not None:
+        payload["first_pass_ids"] = None if out.first_pass_ids is None else out.first_pass_ids.cpu()
+        payload["chain_ids"] = out.chain_ids.cpu()
+    return payload
 
 
 def _host_index(values: list[int], dev: torch.device) -> torch.Tensor:
@@ -179,7 +247,3 @@ def _host_index(values: list[int], dev: torch.device) -> torch.Tensor:
     if dev.type == "cuda":
         return t.pin_memory().to(dev, non_blocking=True)
     return t
-
-
-def _to(x, dev):
-    return None if x is None else x.to(dev)

@@ -25,10 +25,14 @@ class RequestSlots:
     def free(self, idx: int) -> None:
         self._free.append(idx)
 
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
 
 class DeviceState:
     def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_spec_tokens: int,
-                 device: torch.device, truth_len: int = 0):
+                 device: torch.device):
         i32 = {"dtype": torch.int32, "device": device}
         i64 = {"dtype": torch.int64, "device": device}
         self.num_computed = torch.zeros(num_slots, **i32)  # [R] committed tokens whose KV/state is written
@@ -40,12 +44,9 @@ class DeviceState:
         self.token_ids = torch.full((num_slots, max_len), -1, **i64)  # [R, L] committed tokens, -1 beyond
         self.block_table = torch.zeros(num_slots, max_blocks, **i32)  # [R, B] KV block ids
         self.state_slots = torch.zeros(num_slots, 1 + num_spec_tokens, **i32)  # [R, K+1] GDN slots s_0..s_K
-        self.truth = torch.zeros(num_slots, max(truth_len, 1), **i64)  # [R, Lt] scripted continuation
-        self.num_correct = torch.zeros(num_slots, max(truth_len, 1), **i32)  # [R, Lt] scripted correct drafts
 
     def admit(self, idx: torch.Tensor, token_rows: torch.Tensor, num_tokens: torch.Tensor, num_prompt: torch.Tensor,
-              slots: torch.Tensor, truth: torch.Tensor | None,
-              num_correct: torch.Tensor | None) -> None:
+              slots: torch.Tensor) -> None:
         """Reset the rows of newly admitted (or resumed) requests; runs on the device timeline."""
         idx = idx.long()
         self.num_computed[idx] = 0
@@ -54,6 +55,3 @@ class DeviceState:
         self.num_valid[idx] = 1
         self.token_ids[idx] = token_rows
         self.state_slots[idx] = slots
-        if truth is not None:
-            self.truth[idx] = truth
-            self.num_correct[idx] = num_correct

@@ -9,7 +9,7 @@ import torch
 
 from refengine import LLM, SamplingParams
 from refengine.async_engine.stream import HazardError
-from refengine.drafter import ScriptedDrafter
+from refengine.drafters import ScriptedDrafter
 from tests.helpers.checkpoints import write_checkpoint
 
 GRAPH_MODES = ["none", "piecewise", "full", "full_and_piecewise"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from refengine import LLM, SamplingParams
-from refengine.engine import EngineError
+from refengine.core import EngineError
 from refengine.model import CheckpointError
 
 ENGINES = ["reference", "async"]
@@ -88,7 +88,7 @@ def test_generate_refuses_the_whole_call_and_changes_nothing(expected):
     ({"num_speculative_tokens": 3, "max_num_batched_tokens": 3}, "max_num_batched_tokens \\(3\\) must be >= 1"),
     ({"num_kv_blocks": 2}, "num_kv_blocks \\(2\\) cannot hold one request"),
     ({"num_speculative_tokens": -1}, "num_speculative_tokens must be >= 0"),
-    ({"drafter": "oracle", "num_speculative_tokens": 1}, "drafter must be 'mtp', 'scripted'"),
+    ({"drafter": "oracle", "num_speculative_tokens": 1}, "drafter must be one of \\('mtp', 'scripted'\\)"),
     ({"dtype": "float64"}, "dtype must be one of"),
 ])
 def test_impossible_configs_name_the_field(kwargs, message):
@@ -144,4 +144,4 @@ def test_thousands_of_requests_leak_nothing(engine):
         finished += len(llm.step())
     assert finished == 2000
     assert llm.engine.pools_empty()
-    assert llm.engine.scheduler.kv_pool.num_free == 96
+    assert llm.engine.core.scheduler.kv_pool.num_free == 96

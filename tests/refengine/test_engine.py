@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from refengine import LLM, SamplingParams
-from refengine.drafter import ScriptedDrafter
+from refengine.drafters import ScriptedDrafter
 from tests.helpers.checkpoints import load_hf_model, write_checkpoint
 from tests.helpers.oracle import hf_generate, hf_greedy_loop
 
@@ -120,7 +120,7 @@ def test_dirty_recycled_slots(checkpoints, k):
     llm = LLM(model=ckpt, num_speculative_tokens=k, max_num_seqs=4)
     llm.generate(prompts_of([30, 25, 40, 12], 256, seed=2), SamplingParams(max_tokens=20, ignore_eos=True))
     records = []
-    llm.engine.observers.append(records.append)
+    llm.engine.core.observers.append(records.append)
     reused = [o.token_ids for o in llm.generate(short, SamplingParams(max_tokens=12, ignore_eos=True))]
     assert reused == fresh
     firsts = [r for rec in records for r in rec.rows if r.num_computed_tokens == 0]

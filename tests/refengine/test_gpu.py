@@ -20,7 +20,7 @@ def test_async_on_cuda_equals_reference_on_cuda(k, graph_mode):
     assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
     assert {r: o.acceptance for r, o in got.items()} == {r: o.acceptance for r, o in ref.items()}
     if graph_mode != "none":
-        assert llm.engine.runner.graphs._entries, "no CUDA graph was captured"
+        assert llm.engine.runner.cuda_graphs._entries, "no CUDA graph was captured"
 
 
 def test_cuda_engine_matches_cpu_engine_tokens():

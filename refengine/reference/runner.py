@@ -7,16 +7,15 @@ committed the step's tokens) proposes the next drafts. What it does defines corr
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import torch
 
 import kernels
 from refengine.cache import ModelCaches
-from refengine.drafter import ScriptedDrafter
+from refengine.drafters import Drafter, HostDraftContext
 from refengine.forward_context import AttnMetadata, ForwardContext, GDNGroup, GDNMetadata
-from refengine.outputs import RowRecord
+from refengine.outputs import RowRecord, logits_digest
 from refengine.scheduler import ScheduledRow, SchedulerOutput
 
 
@@ -62,15 +61,16 @@ class _GroupBuilder:
 
 
 class ReferenceRunner:
-    def __init__(self, model, caches: ModelCaches, *, block_size: int, num_spec_tokens: int, drafter,
-                 gdn_prefill_chunked: bool, device):
+    def __init__(self, model, caches: ModelCaches, *, block_size: int, num_spec_tokens: int,
+                 drafter: Drafter | None, gdn_prefill_chunked: bool, device):
         self.model = model
         self.caches = caches
         self.block_size = block_size
         self.k = num_spec_tokens
-        self.drafter = drafter  # "mtp", a ScriptedDrafter, or None when K == 0
         self.gdn_prefill_chunked = gdn_prefill_chunked
         self.device = torch.device(device)
+        self.proposer = None if drafter is None else drafter.host_proposer(
+            HostDraftContext(model, caches, self.device, num_spec_tokens, self._attn_metadata))
 
     # ---- step inputs ------------------------------------------------------------------------
     def _slot(self, block_ids: list[int], pos: int) -> int:
@@ -176,67 +176,5 @@ class ReferenceRunner:
     # ---- drafting (after the engine committed the step) -----------------------------------------
     def propose(self, sched: SchedulerOutput, result: StepResult) -> None:
         """Set ``draft_token_ids`` of every row that sampled and is still running."""
-        if self.k == 0:
-            return
-        if isinstance(self.drafter, ScriptedDrafter):
-            for row, rec, v in zip(sched.rows, result.records, result.valid_tokens):
-                if v is not None and not row.request.is_finished:
-                    rec.drafter_input_ids = [row.request.all_token_ids[-1]]
-                    row.request.draft_token_ids = self.drafter.propose(row.request)
-                    rec.next_draft_token_ids = list(row.request.draft_token_ids)
-            return
-        self._propose_mtp(sched, result)
-
-    def _propose_mtp(self, sched: SchedulerOutput, result: StepResult) -> None:
-        """MTP: pair token p+1 with the target hidden at p for every kept position, then chain.
-
-        Every row of the step runs the first pass, partial prefills included, so the MTP layer's
-        KV cache covers every committed position; only rows that sampled get drafts.
-        """
-        model, dev = self.model, self.device
-        ids, hid_rows, attn_rows, owners = [], [], [], []
-        for i, row in enumerate(sched.rows):
-            req = row.request
-            if req.is_finished:
-                continue
-            nc = result.num_computed_before[i]
-            kept = req.num_computed_tokens - nc  # positions nc .. nc+kept-1 are now committed
-            nxt = req.all_token_ids[nc + 1: nc + kept + 1]  # the token after each kept position
-            ids += nxt
-            hid_rows += range(result.query_start[i], result.query_start[i] + kept)
-            attn_rows.append((req.block_ids, list(range(nc, nc + kept)), nc + kept))
-            result.records[i].drafter_input_ids = list(nxt)
-            owners.append(i)
-        if not owners:
-            return
-        mtp_hidden = model.mtp(torch.tensor(ids, dtype=torch.int64, device=dev), result.hidden[hid_rows],
-                               torch.tensor([p for _, pos, _ in attn_rows for p in pos], dtype=torch.int64,
-                                            device=dev),
-                               self._attn_metadata(attn_rows), self.caches.kv["mtp"])
-        ends = torch.tensor([len(pos) for _, pos, _ in attn_rows], device=dev).cumsum(0) - 1
-        sampling = [j for j, i in enumerate(owners) if result.valid_tokens[i] is not None]
-        if not sampling:
-            return
-        hidden = mtp_hidden[ends[sampling]]
-        drafts = [model.compute_logits(hidden).argmax(dim=-1)]
-        reqs = [sched.rows[owners[j]].request for j in sampling]
-        for step in range(1, self.k):
-            prev = drafts[-1]
-            rows = []
-            for r in reqs:
-                pos = r.num_computed_tokens + step - 1  # MTP row p pairs token p+1 with hidden p
-                rows.append((r.block_ids, [pos], pos + 1))
-            positions = torch.tensor([p[0] for _, p, _ in rows], dtype=torch.int64, device=dev)
-            hidden = model.mtp(prev, hidden, positions, self._attn_metadata(rows), self.caches.kv["mtp"])
-            drafts.append(model.compute_logits(hidden).argmax(dim=-1))
-            for j, token in zip(sampling, prev.tolist()):
-                result.records[owners[j]].drafter_input_ids.append(token)
-        table = torch.stack(drafts, dim=1).tolist()
-        for j, r, d in zip(sampling, reqs, table):
-            r.draft_token_ids = d
-            result.records[owners[j]].next_draft_token_ids = list(d)
-
-
-def logits_digest(logits: torch.Tensor) -> str:
-    """A short hash of a row's logits bytes: equal digests mean bitwise-equal logits."""
-    return hashlib.blake2b(logits.detach().cpu().contiguous().numpy().tobytes(), digest_size=8).hexdigest()
+        if self.proposer is not None:
+            self.proposer.propose(sched.rows, result)

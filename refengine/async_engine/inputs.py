@@ -1,0 +1,54 @@
+"""What the host stages for one async step: named per-row columns, copied in one transfer each.
+
+The host knows a step's scheduling facts (which request slot a row serves, how many tokens it
+runs, whether it samples); the device knows everything else. Each record below is a table of
+int64 columns ``[N, F]`` in a ``HostBuffer``; after the copy the device reads it back through the
+record's named views, never through column numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+class RowTable:
+    """Base of a staged record: every dataclass field is one int64 column of an ``[N, F]`` table."""
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def pack(cls, rows: list[dict[str, int]]) -> list[list[int]]:
+        """Host rows (one dict per row, keyed by field) as table rows."""
+        cols = cls.columns()
+        return [[int(row[c]) for c in cols] for row in rows]
+
+    @classmethod
+    def view(cls, table: torch.Tensor):
+        """The record whose fields are the columns of ``table`` [N, F] (views, no copies)."""
+        assert table.dim() == 2 and table.shape[1] == len(cls.columns()), f"{cls.__name__}: table must be [N, F]"
+        return cls(*table.unbind(1))
+
+
+@dataclass
+class TargetRows(RowTable):
+    """Per-row facts the target model's step needs (N rows, decode rows first)."""
+
+    idx: torch.Tensor  # [N] request slot
+    query_len: torch.Tensor  # [N] tokens the row runs (committed tail, then drafts)
+    is_decode: torch.Tensor  # [N] 1: the request is past its prompt (DESIGN contract 2), else 0
+    has_initial_state: torch.Tensor  # [N] 1: the request has computed tokens, so its state is live
+    is_sampling: torch.Tensor  # [N] 1: the row reaches the request's last token and picks tokens
+    num_drafts: torch.Tensor  # [N] drafts at the row's tail (0 for prefill rows)
+
+
+@dataclass
+class DrafterRows(RowTable):
+    """Per-row facts the drafter needs beyond the device state."""
+
+    is_sampling: torch.Tensor  # [N] 1: the row picked tokens this step
+    num_drafts: torch.Tensor  # [N] drafts verified in this step
+    backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1

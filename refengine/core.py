@@ -1,0 +1,135 @@
+"""The engine core both engines are built on, by composition.
+
+It owns what does not depend on how a step runs: the live requests, validation of new ones,
+add and abort, the scheduler and its pools, stop rules, acceptance counters, the public outputs,
+observers, and pool occupancy. An engine (reference or async) holds one ``EngineCore`` and adds
+its own step: schedule -> run -> commit through the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from refengine.config import EngineConfig
+from refengine.outputs import RequestOutput, StepRecord
+from refengine.request import Request
+from refengine.sampling_params import SamplingParams
+from refengine.scheduler import Scheduler
+
+
+class EngineError(ValueError):
+    """Bad input to the engine (the request is refused; everything else keeps running)."""
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """How full an engine's pools are (used / free), and its request counts."""
+
+    kv_blocks_used: int
+    kv_blocks_free: int
+    state_slots_used: int
+    state_slots_free: int
+    request_slots_used: int  # rows of persistent per-request state (async engine; 0 for the reference)
+    request_slots_free: int
+    waiting: int
+    running: int
+
+    @property
+    def empty(self) -> bool:
+        return not (self.kv_blocks_used or self.state_slots_used or self.request_slots_used
+                    or self.waiting or self.running)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model_config, tokenizer=None, *,
+                 request_type: type[Request] = Request, **scheduler_hooks):
+        """``scheduler_hooks``: what the engine's scheduling differs in (see ``Scheduler``)."""
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.request_type = request_type
+        self.scheduler = Scheduler(config, **scheduler_hooks)
+        self.requests: dict[str, Request] = {}  # live (unfinished) requests
+        self.observers: list[Callable[[StepRecord], None]] = []
+        self._arrivals = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+    def validate(self, request_id: str, prompt_token_ids, params: SamplingParams) -> list[int]:
+        if not isinstance(params, SamplingParams):
+            raise EngineError(f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}")
+        if request_id in self.requests:
+            raise EngineError(f"request id {request_id!r} is already in use by a live request")
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise EngineError(f"request {request_id!r}: the prompt is empty")
+        vocab = self.model_config.vocab_size
+        for pos, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise EngineError(f"request {request_id!r}: prompt token {t!r} at index {pos} is not an id in "
+                                  f"[0, {vocab})")
+        max_len = self.config.scheduler.max_model_len
+        if len(ids) >= max_len:
+            raise EngineError(f"request {request_id!r}: prompt of {len(ids)} tokens leaves no room under "
+                              f"max_model_len={max_len}")
+        return ids
+
+    def add_request(self, request_id: str, prompt_token_ids, params: SamplingParams) -> Request:
+        ids = self.validate(request_id, prompt_token_ids, params)
+        req = self.request_type(request_id, ids, params, self._arrivals)
+        self._arrivals += 1
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, request_id: str) -> RequestOutput:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise EngineError(f"abort: no live request with id {request_id!r}")
+        self.scheduler.finish(req, "abort")
+        del self.requests[request_id]
+        return self.output(req)
+
+    # ---- committing a step's tokens ------------------------------------------------------------
+    def append(self, req: Request, tokens: list[int]) -> bool:
+        """Commit ``tokens`` to ``req`` one at a time until a stop condition; True if it finished."""
+        for token in tokens:
+            req.output_token_ids.append(token)
+            reason = self.stop_reason(req, token)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                del self.requests[req.request_id]
+                return True
+        return False
+
+    def stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids):
+            return "stop"
+        confirmed = len(req.prompt_token_ids) + len(req.output_token_ids)
+        if len(req.output_token_ids) >= p.max_tokens or confirmed >= self.config.scheduler.max_model_len:
+            return "length"
+        return None
+
+    @staticmethod
+    def count_acceptance(req: Request, drafted: int, accepted: int) -> None:
+        req.num_verify_steps += 1
+        req.num_draft_tokens += drafted
+        req.num_accepted_tokens += accepted
+        req.acceptance.append((drafted, accepted))
+
+    # ---- what the outside sees --------------------------------------------------------------------
+    def notify(self, record: StepRecord) -> None:
+        for fn in self.observers:
+            fn(record)
+
+    def output(self, req: Request) -> RequestOutput:
+        text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else None
+        return RequestOutput(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
+                             req.finish_reason, req.num_draft_tokens, req.num_accepted_tokens,
+                             list(req.acceptance), req.num_preemptions, text)
+
+    def occupancy(self, request_slots_used: int = 0, request_slots_free: int = 0) -> Occupancy:
+        s = self.scheduler
+        return Occupancy(s.kv_pool.num_used, s.kv_pool.num_free, s.slot_pool.num_used, s.slot_pool.num_free,
+                         request_slots_used, request_slots_free, len(s.waiting), len(s.running))

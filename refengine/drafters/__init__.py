@@ -1,0 +1,44 @@
+"""Drafters: one module per method, registered by name.
+
+``make_drafter`` turns the speculative configuration into a ``Drafter`` (or None without
+speculation). To add a method (EAGLE, n-gram, ...), write its module with a class following
+``refengine.drafters.base.Drafter`` and register its constructor here.
+"""
+
+from __future__ import annotations
+
+from refengine.drafters.base import (
+    DeviceDraftContext,
+    Drafter,
+    DrafterInputError,
+    DraftInputs,
+    HostDraftContext,
+)
+from refengine.drafters.mtp import MTPDrafter
+from refengine.drafters.scripted import PATTERNS, ScriptedDrafter
+
+# name -> constructor taking (num_spec_tokens, vocab_size)
+DRAFTERS = {
+    "mtp": lambda k, vocab: MTPDrafter(k),
+    "scripted": lambda k, vocab: ScriptedDrafter(k, vocab),
+}
+
+
+def make_drafter(spec, vocab_size: int) -> Drafter | None:
+    """The configured drafter: a registered name or an instance; None when speculation is off."""
+    if not spec.enabled:
+        return None
+    if isinstance(spec.drafter, str):
+        if spec.drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter {spec.drafter!r}; registered: {', '.join(DRAFTERS)}")
+        return DRAFTERS[spec.drafter](spec.num_speculative_tokens, vocab_size)
+    drafter = spec.drafter
+    if getattr(drafter, "num_spec_tokens", None) != spec.num_speculative_tokens:
+        raise ValueError(f"drafter {getattr(drafter, 'method', drafter)!r} proposes "
+                         f"{getattr(drafter, 'num_spec_tokens', '?')} tokens but num_speculative_tokens is "
+                         f"{spec.num_speculative_tokens}")
+    return drafter
+
+
+__all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "Drafter", "DrafterInputError",
+           "HostDraftContext", "MTPDrafter", "ScriptedDrafter", "make_drafter"]

@@ -1,0 +1,119 @@
+"""What a drafter is, for both engines.
+
+A ``Drafter`` is the method's configuration (how many tokens it proposes, what it needs from the
+model and the caches). Each engine asks it for a proposer of its own kind:
+
+- ``host_proposer``: the reference engine's. After the engine committed a step, it sets the next
+  ``draft_token_ids`` of every request that sampled, reading plain request state.
+- ``device_proposer``: the async engine's. It runs on the device timeline right after
+  verification, from device-authoritative state only, and writes the next drafts into
+  ``state.draft_tokens``. Tables it needs per request (the scripted drafter's truth, say) are its
+  own: staged on the host when a request is admitted (``stage``), written on the device (``admit``).
+
+Both proposers see committed tokens only (DESIGN contract 5: never a placeholder, never -1).
+To add a method: one module in this package with its ``Drafter`` class, and one line in
+``refengine.drafters.DRAFTERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from refengine.forward_context import AttnMetadata
+
+
+class DrafterInputError(ValueError):
+    """An id outside the vocabulary was about to reach the drafter (DESIGN contract 5)."""
+
+
+@dataclass
+class HostDraftContext:
+    """What a host proposer may use: the reference runner's model, caches and metadata builder."""
+
+    model: Any
+    caches: Any  # ModelCaches
+    device: torch.device
+    num_spec_tokens: int
+    attn_metadata: Callable[[list[tuple[list[int], list[int], int]]], AttnMetadata]  # (blocks, positions, seq_len)
+
+
+@dataclass
+class DeviceDraftContext:
+    """What a device proposer may use: the async engine's model, caches and persistent state."""
+
+    model: Any
+    caches: Any  # ModelCaches
+    state: Any  # DeviceState: num_computed, num_tokens, token_ids, last_sampled, block_table, draft_tokens
+    num_spec_tokens: int
+    block_size: int
+    vocab_size: int
+    device: torch.device
+    check_inputs: bool = False  # debug mode: read ids back and refuse bad ones (a device sync)
+
+
+@dataclass
+class DraftInputs:
+    """One async step as the device proposer sees it (N real rows, T real tokens)."""
+
+    idx: torch.Tensor  # [N] int64 request slots
+    query_start_loc: torch.Tensor  # [N+1] int32
+    is_sampling: torch.Tensor  # [N] bool, rows whose logits picked tokens this step
+    sampling_rows: torch.Tensor  # [Ns] int64, the indices of those rows
+    backup_token: torch.Tensor  # [N] int64, the prompt token after a prompt chunk (host-staged), else -1
+    kept: torch.Tensor  # [N] int64, positions of the row now committed
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    hidden: torch.Tensor  # [T, H] target hidden states (post final norm)
+    attn: AttnMetadata  # the target's metadata, unpadded
+
+
+@dataclass
+class DraftOutputs:
+    """What a device proposer reports for observers (the drafts themselves are in ``state.draft_tokens``)."""
+
+    first_pass_ids: torch.Tensor | None  # [T] ids fed with the target's hidden states, or None
+    chain_ids: torch.Tensor  # [Ns, c] ids fed to the chained steps of each sampling row
+
+
+class HostProposer(Protocol):
+    def propose(self, rows: list, result: Any) -> None:
+        """Set ``draft_token_ids`` (and the rows' drafter records) after the engine committed a step."""
+
+
+class DeviceProposer(Protocol):
+    def stage(self, admitted: list) -> Any:
+        """Host side, at scheduling: per-request tables for newly admitted requests (or None)."""
+
+    def admit(self, idx: torch.Tensor, staged: Any) -> None:
+        """Device timeline: write what ``stage`` prepared into the proposer's own tables."""
+
+    def propose(self, d: DraftInputs) -> DraftOutputs:
+        """Device timeline: drafts for the sampling rows into ``state.draft_tokens``."""
+
+
+class Drafter(Protocol):
+    method: str  # the name it is registered under
+    num_spec_tokens: int  # K
+    uses_kv_cache: bool  # needs a KV cache of its own (ModelCaches key "mtp")
+
+    def check_model(self, model) -> None:
+        """Raise ValueError naming the problem when ``model`` cannot serve this drafter."""
+
+    def host_proposer(self, ctx: HostDraftContext) -> HostProposer: ...
+
+    def device_proposer(self, ctx: DeviceDraftContext) -> DeviceProposer: ...
+
+
+def check_vocab_ids(ids: torch.Tensor, d: DraftInputs, vocab_size: int) -> None:
+    """Refuse ids outside the vocabulary before they reach a drafter, naming slot and position."""
+    bad = torch.nonzero((ids < 0) | (ids >= vocab_size)).flatten().tolist()
+    if bad:
+        t = bad[0]
+        row = int(torch.searchsorted(d.query_start_loc[1:], torch.tensor(t, device=ids.device), right=True))
+        raise DrafterInputError(
+            f"drafter input id {int(ids[t])} (outside [0, {vocab_size})) for request slot "
+            f"{int(d.idx[row])} at position {int(d.positions[t])}; {len(bad)} bad id(s) in this step")

@@ -1,0 +1,148 @@
+"""MTP drafting: the model's multi-token-prediction head proposes K tokens.
+
+First pass: every kept position p of a step pairs the target's hidden state at p with the
+committed token at p+1 (so the MTP layer's KV cache covers every committed position); the last
+kept position of a sampling row takes the token just sampled, that of a prompt chunk the next
+prompt token. Then K-1 chained single-token steps, each feeding the previous draft and the
+previous MTP hidden state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from refengine.drafters.base import (
+    DeviceDraftContext,
+    DraftInputs,
+    DraftOutputs,
+    HostDraftContext,
+    check_vocab_ids,
+)
+from refengine.forward_context import AttnMetadata
+from refengine.model import MTP_CACHE_KEY
+
+
+@dataclass
+class MTPDrafter:
+    num_spec_tokens: int
+    method: str = "mtp"
+    uses_kv_cache: bool = True
+
+    def check_model(self, model) -> None:
+        if getattr(model, "mtp", None) is None:
+            raise ValueError("drafter='mtp' needs a checkpoint with mtp.* weights; this one has none "
+                             "(use num_speculative_tokens=0 or drafter='scripted')")
+
+    def host_proposer(self, ctx: HostDraftContext) -> MTPHostProposer:
+        return MTPHostProposer(ctx)
+
+    def device_proposer(self, ctx: DeviceDraftContext) -> MTPDeviceProposer:
+        return MTPDeviceProposer(ctx)
+
+
+class MTPHostProposer:
+    """The reference engine's MTP drafting, with plain loops over request state."""
+
+    def __init__(self, ctx: HostDraftContext):
+        self.ctx = ctx
+
+    def propose(self, rows: list, result) -> None:
+        ctx, model = self.ctx, self.ctx.model
+        dev, kv = ctx.device, ctx.caches.kv[MTP_CACHE_KEY]
+        ids, hid_rows, attn_rows, owners = [], [], [], []
+        for i, row in enumerate(rows):
+            req = row.request
+            if req.is_finished:
+                continue
+            nc = result.num_computed_before[i]
+            kept = req.num_computed_tokens - nc  # positions nc .. nc+kept-1 are now committed
+            nxt = req.all_token_ids[nc + 1: nc + kept + 1]  # the token after each kept position
+            ids += nxt
+            hid_rows += range(result.query_start[i], result.query_start[i] + kept)
+            attn_rows.append((req.block_ids, list(range(nc, nc + kept)), nc + kept))
+            result.records[i].drafter_input_ids = list(nxt)
+            owners.append(i)
+        if not owners:
+            return
+        positions = torch.tensor([p for _, pos, _ in attn_rows for p in pos], dtype=torch.int64, device=dev)
+        mtp_hidden = model.mtp(torch.tensor(ids, dtype=torch.int64, device=dev), result.hidden[hid_rows],
+                               positions, ctx.attn_metadata(attn_rows), kv)
+        ends = torch.tensor([len(pos) for _, pos, _ in attn_rows], device=dev).cumsum(0) - 1
+        sampling = [j for j, i in enumerate(owners) if result.valid_tokens[i] is not None]
+        if not sampling:
+            return
+        hidden = mtp_hidden[ends[sampling]]
+        drafts = [model.compute_logits(hidden).argmax(dim=-1)]
+        reqs = [rows[owners[j]].request for j in sampling]
+        for step in range(1, ctx.num_spec_tokens):
+            prev = drafts[-1]
+            chain = []
+            for r in reqs:
+                pos = r.num_computed_tokens + step - 1  # MTP row p pairs token p+1 with hidden p
+                chain.append((r.block_ids, [pos], pos + 1))
+            positions = torch.tensor([p[0] for _, p, _ in chain], dtype=torch.int64, device=dev)
+            hidden = model.mtp(prev, hidden, positions, ctx.attn_metadata(chain), kv)
+            drafts.append(model.compute_logits(hidden).argmax(dim=-1))
+            for j, token in zip(sampling, prev.tolist()):
+                result.records[owners[j]].drafter_input_ids.append(token)
+        table = torch.stack(drafts, dim=1).tolist()
+        for j, r, d in zip(sampling, reqs, table):
+            r.draft_token_ids = d
+            result.records[owners[j]].next_draft_token_ids = list(d)
+
+
+class MTPDeviceProposer:
+    """The async engine's MTP drafting, on the device, from committed tokens only."""
+
+    def __init__(self, ctx: DeviceDraftContext):
+        self.ctx = ctx
+
+    def stage(self, admitted: list) -> None:
+        return None
+
+    def admit(self, idx: torch.Tensor, staged) -> None:
+        return None
+
+    def next_token_ids(self, d: DraftInputs) -> torch.Tensor:
+        """[T] the committed token after each position (filler ids past the kept positions)."""
+        st = self.ctx.state
+        n = d.idx.shape[0]
+        q = (d.query_start_loc[1:] - d.query_start_loc[:-1]).long()
+        row = torch.repeat_interleave(torch.arange(n, device=d.idx.device), q, output_size=d.input_ids.shape[0])
+        r = d.idx[row]
+        nxt_pos = d.positions + 1
+        committed = nxt_pos < st.num_tokens[r].long()
+        nxt = torch.where(committed, st.token_ids[r, nxt_pos.clamp(max=st.token_ids.shape[1] - 1)], d.input_ids)
+        last = d.query_start_loc[:-1].long() + d.kept - 1  # [N] last kept token of each row
+        nxt[last] = torch.where(d.is_sampling, st.last_sampled[d.idx], d.backup_token)
+        return nxt
+
+    def propose(self, d: DraftInputs) -> DraftOutputs:
+        ctx, model, st = self.ctx, self.ctx.model, self.ctx.state
+        k, kv = ctx.num_spec_tokens, ctx.caches.kv[MTP_CACHE_KEY]
+        ids = self.next_token_ids(d)
+        if ctx.check_inputs:
+            check_vocab_ids(ids, d, ctx.vocab_size)
+        mtp_hidden = model.mtp(ids, d.hidden, d.positions, d.attn, kv)
+        sampling = d.sampling_rows
+        if sampling.numel() == 0:
+            return DraftOutputs(ids, ids.new_zeros(0, max(k - 1, 0)))
+        r = d.idx[sampling]
+        last = d.query_start_loc[:-1].long()[sampling] + d.kept[sampling] - 1
+        hidden = mtp_hidden[last]
+        drafts = [model.compute_logits(hidden).argmax(dim=-1)]
+        base = st.num_computed[r].long()  # committed after this step's post-update
+        one = torch.arange(r.shape[0] + 1, dtype=torch.int32, device=r.device)
+        for step in range(1, k):
+            pos = base + step - 1  # MTP row p pairs token p+1 with hidden p
+            blocks = st.block_table[r, pos // ctx.block_size].long()
+            attn = AttnMetadata(query_start_loc=one, seq_lens=(pos + 1).to(torch.int32),
+                                block_table=st.block_table[r],
+                                slot_mapping=blocks * ctx.block_size + pos % ctx.block_size)
+            hidden = model.mtp(drafts[-1], hidden, pos, attn, kv)
+            drafts.append(model.compute_logits(hidden).argmax(dim=-1))
+        table = torch.stack(drafts, dim=1)
+        st.draft_tokens[r] = table
+        return DraftOutputs(ids, table[:, :-1])

@@ -1,0 +1,149 @@
+"""The scripted drafter: the true greedy continuation, right for a scripted number of tokens.
+
+Given each request's plain greedy output (speculation is lossless, so it is also the output of
+the run being drafted for), it proposes the next K true tokens, of which only the first ``c`` are
+kept and the rest are replaced by wrong tokens. ``c`` comes from a deterministic schedule keyed by
+(request id, number of output tokens committed when drafting), so every accepted count 0..K is
+reachable on purpose and both engines see exactly the same drafts at the same point of a request,
+however their steps (and preemptions) split its history.
+
+The truth comes from outside the engine: ``truth(request)`` returns the request's plain greedy
+continuation (at least ``max_tokens + K`` tokens, so drafts made near the end are scripted too).
+A conformance harness has it from its own plain run; ``refengine.LLM`` fills in a source that runs
+a private reference engine on the same weights when none is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from refengine.drafters.base import DeviceDraftContext, DraftInputs, DraftOutputs, HostDraftContext
+from refengine.request import Request
+
+PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
+TruthSource = Callable[[Request], list[int]]  # request -> its plain greedy output tokens
+
+
+class ScriptedDrafter:
+    method = "scripted"
+    uses_kv_cache = False
+
+    def __init__(self, num_spec_tokens: int, vocab_size: int, pattern: str | Callable[[str, int], int] = "hash",
+                 truth: TruthSource | None = None):
+        """``pattern``: a name from PATTERNS, or (request id, committed outputs) -> correct drafts."""
+        if isinstance(pattern, str) and pattern not in PATTERNS:
+            raise ValueError(f"scripted drafter pattern must be one of {PATTERNS} or a callable, got {pattern!r}")
+        self.num_spec_tokens = num_spec_tokens
+        self.vocab_size = vocab_size
+        self.pattern = pattern
+        self.truth = truth
+
+    def check_model(self, model) -> None:
+        if self.truth is None:
+            raise ValueError("the scripted drafter needs a truth source (each request's plain greedy output)")
+
+    def num_correct(self, request_id: str, position: int) -> int:
+        """Correct drafts proposed when ``position`` output tokens are committed."""
+        k = self.num_spec_tokens
+        if callable(self.pattern):
+            c = int(self.pattern(request_id, position))
+        elif self.pattern == "all-accept":
+            c = k
+        elif self.pattern == "all-reject":
+            c = 0
+        elif self.pattern == "cycle":
+            c = position % (k + 1)
+        else:
+            digest = hashlib.blake2b(f"{request_id}:{position}".encode(), digest_size=8).digest()
+            c = int.from_bytes(digest, "little") % (k + 1)
+        if not 0 <= c <= k:
+            raise ValueError(f"scripted drafter: {c} correct drafts is outside 0..{k}")
+        return c
+
+    def host_proposer(self, ctx: HostDraftContext) -> ScriptedHostProposer:
+        return ScriptedHostProposer(self)
+
+    def device_proposer(self, ctx: DeviceDraftContext) -> ScriptedDeviceProposer:
+        return ScriptedDeviceProposer(self, ctx)
+
+
+class ScriptedHostProposer:
+    def __init__(self, drafter: ScriptedDrafter):
+        self.drafter = drafter
+        self._truth: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Request -> truth tokens
+
+    def drafts_for(self, req: Request) -> list[int]:
+        d = self.drafter
+        truth = self._truth.get(req)
+        if truth is None:
+            truth = self._truth[req] = list(d.truth(req))
+        last = req.all_token_ids[-1]
+        if not 0 <= last < d.vocab_size:
+            raise ValueError(f"drafter input {last} for request {req.request_id!r} is outside the vocabulary")
+        m = len(req.output_token_ids)  # drafts stand for outputs m, m+1, ...
+        c = d.num_correct(req.request_id, m)
+        drafts = []
+        for j in range(d.num_spec_tokens):
+            true = truth[m + j] if m + j < len(truth) else 0
+            drafts.append(true if j < c else (true + 1) % d.vocab_size)
+        return drafts
+
+    def propose(self, rows: list, result) -> None:
+        for row, rec, valid in zip(rows, result.records, result.valid_tokens):
+            req = row.request
+            if valid is not None and not req.is_finished:
+                rec.drafter_input_ids = [req.all_token_ids[-1]]
+                req.draft_token_ids = self.drafts_for(req)
+                rec.next_draft_token_ids = list(req.draft_token_ids)
+
+
+@dataclass
+class StagedTruth:
+    truth: torch.Tensor  # [n, Lt] int64 host, plain greedy outputs (0 past their end)
+    num_correct: torch.Tensor  # [n, Lt] int32 host, correct drafts when j outputs are committed
+
+
+class ScriptedDeviceProposer:
+    """Owns the device tables of true continuations and scripted correct counts, keyed by request slot."""
+
+    def __init__(self, drafter: ScriptedDrafter, ctx: DeviceDraftContext):
+        self.drafter = drafter
+        self.ctx = ctx
+        slots, width = ctx.state.token_ids.shape  # R request slots, L = max_model_len + 2K + 1
+        self.truth = torch.zeros(slots, width, dtype=torch.int64, device=ctx.device)  # [R, L]
+        self.num_correct = torch.zeros(slots, width, dtype=torch.int32, device=ctx.device)  # [R, L]
+
+    def stage(self, admitted: list) -> StagedTruth | None:
+        if not admitted:
+            return None
+        d, width = self.drafter, self.truth.shape[1]
+        staged = StagedTruth(torch.zeros(len(admitted), width, dtype=torch.int64),
+                             torch.zeros(len(admitted), width, dtype=torch.int32))
+        for i, req in enumerate(admitted):
+            truth = list(d.truth(req))[:width]
+            staged.truth[i, : len(truth)] = torch.tensor(truth, dtype=torch.int64)
+            staged.num_correct[i] = torch.tensor([d.num_correct(req.request_id, j) for j in range(width)])
+        return staged
+
+    def admit(self, idx: torch.Tensor, staged: StagedTruth | None) -> None:
+        if staged is not None:
+            self.truth[idx] = staged.truth.to(self.truth.device)
+            self.num_correct[idx] = staged.num_correct.to(self.truth.device)
+
+    def propose(self, d: DraftInputs) -> DraftOutputs:
+        st, k, vocab = self.ctx.state, self.drafter.num_spec_tokens, self.drafter.vocab_size
+        r = d.idx[d.sampling_rows]
+        m = (st.num_tokens[r] - st.num_prompt[r]).long()  # drafts stand for outputs m, m+1, ...
+        width = self.truth.shape[1]
+        cols = m[:, None] + torch.arange(k, device=r.device)[None, :]
+        truth = self.truth[r[:, None], cols.clamp(max=width - 1)]
+        truth = torch.where(cols < width, truth, torch.zeros_like(truth))
+        c = self.num_correct[r, m.clamp(max=width - 1)]
+        j = torch.arange(k, device=r.device)[None, :]
+        st.draft_tokens[r] = torch.where(j < c[:, None].long(), truth, (truth + 1) % vocab)
+        return DraftOutputs(None, st.last_sampled[r][:, None])
