@@ -1,37 +1,38 @@
-"""Cache tensors for one engine: paged KV per attention layer (and the MTP layer), GDN pools."""
+"""Cache tensors for one engine, allocated from what each layer's mixer declares.
+
+``kv``: paged keys and values per attention layer (and the drafter's layer, key ``"mtp"``).
+``states``: per-slot recurrent state per recurrent layer, ``S`` slots each.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from refengine.model.config import ModelConfig
+from refengine.model.cache_specs import PagedKV, RecurrentState
+from refengine.model.config import FULL, ModelConfig
+from refengine.model.mixers import mixer_class
+from refengine.model.qwen3_next import MTP_CACHE_KEY
 
 
 class ModelCaches:
     def __init__(self, cfg: ModelConfig, num_kv_blocks: int, block_size: int, num_state_slots: int,
                  num_spec_tokens: int, dtype: torch.dtype, device: torch.device | str, drafter_kv: bool):
-        kv_shape = (num_kv_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + (
-            cfg.linear_num_value_heads * cfg.linear_value_head_dim
-        )
-        conv_shape = (num_state_slots, conv_dim, cfg.linear_conv_kernel_dim - 1 + num_spec_tokens)
-        ssm_shape = (num_state_slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                     cfg.linear_value_head_dim)
         self.kv: dict = {}  # layer idx | "mtp" -> (k_cache, v_cache), each [blocks, block_size, Hkv, D]
-        self.gdn: dict = {}  # layer idx -> (conv_state [S, C, W-1+K], ssm_state [S, Hv, Dk, Dv] fp32)
-        for i, kind in enumerate(cfg.layer_types):
-            if kind == "full_attention":
-                self.kv[i] = (torch.zeros(kv_shape, dtype=dtype, device=device),
-                              torch.zeros(kv_shape, dtype=dtype, device=device))
+        self.states: dict = {}  # layer idx -> state tensors, each [S, ...] (GDN: conv [S, C, W-1+K], ssm fp32)
+        for i, layer_type in enumerate(cfg.layer_types):
+            spec = mixer_class(layer_type).cache_spec(cfg, num_spec_tokens)
+            if isinstance(spec, PagedKV):
+                self.kv[i] = spec.allocate(num_kv_blocks, block_size, dtype, device)
+            elif isinstance(spec, RecurrentState):
+                self.states[i] = spec.allocate(num_state_slots, dtype, device)
             else:
-                self.gdn[i] = (torch.zeros(conv_shape, dtype=dtype, device=device),
-                               torch.zeros(ssm_shape, dtype=torch.float32, device=device))
+                raise TypeError(f"layer {i} ({layer_type}): unknown cache declaration {type(spec).__name__}")
         if drafter_kv:
-            self.kv["mtp"] = (torch.zeros(kv_shape, dtype=dtype, device=device),
-                              torch.zeros(kv_shape, dtype=dtype, device=device))
+            spec = mixer_class(FULL).cache_spec(cfg, num_spec_tokens)
+            self.kv[MTP_CACHE_KEY] = spec.allocate(num_kv_blocks, block_size, dtype, device)
 
     def fill_state_pools(self, value: float) -> None:
-        """Overwrite every GDN slot (tests use it to prove recycled slots are never trusted)."""
-        for conv, ssm in self.gdn.values():
-            conv.fill_(value)
-            ssm.fill_(value)
+        """Overwrite every recurrent slot (tests use it to prove recycled slots are never trusted)."""
+        for tensors in self.states.values():
+            for t in tensors:
+                t.fill_(value)

@@ -87,7 +87,7 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     graph_mode: GraphMode | str = GraphMode.NONE
-    gdn_prefill_chunked: bool = False  # False keeps logits independent of prefill chunk boundaries
+    recurrent_prefill_chunked: bool = False  # False keeps logits independent of prefill chunk boundaries
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

@@ -3,7 +3,11 @@
 Both runners build a ``ForwardContext`` and hand it to the model: the reference runner with plain
 loops on the host, the async runner with device-side preparation into static buffers. The model
 reads nothing else about the batch. Shapes: ``T`` tokens in the step, ``N`` rows (requests,
-including padding rows), ``K`` speculative tokens.
+including padding rows), ``K`` speculative tokens, ``S`` state slots.
+
+Two kinds of per-step metadata serve every mixer (see ``refengine.model.mixers``): paged
+attention reads ``AttnMetadata``; every recurrent mixer (GDN today, Mamba2 later) reads the same
+``RecurrentMetadata``, its rows split into a prefill group and a decode group.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ class AttnMetadata:
 
 
 @dataclass
-class GDNGroup:
-    """One group of rows that share a GDN kernel path.
+class RecurrentGroup:
+    """One group of rows that share a recurrent kernel path.
 
     Tokens of the group are gathered from the flat token axis with ``token_indices``; the group's
     own ``query_start_loc`` indexes the gathered tokens.
@@ -39,20 +43,20 @@ class GDNGroup:
 
 
 @dataclass
-class GDNMetadata:
-    """Rows split by classification (DESIGN §4.2).
+class RecurrentMetadata:
+    """Rows split by classification (contract 2).
 
-    ``prefill``: rows that run the prefill form (conv1d_fn, chunked or recurrent GDN) and start
+    ``prefill``: rows that run the prefill form (whole-sequence conv and recurrence) and start
     from ``has_initial_state`` (False iff the request has no computed tokens).
     ``decode``: rows of requests that finished their prompt; they run the update form and read
-    their state at offset ``num_accepted_tokens - 1``.
+    their state at offset ``num_accepted_tokens - 1`` (contract 1).
     """
 
-    prefill: GDNGroup | None = None
-    decode: GDNGroup | None = None
+    prefill: RecurrentGroup | None = None
+    decode: RecurrentGroup | None = None
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        """``"group.field" -> shape`` of every per-request tensor handed to the GDN kernels."""
+        """``"group.field" -> shape`` of every per-request tensor handed to the recurrent kernels."""
         out = {}
         for name, group in (("prefill", self.prefill), ("decode", self.decode)):
             if group is None:
@@ -67,8 +71,8 @@ class GDNMetadata:
 @dataclass
 class ForwardContext:
     attn: AttnMetadata
-    gdn: GDNMetadata
+    recurrent: RecurrentMetadata
     # Per-layer caches, keyed by decoder layer index ("mtp" for the MTP layer's KV cache).
     kv_caches: dict = field(default_factory=dict)  # idx -> (k_cache, v_cache) [blocks, block_size, Hkv, D]
-    gdn_states: dict = field(default_factory=dict)  # idx -> (conv_state [S, C, W-1+K], ssm_state [S, Hv, Dk, Dv])
-    gdn_prefill_chunked: bool = False  # prefill group: chunked op (True) or recurrent op (False)
+    states: dict = field(default_factory=dict)  # idx -> the mixer's state tensors, each [S, ...]
+    recurrent_prefill_chunked: bool = False  # prefill group: chunked kernels (True) or the recurrent form

@@ -20,7 +20,7 @@ class LLM:
                  drafter="mtp", max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
                  block_size: int = 16, num_kv_blocks: int | None = None, dtype: str = "float32",
                  device: str = "cpu", seed: int = 0, max_model_len: int | None = None,
-                 graph_mode: str = "none", gdn_prefill_chunked: bool = False,
+                 graph_mode: str = "none", recurrent_prefill_chunked: bool = False,
                  observer: Callable[[StepRecord], None] | None = None, delay_copies: bool = False,
                  hazard_check: bool = False):
         from refengine.model.loader import load_model
@@ -35,7 +35,7 @@ class LLM:
             max_model_len = min(model_config.max_position_embeddings, 1024)
         self.config = EngineConfig(
             model=path, engine=engine, dtype=dtype, device=device, seed=seed, graph_mode=graph_mode,
-            gdn_prefill_chunked=gdn_prefill_chunked,
+            recurrent_prefill_chunked=recurrent_prefill_chunked,
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len),
@@ -124,7 +124,7 @@ class GreedyTruth:
     def __init__(self, config: EngineConfig, net, model_config):
         self._config = EngineConfig(model=config.model, engine="reference", dtype=config.dtype,
                                     device=config.device, seed=config.seed,
-                                    gdn_prefill_chunked=config.gdn_prefill_chunked, scheduler=config.scheduler,
+                                    recurrent_prefill_chunked=config.recurrent_prefill_chunked, scheduler=config.scheduler,
                                     cache=CacheConfig(block_size=config.cache.block_size))
         self._k = config.speculative.num_speculative_tokens
         self._net, self._model_config = net, model_config

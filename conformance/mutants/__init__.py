@@ -74,7 +74,7 @@ def _stale_accepted(engine) -> None:
     def prepare_with_stale_counts(plan, rows, num_computed):
         step = prepare(plan, rows, num_computed)
         values = stale.pop(plan.index)[: plan.num_decode]
-        decode = step.gdn.decode
+        decode = step.recurrent.decode
         if values and decode is not None and decode.num_accepted_tokens is not None:
             host = torch.tensor(values, dtype=torch.int32, device=decode.num_accepted_tokens.device)
             decode.num_accepted_tokens[: plan.num_decode] = host
@@ -156,7 +156,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "§4.3 accepted counts keyed by request",
            "GDN state offsets read from a per-row host copy of the accepted counts, stale after rows move",
            _stale_accepted, scenarios=("churn-k3", "scripted-ragged-k3")),
-    Mutant("token-count-gdn-metadata", "seed 000 (vLLM #45100)", "§4.6 FULL-graph metadata sized by requests",
+    Mutant("token-count-recurrent-metadata", "seed 000 (vLLM #45100)", "§4.6 FULL-graph metadata sized by requests",
            "FULL-graph GDN per-request tensors padded to the token count instead of the request count",
            _token_count_metadata, graph_mode="full", scenarios=("graph-padding-k1",)),
     Mutant("short-prompt-as-decode", "seed 004 (vLLM #32716)", "§4.2 classification by context",

@@ -104,7 +104,7 @@ class AsyncEngine:
             check_inputs=hazard_check))
         self.runner = AsyncRunner(model, self.caches, self.state, self.stream, self.builder, proposer,
                                   block_size=c.cache.block_size, num_spec_tokens=k,
-                                  gdn_prefill_chunked=c.gdn_prefill_chunked)
+                                  recurrent_prefill_chunked=c.recurrent_prefill_chunked)
         self.stats = AsyncStats()
         self._inflight: StepFuture | None = None
         self._plans = 0

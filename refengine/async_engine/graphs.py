@@ -94,11 +94,11 @@ class CudaGraphs:
 
         static_ids, static_pos = input_ids.clone(), positions.clone()
         static_ctx = _clone_context(ctx)
-        inert = (static_ctx.attn.slot_mapping, static_ctx.gdn.decode.state_indices)
+        inert = (static_ctx.attn.slot_mapping, static_ctx.recurrent.decode.state_indices)
         for t in inert:
             t.fill_(PAD_SLOT_ID)
         static_ctx.attn.query_start_loc.zero_()
-        static_ctx.gdn.decode.query_start_loc.zero_()
+        static_ctx.recurrent.decode.query_start_loc.zero_()
         static_ctx.attn.seq_lens.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -112,7 +112,7 @@ class CudaGraphs:
 
 
 def _graph_inputs(input_ids, positions, ctx) -> list:
-    a, d = ctx.attn, ctx.gdn.decode
+    a, d = ctx.attn, ctx.recurrent.decode
     tensors = [input_ids, positions, a.query_start_loc, a.seq_lens, a.block_table, a.slot_mapping,
                d.token_indices, d.query_start_loc, d.state_indices]
     if d.num_accepted_tokens is not None:
@@ -125,8 +125,8 @@ def _clone_context(ctx):
 
     attn = replace(ctx.attn, **{f: getattr(ctx.attn, f).clone()
                                 for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")})
-    d = ctx.gdn.decode
+    d = ctx.recurrent.decode
     decode = replace(d, token_indices=d.token_indices.clone(), query_start_loc=d.query_start_loc.clone(),
                      state_indices=d.state_indices.clone(),
                      num_accepted_tokens=None if d.num_accepted_tokens is None else d.num_accepted_tokens.clone())
-    return replace(ctx, attn=attn, gdn=replace(ctx.gdn, decode=decode, prefill=None))
+    return replace(ctx, attn=attn, recurrent=replace(ctx.recurrent, decode=decode, prefill=None))

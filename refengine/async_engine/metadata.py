@@ -16,7 +16,7 @@ from kernels import PAD_SLOT_ID
 from refengine.async_engine.graphs import StepShape
 from refengine.async_engine.state import DeviceState
 from refengine.config import GraphMode
-from refengine.forward_context import AttnMetadata, GDNGroup, GDNMetadata
+from refengine.forward_context import AttnMetadata, RecurrentGroup, RecurrentMetadata
 
 
 @dataclass
@@ -42,7 +42,7 @@ class MetadataBuilder:
         return shape.num_reqs_padded
 
     def build(self, t: StepTensors, shape: StepShape, num_decode: int,
-              qsl_host: list[int]) -> tuple[AttnMetadata, GDNMetadata]:
+              qsl_host: list[int]) -> tuple[AttnMetadata, RecurrentMetadata]:
         dev = self.device
         rows = self.per_request_rows(shape)
         idx, qsl = pad_rows(t.idx_mapping, rows, -1), pad_qsl(t.query_start_loc, rows)
@@ -52,7 +52,7 @@ class MetadataBuilder:
         attn = AttnMetadata(query_start_loc=qsl, seq_lens=pad_rows(t.seq_lens, rows, 0),
                             block_table=block_table, slot_mapping=t.slot_mapping)
 
-        gdn = GDNMetadata()
+        recurrent = RecurrentMetadata()
         full = shape.mode is GraphMode.FULL
         decode_rows = rows if full else num_decode
         if decode_rows:
@@ -66,7 +66,7 @@ class MetadataBuilder:
                 acc = pad_rows(self.state.num_valid[t.idx_mapping[:num_decode].long()], decode_rows, 1)
                 accepted = torch.where(d_real, acc, torch.ones_like(acc)).to(torch.int32)
             end = shape.num_tokens_padded if full else qsl_host[num_decode]
-            gdn.decode = GDNGroup(
+            recurrent.decode = RecurrentGroup(
                 token_indices=torch.arange(0, end, dtype=torch.int64, device=dev),
                 query_start_loc=qsl[: decode_rows + 1],
                 state_indices=slots if self.k else slots[:, 0].contiguous(),
@@ -76,13 +76,13 @@ class MetadataBuilder:
         if n > num_decode:
             start, stop = qsl_host[num_decode], qsl_host[n]
             p_idx = t.idx_mapping[num_decode:n].long()
-            gdn.prefill = GDNGroup(
+            recurrent.prefill = RecurrentGroup(
                 token_indices=torch.arange(start, stop, dtype=torch.int64, device=dev),
                 query_start_loc=t.query_start_loc[num_decode: n + 1] - start,
                 state_indices=self.state.state_slots[p_idx, 0].contiguous(),
                 has_initial_state=t.has_initial_state[num_decode:n],
             )
-        return attn, gdn
+        return attn, recurrent
 
 
 def pad_rows(x: torch.Tensor, rows: int, value) -> torch.Tensor:

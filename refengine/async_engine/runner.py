@@ -27,7 +27,7 @@ from refengine.async_engine.metadata import MetadataBuilder, StepTensors, pad_qs
 from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.drafters import DraftInputs
 from refengine.drafters.base import DraftOutputs
-from refengine.forward_context import AttnMetadata, ForwardContext, GDNMetadata
+from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 
 
 @dataclass
@@ -72,7 +72,7 @@ class PreparedStep:
     seq_lens: torch.Tensor  # [Np] int32
     slot_mapping: torch.Tensor  # [Tp] int64
     attn: AttnMetadata  # padded per the step's graph shape
-    gdn: GDNMetadata  # padded per the step's graph shape
+    recurrent: RecurrentMetadata  # padded per the step's graph shape
     prev_drafts: torch.Tensor  # [n, K] int64, the drafts this step verifies
     used_accepted: torch.Tensor  # [n] int32, accepted counts the GDN kernels were handed (1 for prefill rows)
 
@@ -102,7 +102,7 @@ class StepFuture:
 
 class AsyncRunner:
     def __init__(self, model, caches, state, stream: Stream, builder: MetadataBuilder, proposer,
-                 *, block_size: int, num_spec_tokens: int, gdn_prefill_chunked: bool):
+                 *, block_size: int, num_spec_tokens: int, recurrent_prefill_chunked: bool):
         self.model = model
         self.caches = caches
         self.state = state
@@ -111,7 +111,7 @@ class AsyncRunner:
         self.proposer = proposer  # the drafter's device proposer, or None without speculation
         self.block_size = block_size
         self.k = num_spec_tokens
-        self.gdn_prefill_chunked = gdn_prefill_chunked
+        self.recurrent_prefill_chunked = recurrent_prefill_chunked
         self.device = stream.device
         self.cuda_graphs = CudaGraphs()  # FULL-mode capture and replay (CUDA only)
 
@@ -170,16 +170,17 @@ class AsyncRunner:
             st.block_table, self.block_size, shape.num_tokens_padded)
         tensors = StepTensors(idx_p, qsl_p, is_decode_p, pad_rows(rows.has_initial_state.bool(), rows_p, False),
                               seq_lens, slot_mapping)
-        attn, gdn = self.builder.build(tensors, shape, plan.num_decode, plan.qsl)
+        attn, recurrent = self.builder.build(tensors, shape, plan.num_decode, plan.qsl)
         used_accepted = torch.ones(n, dtype=torch.int32, device=dev)
-        if gdn.decode is not None and gdn.decode.num_accepted_tokens is not None:
-            used_accepted[: plan.num_decode] = gdn.decode.num_accepted_tokens[: plan.num_decode]
-        return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, gdn,
+        if recurrent.decode is not None and recurrent.decode.num_accepted_tokens is not None:
+            used_accepted[: plan.num_decode] = recurrent.decode.num_accepted_tokens[: plan.num_decode]
+        return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, recurrent,
                             st.draft_tokens[rows.idx].clone(), used_accepted)
 
     def run(self, plan: StepPlan, step: PreparedStep) -> torch.Tensor:
-        ctx = ForwardContext(attn=step.attn, gdn=step.gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
-                             gdn_prefill_chunked=self.gdn_prefill_chunked)
+        ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,
+                             states=self.caches.states,
+                             recurrent_prefill_chunked=self.recurrent_prefill_chunked)
         return self.cuda_graphs.run(self.model, step.input_ids, step.positions, ctx, plan.shape)
 
     def verify(self, plan: StepPlan, rows: TargetRows, step: PreparedStep, hidden: torch.Tensor) -> Verified:
@@ -234,7 +235,7 @@ def _payload(plan: StepPlan, step: PreparedStep, v: Verified, drafts) -> dict:
     payload = {"input_ids": step.input_ids[:t].cpu(), "positions": step.positions[:t].cpu(),
                "used_accepted": step.used_accepted.cpu(), "prev_drafts": step.prev_drafts.cpu(),
                "logits": v.logits.cpu(), "cu": v.cu.cpu(), "sampling_rows": v.sampling_rows.cpu(),
-               "kept": kept.cpu(), "first_pass_ids": None, "chain_ids": None, "gdn_shapes": step.gdn.shapes()}
+               "kept": kept.cpu(), "first_pass_ids": None, "chain_ids": None, "gdn_shapes": step.recurrent.shapes()}
     if out is not None:
         payload["first_pass_ids"] = None if out.first_pass_ids is None else out.first_pass_ids.cpu()
         payload["chain_ids"] = out.chain_ids.cpu()

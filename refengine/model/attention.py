@@ -6,13 +6,23 @@ import torch
 from torch import nn
 
 import kernels
-from refengine.forward_context import AttnMetadata
+from refengine.forward_context import ForwardContext
+from refengine.model.cache_specs import PagedKV
 from refengine.model.config import ModelConfig
 from refengine.model.layers import Linear, PartialRotary, RMSNorm, sigmoid
 
 
 class GatedAttention(nn.Module):
-    """q_proj yields, per head, D query dims then D gate dims; the output is attn * sigmoid(gate)."""
+    """q_proj yields, per head, D query dims then D gate dims; the output is attn * sigmoid(gate).
+
+    Cache: ``ctx.kv_caches[cache_key] = (k_cache, v_cache)``, each [blocks, block_size, Hkv, D].
+    """
+
+    attr_name = "self_attn"  # checkpoint prefix inside a decoder layer
+
+    @staticmethod
+    def cache_spec(cfg: ModelConfig, num_spec_tokens: int) -> PagedKV:
+        return PagedKV(cfg.num_key_value_heads, cfg.head_dim)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -33,8 +43,8 @@ class GatedAttention(nn.Module):
         self,
         x: torch.Tensor,  # [T, H], already through input_layernorm
         positions: torch.Tensor,  # [T] int64
-        attn: AttnMetadata,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, Hkv, D]
+        ctx: ForwardContext,
+        cache_key: int | str,
     ) -> torch.Tensor:  # [T, H]
         num_tokens, d = x.shape[0], self.head_dim
         q_gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * d)  # [T, Hq, 2D]
@@ -48,7 +58,8 @@ class GatedAttention(nn.Module):
         q, k = self.rotary(q, k, positions)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
 
-        k_cache, v_cache = kv_cache
+        attn = ctx.attn
+        k_cache, v_cache = ctx.kv_caches[cache_key]
         kernels.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
         o = kernels.paged_attention(
             q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_table, scale=self.scale

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import kernels
-from refengine.forward_context import ForwardContext, GDNGroup
+from refengine.forward_context import ForwardContext, RecurrentGroup
+from refengine.model.cache_specs import RecurrentState
 from refengine.model.config import ModelConfig
 from refengine.model.layers import GatedRMSNorm, Linear, sigmoid, softplus
 
@@ -24,8 +25,17 @@ class GatedDeltaNet(nn.Module):
 
     Per token: qkv -> causal conv + SiLU -> q/k/v; gates g = -exp(A_log) * softplus(a + dt_bias) and
     beta = sigmoid(b) in float32; the gated delta rule; gated RMSNorm with z; out_proj.
-    Caches: ``ctx.gdn_states[layer_idx] = (conv_state [S, C, W-1+K], ssm_state [S, Hv, Dk, Dv] fp32)``.
+    State per slot: ``ctx.states[cache_key] = (conv_state [S, C, W-1+K], ssm_state [S, Hv, Dk, Dv] fp32)``.
     """
+
+    attr_name = "linear_attn"  # checkpoint prefix inside a decoder layer
+
+    @staticmethod
+    def cache_spec(cfg: ModelConfig, num_spec_tokens: int) -> RecurrentState:
+        """The conv window keeps W-1 inputs plus K columns, so a verify step can restart at any offset."""
+        conv = (cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1 + num_spec_tokens)
+        ssm = (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+        return RecurrentState(shapes=(conv, ssm), fp32=(False, True))
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -46,21 +56,22 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.head_v_dim, cfg.rms_norm_eps)  # weight [Dv]
         self.out_proj = Linear(self.value_dim, hidden)  # [H, Hv*Dv]
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer_idx: int) -> torch.Tensor:
-        """x [T, H] (already through input_layernorm) -> [T, H]."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                cache_key: int | str) -> torch.Tensor:
+        """x [T, H] (already through input_layernorm) -> [T, H]; positions are not used (no RoPE)."""
         num_tokens = x.shape[0]
         qkv = self.in_proj_qkv(x)  # [T, C]
         z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
         b = self.in_proj_b(x)  # [T, Hv]
         a = self.in_proj_a(x)  # [T, Hv]
-        conv_state, ssm_state = ctx.gdn_states[layer_idx]
+        conv_state, ssm_state = ctx.states[cache_key]
 
         core = x.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
-        for group, is_prefill in ((ctx.gdn.prefill, True), (ctx.gdn.decode, False)):
+        for group, is_prefill in ((ctx.recurrent.prefill, True), (ctx.recurrent.decode, False)):
             if group is None or group.token_indices.numel() == 0:
                 continue
             out = self._run_group(
-                group, is_prefill, ctx.gdn_prefill_chunked, qkv, a, b, conv_state, ssm_state
+                group, is_prefill, ctx.recurrent_prefill_chunked, qkv, a, b, conv_state, ssm_state
             )  # [Tg, Hv, Dv]
             core.index_copy_(0, group.token_indices, out)
 
@@ -69,7 +80,7 @@ class GatedDeltaNet(nn.Module):
 
     def _run_group(
         self,
-        group: GDNGroup,
+        group: RecurrentGroup,
         is_prefill: bool,
         chunked: bool,
         qkv: torch.Tensor,  # [T, C]

@@ -9,11 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from refengine.forward_context import AttnMetadata, ForwardContext, GDNMetadata
-from refengine.model.attention import GatedAttention
-from refengine.model.config import FULL, LINEAR, ModelConfig
-from refengine.model.gdn import GatedDeltaNet
+from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
+from refengine.model.config import FULL, ModelConfig
 from refengine.model.layers import MLP, Linear, RMSNorm
+from refengine.model.mixers import mixer_class
 
 MTP_CACHE_KEY = "mtp"  # key of the MTP layer's KV cache in ForwardContext.kv_caches
 
@@ -24,12 +23,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_type: str) -> None:
         super().__init__()
         self.layer_type = layer_type
-        if layer_type == LINEAR:
-            self.linear_attn = GatedDeltaNet(cfg)
-        elif layer_type == FULL:
-            self.self_attn = GatedAttention(cfg)
-        else:
-            raise ValueError(f"layer_types: unknown layer type {layer_type!r}")
+        mixer = mixer_class(layer_type)
+        self.mixer_name = mixer.attr_name  # "linear_attn" | "self_attn", as in the checkpoint
+        self.add_module(self.mixer_name, mixer(cfg))
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
@@ -39,13 +35,9 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,  # [T, H]
         positions: torch.Tensor,  # [T] int64
         ctx: ForwardContext,
-        cache_key: int | str,  # key into ctx.kv_caches / ctx.gdn_states
+        cache_key: int | str,  # key into ctx.kv_caches / ctx.states
     ) -> torch.Tensor:  # [T, H]
-        h = self.input_layernorm(x)
-        if self.layer_type == LINEAR:
-            h = self.linear_attn(h, ctx, cache_key)
-        else:
-            h = self.self_attn(h, positions, ctx.attn, ctx.kv_caches[cache_key])
+        h = getattr(self, self.mixer_name)(self.input_layernorm(x), positions, ctx, cache_key)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -101,7 +93,7 @@ class MTPHead(nn.Module):
         e = self.pre_fc_norm_embedding(embed(input_ids))
         h = self.pre_fc_norm_hidden(hidden)
         x = self.fc(torch.cat([e, h], dim=-1))
-        ctx = ForwardContext(attn=attn, gdn=GDNMetadata(), kv_caches={MTP_CACHE_KEY: kv_cache})
+        ctx = ForwardContext(attn=attn, recurrent=RecurrentMetadata(), kv_caches={MTP_CACHE_KEY: kv_cache})
         x = self.layers[step % len(self.layers)](x, positions, ctx, MTP_CACHE_KEY)
         return self.norm(x)
 

@@ -30,7 +30,7 @@ class ReferenceEngine:
                                   drafter_kv=self.drafter is not None and self.drafter.uses_kv_cache)
         self.runner = ReferenceRunner(model, self.caches, block_size=config.cache.block_size,
                                       num_spec_tokens=config.speculative.num_speculative_tokens,
-                                      drafter=self.drafter, gdn_prefill_chunked=config.gdn_prefill_chunked,
+                                      drafter=self.drafter, recurrent_prefill_chunked=config.recurrent_prefill_chunked,
                                       device=config.device)
         self._steps = 0
 

@@ -14,7 +14,7 @@ import torch
 import kernels
 from refengine.cache import ModelCaches
 from refengine.drafters import Drafter, HostDraftContext
-from refengine.forward_context import AttnMetadata, ForwardContext, GDNGroup, GDNMetadata
+from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
 from refengine.outputs import RowRecord, logits_digest
 from refengine.scheduler import ScheduledRow, SchedulerOutput
 
@@ -46,11 +46,11 @@ class _GroupBuilder:
         self.has_initial_state.append(has_initial_state)
         self.num_accepted.append(num_accepted)
 
-    def build(self, device, speculative: bool, prefill: bool) -> GDNGroup | None:
+    def build(self, device, speculative: bool, prefill: bool) -> RecurrentGroup | None:
         if not self.state_indices:
             return None
         i32 = {"dtype": torch.int32, "device": device}
-        return GDNGroup(
+        return RecurrentGroup(
             token_indices=torch.tensor(self.token_indices, dtype=torch.int64, device=device),
             query_start_loc=torch.tensor(self.query_start_loc, **i32),
             state_indices=torch.tensor(self.state_indices, **i32),
@@ -62,12 +62,12 @@ class _GroupBuilder:
 
 class ReferenceRunner:
     def __init__(self, model, caches: ModelCaches, *, block_size: int, num_spec_tokens: int,
-                 drafter: Drafter | None, gdn_prefill_chunked: bool, device):
+                 drafter: Drafter | None, recurrent_prefill_chunked: bool, device):
         self.model = model
         self.caches = caches
         self.block_size = block_size
         self.k = num_spec_tokens
-        self.gdn_prefill_chunked = gdn_prefill_chunked
+        self.recurrent_prefill_chunked = recurrent_prefill_chunked
         self.device = torch.device(device)
         self.proposer = None if drafter is None else drafter.host_proposer(
             HostDraftContext(model, caches, self.device, num_spec_tokens, self._attn_metadata))
@@ -93,9 +93,9 @@ class ReferenceRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
         )
 
-    def _context(self, attn: AttnMetadata, gdn: GDNMetadata) -> ForwardContext:
-        return ForwardContext(attn=attn, gdn=gdn, kv_caches=self.caches.kv, gdn_states=self.caches.gdn,
-                              gdn_prefill_chunked=self.gdn_prefill_chunked)
+    def _context(self, attn: AttnMetadata, recurrent: RecurrentMetadata) -> ForwardContext:
+        return ForwardContext(attn=attn, recurrent=recurrent, kv_caches=self.caches.kv, states=self.caches.states,
+                              recurrent_prefill_chunked=self.recurrent_prefill_chunked)
 
     # ---- one step ---------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput, record_digests: bool = False) -> StepResult:
@@ -129,9 +129,9 @@ class ReferenceRunner:
                 draft_token_ids=list(row.draft_token_ids), output_token_ids=None, num_accepted=None))
 
         dev = self.device
-        gdn = GDNMetadata(prefill=prefill.build(dev, self.k > 0, prefill=True),
+        recurrent = RecurrentMetadata(prefill=prefill.build(dev, self.k > 0, prefill=True),
                           decode=decode.build(dev, self.k > 0, prefill=False))
-        ctx = self._context(self._attn_metadata(attn_rows), gdn)
+        ctx = self._context(self._attn_metadata(attn_rows), recurrent)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64, device=dev), ctx)
 
@@ -142,7 +142,7 @@ class ReferenceRunner:
                 rec.output_token_ids = v
                 rec.num_accepted = len(v) - 1
                 rec.logits_digest = d
-        return StepResult(valid, records, hidden, query_start, computed, gdn.shapes())
+        return StepResult(valid, records, hidden, query_start, computed, recurrent.shapes())
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
                 digests: list | None) -> list[list[int] | None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from refengine.forward_context import AttnMetadata, ForwardContext, GDNGroup, GDNMetadata
+from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
 from refengine.model import MTP_CACHE_KEY, ModelConfig, Qwen3NextForCausalLM
 
 
@@ -69,15 +69,15 @@ class Driver:
             block_table=self.block_table[rows].contiguous().to(dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
         )
-        group = GDNGroup(
+        group = RecurrentGroup(
             token_indices=torch.arange(cu[-1], dtype=torch.int64, device=dev),
             query_start_loc=i32(cu),
             state_indices=i32(rows),
             has_initial_state=torch.tensor([self.lengths[r] > 0 for r in rows], device=dev) if prefill else None,
         )
-        gdn = GDNMetadata(prefill=group) if prefill else GDNMetadata(decode=group)
-        ctx = ForwardContext(attn=attn, gdn=gdn, kv_caches=self.kv_caches, gdn_states=self.gdn_states,
-                             gdn_prefill_chunked=chunked)
+        gdn = RecurrentMetadata(prefill=group) if prefill else RecurrentMetadata(decode=group)
+        ctx = ForwardContext(attn=attn, recurrent=gdn, kv_caches=self.kv_caches, states=self.gdn_states,
+                             recurrent_prefill_chunked=chunked)
         return ctx, torch.tensor(positions, dtype=torch.int64, device=dev)
 
     @torch.no_grad()
