@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         run(pytest_cmd("tests/kernels/bench", "-p", "no:xdist", "-m", "", "--benchmark-only",
                        "--benchmark-json", str(reports / "bench.json"), "--junitxml", str(reports / "bench.xml")),
             reports / "bench.log")
-        code = run([sys.executable, "-m", "refengine.cli", "bench"], reports / "engine-bench.txt")
+        code = run([sys.executable, "-m", "refengine.tools.cli", "bench"], reports / "engine-bench.txt")
         notes.append(f"engine benchmark: exit {code}, output in engine-bench.txt")
         if (reports / "bench.xml").is_file():
             cases += read_junit([reports / "bench.xml"])

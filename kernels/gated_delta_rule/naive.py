@@ -110,13 +110,14 @@ def naive_recurrent_gated_delta_rule(
     return o.to(v.dtype)
 
 
-def _chunk_one_sequence(q, k, v, g, beta, state, chunk_size):
-    """Chunked (WY/UT) gated delta rule for one sequence, heads as the batch dimension.
+def chunk_gated_delta_rule_dense(q, k, v, g, beta, state, chunk_size=64):
+    """Chunked (WY/UT) gated delta rule over dense sequences; any leading dims are a batch.
 
-    q, k: [Hv, L, Dk] (normalised, q scaled); v: [Hv, L, Dv]; g, beta: [Hv, L]; state:
-    [Hv, Dk, Dv]. Returns (o [Hv, L, Dv], final state).
+    q, k: [..., L, Dk] (normalised, q scaled); v: [..., L, Dv]; g, beta: [..., L]; state:
+    [..., Dk, Dv] float32. Returns (o [..., L, Dv], final state). Differentiable (the training
+    forward of the default model runs through it).
     """
-    heads, length, dk = k.shape
+    *lead, length, dk = k.shape
     dv = v.shape[-1]
     pad = (-length) % chunk_size
     if pad:
@@ -124,9 +125,9 @@ def _chunk_one_sequence(q, k, v, g, beta, state, chunk_size):
         q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
         g, beta = (torch.nn.functional.pad(x, (0, pad)) for x in (g, beta))
     nc = (length + pad) // chunk_size
-    q, k = q.view(heads, nc, chunk_size, dk), k.view(heads, nc, chunk_size, dk)
-    v = v.view(heads, nc, chunk_size, dv)
-    g, beta = g.view(heads, nc, chunk_size), beta.view(heads, nc, chunk_size)
+    q, k = q.reshape(*lead, nc, chunk_size, dk), k.reshape(*lead, nc, chunk_size, dk)
+    v = v.reshape(*lead, nc, chunk_size, dv)
+    g, beta = g.reshape(*lead, nc, chunk_size), beta.reshape(*lead, nc, chunk_size)
 
     g_cum = g.cumsum(dim=-1)                                      # log of gamma_t within the chunk
     pos = torch.arange(chunk_size, device=q.device)
@@ -145,14 +146,16 @@ def _chunk_one_sequence(q, k, v, g, beta, state, chunk_size):
         system, k_beta * torch.exp(g_cum)[..., None], upper=False, unitriangular=True)
     qk = (q @ k.transpose(-1, -2)) * decay
 
-    o = torch.empty_like(v)
+    outs = []
     for c in range(nc):
-        v_new = u[:, c] - w[:, c] @ state
-        o[:, c] = (q[:, c] * torch.exp(g_cum[:, c])[..., None]) @ state + qk[:, c] @ v_new
-        last = g_cum[:, c, -1:]
-        k_decayed = k[:, c] * torch.exp(last - g_cum[:, c])[..., None]
+        qc, kc, gc = q[..., c, :, :], k[..., c, :, :], g_cum[..., c, :]
+        v_new = u[..., c, :, :] - w[..., c, :, :] @ state
+        outs.append((qc * torch.exp(gc)[..., None]) @ state + qk[..., c, :, :] @ v_new)
+        last = gc[..., -1:]
+        k_decayed = kc * torch.exp(last - gc)[..., None]
         state = state * torch.exp(last)[..., None] + k_decayed.transpose(-1, -2) @ v_new
-    return o.reshape(heads, nc * chunk_size, dv)[:, :length], state
+    o = torch.stack(outs, dim=-3).reshape(*lead, nc * chunk_size, dv)[..., :length, :]
+    return o, state
 
 
 def naive_chunk_gated_delta_rule(
@@ -182,7 +185,7 @@ def naive_chunk_gated_delta_rule(
         state = ssm_state[slots[i]].float().clone()
         if not init[i]:
             state = torch.zeros_like(state)
-        oi, state = _chunk_one_sequence(
+        oi, state = chunk_gated_delta_rule_dense(
             qi.transpose(0, 1).contiguous(), ki.transpose(0, 1).contiguous(),
             vi.transpose(0, 1).contiguous(), gi, bi, state, chunk_size)
         o[bos:eos] = oi.transpose(0, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from refengine import bench
+from refengine.tools import bench
 
 
 def test_bench_reports_both_engines_and_the_host_share():

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from refengine import LLM, SamplingParams
-from refengine.default_workload import DEFAULT_PROMPTS, default_prompts
 from refengine.llm import default_model_path
 from refengine.model import load_model
-from refengine.report import acceptance_stats, run_workload
 from refengine.tokenizer import load_tokenizer
+from refengine.tools.default_workload import DEFAULT_PROMPTS, default_prompts
+from refengine.tools.report import acceptance_stats, run_workload
 from tests.helpers.checkpoints import load_hf_model
 from tests.helpers.oracle import hf_greedy_loop
 

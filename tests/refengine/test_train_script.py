@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from refengine import corpus
-from refengine.default_workload import DEFAULT_PROMPTS
 from refengine.model import load_model
 from refengine.tokenizer import load_tokenizer
-from refengine.train_default_model import EOS_ID, main
+from refengine.tools import corpus
+from refengine.tools.default_workload import DEFAULT_PROMPTS
+from refengine.tools.train_default_model import EOS_ID, main
 
 
 def test_three_steps_write_a_loadable_checkpoint(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """The dense training forward computes the same logits as the engine's cached forward.
 
-Training optimises ``refengine.model.training``; the engine serves ``Qwen3NextForCausalLM.forward``
+Training optimises ``refengine.tools.training``; the engine serves ``Qwen3NextForCausalLM.forward``
 and ``MTPHead.forward`` over caches. Both run on the same parameters, so their outputs must agree.
 """
 
@@ -11,7 +11,7 @@ import torch
 
 from refengine.forward_context import AttnMetadata
 from refengine.model import MTP_CACHE_KEY, load_model
-from refengine.model import training as tr
+from refengine.tools import training as tr
 from tests.helpers.driver import Driver
 
 REL_TOL = 1e-4

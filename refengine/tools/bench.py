@@ -14,7 +14,7 @@ import torch
 
 
 def _workload(llm, copies: int, seed: int):
-    from refengine.default_workload import default_params, default_prompts
+    from refengine.tools.default_workload import default_params, default_prompts
 
     prompts = default_prompts()
     if llm.tokenizer is None:  # a checkpoint without a tokenizer: token prompts of the same lengths

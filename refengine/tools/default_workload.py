@@ -1,10 +1,10 @@
 """The default workload: a fixed mix of text prompts for the embedded default model.
 
-Used by ``refengine.report`` (acceptance and speed figures), the default-model tests, and anything
+Used by ``refengine.tools.report`` (acceptance and speed figures), the default-model tests, and anything
 else that wants a small, honest, repeatable text workload. The mix:
 
 - ``held-out``: openings of standard-library docstrings from modules the training corpus leaves
-  out (``refengine.corpus.HELD_OUT_MODULES``), so the model has never seen the text;
+  out (``refengine.tools.corpus.HELD_OUT_MODULES``), so the model has never seen the text;
 - ``open``: a plain English opening that appears nowhere verbatim in the corpus;
 - ``predictable``: sequences the synthetic grammar teaches (a story template, counting, number
   words, the alphabet, a repeated phrase), whose continuation is obvious.

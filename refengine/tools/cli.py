@@ -36,11 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "report":
-        from refengine.report import main as report_main
+        from refengine.tools.report import main as report_main
 
         return report_main(argv[1:]) or 0
     if argv and argv[0] == "bench":
-        from refengine.bench import main as bench_main
+        from refengine.tools.bench import main as bench_main
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)

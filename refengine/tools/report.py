@@ -1,6 +1,6 @@
 """Speculative-decoding figures for a model on the default workload (the embedded model by default).
 
-    python -m refengine.report [--model PATH] [--num-spec-tokens 3] [--max-tokens 64] [--samples N]
+    python -m refengine.tools.report [--model PATH] [--num-spec-tokens 3] [--max-tokens 64] [--samples N]
 
 Prints the acceptance length (1 + accepted drafts per verify step), the acceptance rate of each
 draft position, the histogram of accepted counts 0..K, tokens/s with K=0 and with K drafts, whether
@@ -14,13 +14,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from refengine.default_workload import (
+from refengine.outputs import RequestOutput
+from refengine.tools.default_workload import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_NUM_SPEC_TOKENS,
     DEFAULT_PROMPTS,
     default_params,
 )
-from refengine.outputs import RequestOutput
 
 
 @dataclass

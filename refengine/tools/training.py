@@ -19,65 +19,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.gated_delta_rule.naive import chunk_gated_delta_rule_dense, l2_normalize
+from kernels.norm.naive import naive_rms_norm
 from refengine.model.attention import GatedAttention
-from refengine.model.config import LINEAR
 from refengine.model.gdn import GatedDeltaNet
 from refengine.model.qwen3_next import DecoderLayer, Qwen3NextForCausalLM
 
-L2_EPS = 1e-6  # the gated delta rule's q/k L2-norm epsilon
 CHUNK = 64  # tokens per chunk of the chunked delta rule
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = True) -> torch.Tensor:
-    x32 = x.float()
-    y = x32 * torch.rsqrt((x32 * x32).mean(dim=-1, keepdim=True) + eps)
-    return (y * (1.0 + weight.float() if zero_centered else weight.float())).to(x.dtype)
-
-
-def l2_normalize(x: torch.Tensor) -> torch.Tensor:
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
-
-
-def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
-    """(I + a)^-1 for strictly lower-triangular ``a [..., C, C]`` (C a power of two): as ``a`` is
-    nilpotent, (I + a)^-1 = (I - a)(I + a^2)(I + a^4)...; batched matmuls only (no per-matrix solver)."""
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    inv = eye - a
-    power = a @ a
-    for _ in range(a.shape[-1].bit_length() - 2):
-        inv = inv + inv @ power
-        power = power @ power
-    return inv
+    """The kernels' RMSNorm reference over the last axis of any shape."""
+    return naive_rms_norm(x.reshape(-1, x.shape[-1]), weight, eps, zero_centered=zero_centered).view(x.shape)
 
 
 def chunk_delta_rule(q, k, v, g, beta, chunk: int = CHUNK) -> torch.Tensor:
-    """Gated delta rule from a zero state, chunked. q, k [B, T, H, Dk] (normalised, q scaled),
-    v [B, T, H, Dv], g (log decay) and beta [B, T, H], all float32 -> o [B, T, H, Dv]."""
-    b, t, h, dk = q.shape
-    pad = (-t) % chunk
-    q, k, v = (F.pad(x.transpose(1, 2), (0, 0, 0, pad)) for x in (q, k, v))  # [B, H, Tp, D]
-    g, beta = (F.pad(x.transpose(1, 2), (0, pad)) for x in (g, beta))  # [B, H, Tp]
-    n = (t + pad) // chunk
-    q, k, v = (x.reshape(b, h, n, chunk, x.shape[-1]) for x in (q, k, v))
-    g = g.reshape(b, h, n, chunk).cumsum(dim=-1)
-    beta = beta.reshape(b, h, n, chunk)
-    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    decay = torch.exp((g[..., :, None] - g[..., None, :]).masked_fill(~lower, float("-inf")))  # [B,H,n,C,C]
-    k_beta = k * beta[..., None]
-    strict = torch.tril(k_beta @ k.transpose(-1, -2) * decay, diagonal=-1)
-    inv = unit_lower_inverse(strict)  # (I + strict)^-1
-    u = inv @ (v * beta[..., None])  # [B, H, n, C, Dv]
-    w = inv @ (k_beta * g.exp()[..., None])  # [B, H, n, C, Dk]
+    """Gated delta rule from a zero state through the kernels' dense chunk reference.
+    q, k [B, T, H, Dk] (normalised, q scaled), v [B, T, H, Dv], g (log decay) and beta [B, T, H],
+    all float32 -> o [B, T, H, Dv]."""
+    b, _, h, dk = q.shape
     state = q.new_zeros(b, h, dk, v.shape[-1])
-    outs = []
-    for i in range(n):
-        qi, ki, gi = q[:, :, i], k[:, :, i], g[:, :, i]
-        v_new = u[:, :, i] - w[:, :, i] @ state
-        local = (qi @ ki.transpose(-1, -2)) * decay[:, :, i]
-        outs.append((qi * gi.exp()[..., None]) @ state + local @ v_new)
-        tail = gi[..., -1:]
-        state = state * tail.exp()[..., None] + (ki * (tail - gi).exp()[..., None]).transpose(-1, -2) @ v_new
-    o = torch.stack(outs, dim=2).reshape(b, h, n * chunk, -1)[:, :, :t]
+    o, _ = chunk_gated_delta_rule_dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                        g.transpose(1, 2), beta.transpose(1, 2), state, chunk)
     return o.transpose(1, 2)
 
 
@@ -130,7 +93,7 @@ def attention_out(mod: GatedAttention, o: torch.Tensor, gate: torch.Tensor) -> t
 def layer_forward(layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor, mixer=None) -> torch.Tensor:
     """One pre-norm decoder layer; ``mixer(h) -> [B, T, H]`` overrides plain causal attention."""
     h = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.eps)
-    if layer.layer_type == LINEAR:
+    if layer.mixer_name == GatedDeltaNet.attr_name:
         h = gdn_forward(layer.linear_attn, h)
     elif mixer is not None:
         h = mixer(h)

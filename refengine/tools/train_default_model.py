@@ -1,12 +1,12 @@
 """Train the embedded default model: a small Qwen3-Next hybrid with an MTP head, on a 2-core CPU.
 
-    python -m refengine.train_default_model --out refengine/data/default_model [--steps N] [--seed 0]
+    python -m refengine.tools.train_default_model --out refengine/data/default_model [--steps N] [--seed 0]
 
 About 13 minutes on a busy 2-core CPU with one torch thread (deterministic: the same interpreter
 and torch build regenerate the same bytes).
 
-The corpus is built offline (refengine.corpus). The model is ``Qwen3NextForCausalLM`` itself,
-trained through the dense forward of ``refengine.model.training``: next-byte cross-entropy for the
+The corpus is built offline (refengine.tools.corpus). The model is ``Qwen3NextForCausalLM`` itself,
+trained through the dense forward of ``refengine.tools.training``: next-byte cross-entropy for the
 main model plus, for each of ``mtp_steps`` chained MTP steps, cross-entropy against the main
 model's own (detached) next-token distribution at the position the draft stands for, which is
 what greedy verification compares the draft with. The result is written in the Hugging Face
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from refengine import corpus
-from refengine.model import training as tr
 from refengine.model.config import FULL, LINEAR, ModelConfig
 from refengine.model.loader import merge_ba, merge_qkvz
 from refengine.model.qwen3_next import Qwen3NextForCausalLM
+from refengine.tools import corpus
+from refengine.tools import training as tr
 
 EOS_ID = 256  # ids 0..255 are bytes
 VOCAB_SIZE = 260  # bytes, EOS and three unused ids
@@ -190,7 +190,7 @@ def save(model: Qwen3NextForCausalLM, spec: TrainSpec, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m refengine.train_default_model", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m refengine.tools.train_default_model", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="output folder (config.json, model.safetensors)")
     p.add_argument("--steps", type=int, default=None, help=f"training steps (default {TrainSpec.steps})")
