@@ -51,7 +51,7 @@ class Request:
 
     @property
     def is_prefilling(self) -> bool:
-        """DESIGN §4.2: rows of a request still inside its (re)admission prompt run the prefill form."""
+        """contract 2: rows of a request still inside its (re)admission prompt run the prefill form."""
         return self.num_computed_tokens < self.num_prefill_tokens
 
     @property

@@ -19,8 +19,8 @@ from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, R
 @dataclass(frozen=True)
 class Mutant:
     id: str
-    origin: str  # the seed pull request, or "own" for the other DESIGN §4 contracts
-    contract: str  # the DESIGN §4 contract it breaks
+    origin: str  # the seed pull request, or "own" for the other contracts of refengine/README.md
+    contract: str  # the contract of refengine/README.md it breaks
     description: str
     patch: Callable  # patch(engine) -> None, applied to a refengine.async_engine.AsyncEngine instance
     graph_mode: str = "full_and_piecewise"
@@ -30,7 +30,7 @@ class Mutant:
 class _PlanSnapshots:
     """Host values a mutant captures when the engine plans a step, looked up by plan index later.
 
-    A mutant re-creates a host copy the engine deliberately does not keep (DESIGN contracts 3 and 4)
+    A mutant re-creates a host copy the engine deliberately does not keep (contracts 3 and 4 in refengine/README.md)
     and feeds it where the engine reads the device's authoritative value.
     """
 
@@ -153,25 +153,25 @@ def _prefill_in_decode_graph(engine) -> None:
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "§4.3 accepted counts keyed by request",
+    Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "contract 3: accepted counts keyed by request",
            "GDN state offsets read from a per-row host copy of the accepted counts, stale after rows move",
            _stale_accepted, scenarios=("churn-k3", "scripted-ragged-k3")),
-    Mutant("token-count-recurrent-metadata", "seed 000 (vLLM #45100)", "§4.6 FULL-graph metadata sized by requests",
+    Mutant("token-count-gdn-metadata", "seed 000 (vLLM #45100)", "contract 6: FULL-graph metadata sized by requests",
            "FULL-graph GDN per-request tensors padded to the token count instead of the request count",
            _token_count_metadata, graph_mode="full", scenarios=("graph-padding-k1",)),
-    Mutant("short-prompt-as-decode", "seed 004 (vLLM #32716)", "§4.2 classification by context",
+    Mutant("short-prompt-as-decode", "seed 004 (vLLM #32716)", "contract 2: classification by context",
            "a new prompt of at most 1+K tokens is classified as a decode and skips state initialisation",
            _short_prompt_as_decode, scenarios=("short-prompts-k3", "short-prompts-mixed-k3")),
-    Mutant("optimistic-backup-token", "seed 002 (vLLM #38556)", "§4.5 drafter inputs are committed tokens",
+    Mutant("optimistic-backup-token", "seed 002 (vLLM #38556)", "contract 5: drafter inputs are committed tokens",
            "the drafter's next token is read at the optimistic (placeholder-inflated) sequence length",
            _optimistic_backup_token, scenarios=("mtp-k3",)),
-    Mutant("shared-host-buffer", "seed 001 (async scheduling x spec decode)", "§4.7 host buffers",
+    Mutant("shared-host-buffer", "seed 001 (async scheduling x spec decode)", "contract 7: host buffers",
            "the drafter stages its inputs in one host buffer that the next step rewrites while the copy is pending",
            _shared_host_buffer, scenarios=("chunk-tails-k3",)),
-    Mutant("host-optimistic-positions", "own", "§4.4 num_computed_tokens is device-authoritative",
+    Mutant("host-optimistic-positions", "own", "contract 4: num_computed_tokens is device-authoritative",
            "positions and slot mappings built from the host's optimistic num_computed_tokens",
            _host_positions, scenarios=("scripted-ragged-k3", "churn-k3")),
-    Mutant("prefill-in-decode-graph", "own", "§4.6 no decode graph for a batch with a prefill",
+    Mutant("prefill-in-decode-graph", "own", "contract 6: no decode graph for a batch with a prefill",
            "a batch whose prefill rows happen to have 1+K tokens replays the uniform-decode FULL graph",
            _prefill_in_decode_graph, graph_mode="full", scenarios=("short-prompts-mixed-k3",)),
 )

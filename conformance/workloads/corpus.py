@@ -1,6 +1,6 @@
 """The scenario corpus: every workload the suite runs, with a stable id and a one-line purpose.
 
-Each family targets one trigger from DESIGN.md §5 (the conditions upstream bugs needed) and is
+Each family targets one trigger (the conditions upstream bugs needed, listed in conformance/README.md) and is
 instantiated for K in {0, 1, 3} where that matters. Sizes follow the tier: "default" keeps each
 scenario to about a second on CPU with a tiny model; "nightly" runs longer outputs and more
 requests, plus a few nightly-only soak scenarios.

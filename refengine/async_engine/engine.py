@@ -142,7 +142,7 @@ class AsyncEngine:
         return [self.core.output(r) for r in finished]
 
     def is_decode(self, row: ScheduledRow) -> bool:
-        """DESIGN contract 2: a decode row belongs to a request past its prompt; never judged by query length."""
+        """contract 2: a decode row belongs to a request past its prompt; never judged by query length."""
         return not row.request.is_prefilling
 
     def host_buffer(self, name: str, rows: int, cols: int) -> HostBuffer:

@@ -39,7 +39,7 @@ class TargetRows(RowTable):
 
     idx: torch.Tensor  # [N] request slot
     query_len: torch.Tensor  # [N] tokens the row runs (committed tail, then drafts)
-    is_decode: torch.Tensor  # [N] 1: the request is past its prompt (DESIGN contract 2), else 0
+    is_decode: torch.Tensor  # [N] 1: the request is past its prompt (contract 2), else 0
     has_initial_state: torch.Tensor  # [N] 1: the request has computed tokens, so its state is live
     is_sampling: torch.Tensor  # [N] 1: the row reaches the request's last token and picks tokens
     num_drafts: torch.Tensor  # [N] drafts at the row's tail (0 for prefill rows)

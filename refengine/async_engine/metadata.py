@@ -38,7 +38,7 @@ class MetadataBuilder:
         self.device = device
 
     def per_request_rows(self, shape: StepShape) -> int:
-        """Rows every per-request tensor has: the padded request count (DESIGN §4.6)."""
+        """Rows every per-request tensor has: the padded request count (contract 6)."""
         return shape.num_reqs_padded
 
     def build(self, t: StepTensors, shape: StepShape, num_decode: int,

@@ -10,7 +10,7 @@ model and the caches). Each engine asks it for a proposer of its own kind:
   ``state.draft_tokens``. Tables it needs per request (the scripted drafter's truth, say) are its
   own: staged on the host when a request is admitted (``stage``), written on the device (``admit``).
 
-Both proposers see committed tokens only (DESIGN contract 5: never a placeholder, never -1).
+Both proposers see committed tokens only (contract 5: never a placeholder, never -1).
 To add a method: one module in this package with its ``Drafter`` class, and one line in
 ``refengine.drafters.DRAFTERS``.
 """
@@ -27,7 +27,7 @@ from refengine.forward_context import AttnMetadata
 
 
 class DrafterInputError(ValueError):
-    """An id outside the vocabulary was about to reach the drafter (DESIGN contract 5)."""
+    """An id outside the vocabulary was about to reach the drafter (contract 5)."""
 
 
 @dataclass

@@ -115,11 +115,11 @@ class ReferenceRunner:
             query_start.append(start)
             computed.append(nc)
             tokens = range(start, start + row.num_tokens)
-            if req.is_prefilling:  # DESIGN §4.2: zero initial state iff nothing computed yet
+            if req.is_prefilling:  # contract 2: zero initial state iff nothing computed yet
                 prefill.add(tokens, req.state_slots[0], req.has_initial_state, 1)
                 slot_read, offset = (req.state_slots[0] if req.has_initial_state else None), 0
             else:
-                offset = req.num_valid_prev - 1  # DESIGN §4.1: live state is s_{a-1}
+                offset = req.num_valid_prev - 1  # contract 1: live state is s_{a-1}
                 decode.add(tokens, req.state_slots if self.k else req.state_slots[0], True, req.num_valid_prev)
                 slot_read = req.state_slots[offset]
             records.append(RowRecord(
