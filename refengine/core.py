@@ -22,6 +22,10 @@ class EngineError(ValueError):
     """Bad input to the engine (the request is refused; everything else keeps running)."""
 
 
+class EngineFaulted(RuntimeError):
+    """A fault inside a step left the engine unable to continue exactly; every later call refuses."""
+
+
 @dataclass(frozen=True)
 class Occupancy:
     """How full an engine's pools are (used / free), and its request counts."""
@@ -53,6 +57,10 @@ class EngineCore:
         self.requests: dict[str, Request] = {}  # live (unfinished) requests
         self.observers: list[Callable[[StepRecord], None]] = []
         self._arrivals = 0
+        self._ready: list[Request] = []  # finished, not yet handed to the caller
+        self._records: list[StepRecord] = []  # not yet shown to the observers
+        self.fault: BaseException | None = None  # set when a fault could not be recovered from
+        self.num_recovered_faults = 0
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, request_id: str, prompt_token_ids, params: SamplingParams) -> list[int]:
@@ -118,10 +126,47 @@ class EngineCore:
         req.num_accepted_tokens += accepted
         req.acceptance.append((drafted, accepted))
 
+    # ---- faults -------------------------------------------------------------------------------------
+    def check_usable(self) -> None:
+        if self.fault is not None:
+            raise EngineFaulted(f"the engine stopped after a fault it could not recover from: {self.fault!r}") \
+                from self.fault
+
+    def recover(self, fault: BaseException, reset: Callable[[], None] | None = None) -> None:
+        """After ``fault`` escaped a step: every running request starts over from its committed tokens.
+
+        ``reset`` first drops the engine's own in-flight work. If that fails too, the engine is
+        marked faulted and refuses every later call, naming the original fault.
+        """
+        try:
+            if reset is not None:
+                reset()
+            self.scheduler.preempt_all()
+            self.num_recovered_faults += 1
+        except BaseException as again:  # noqa: BLE001 - any failure here makes exactness unprovable
+            self.fault = fault
+            raise EngineFaulted(f"recovery from {fault!r} failed: {again!r}") from fault
+
     # ---- what the outside sees --------------------------------------------------------------------
-    def notify(self, record: StepRecord) -> None:
-        for fn in self.observers:
-            fn(record)
+    def finished(self, reqs: list[Request]) -> None:
+        """Requests the step finished; handed out by ``deliver`` (kept until then, whatever raises)."""
+        self._ready.extend(reqs)
+
+    def record(self, record: StepRecord) -> None:
+        self._records.append(record)
+
+    def deliver(self) -> list[RequestOutput]:
+        """End of a step: show the records to the observers, then hand out the finished outputs.
+
+        The step's state is complete before an observer runs, so an observer that raises changes
+        nothing: its exception reaches the caller and the outputs come with the next ``step()``.
+        """
+        while self._records:
+            record = self._records.pop(0)
+            for fn in self.observers:
+                fn(record)
+        ready, self._ready = self._ready, []
+        return [self.output(r) for r in ready]
 
     def output(self, req: Request) -> RequestOutput:
         text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else None

@@ -137,6 +137,18 @@ class Scheduler:
             if victim is req:
                 return False
 
+    def preempt_all(self) -> list[str]:
+        """Send every running request back to the waiting queue (it recomputes from its committed tokens).
+
+        Engines call this after a fault inside a step: whatever the step left half-written (KV
+        entries, state slots, device rows), a request that starts over from its committed tokens
+        reads none of it, so its output stays exact.
+        """
+        preempted = [r.request_id for r in self.running]
+        for req in reversed(list(self.running)):
+            self._preempt(req)
+        return preempted
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self._release(req)

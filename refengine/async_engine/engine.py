@@ -32,7 +32,7 @@ from refengine.async_engine.optimistic import (
 from refengine.async_engine.records import build_records
 from refengine.async_engine.runner import Admission, AsyncRunner, StepFuture, StepPlan
 from refengine.async_engine.state import DeviceState, RequestSlots
-from refengine.async_engine.stream import HostBuffer, Stream
+from refengine.async_engine.stream import DeviceWorkError, HostBuffer, Stream
 from refengine.cache import ModelCaches
 from refengine.config import EngineConfig, torch_dtype
 from refengine.core import EngineCore, Occupancy
@@ -126,20 +126,40 @@ class AsyncEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self.core.check_usable()
         start = time.perf_counter()
+        try:
+            self._step()
+        except BaseException as fault:
+            self.core.recover(fault, reset=self._drop_inflight)
+            raise
+        finally:
+            self.stats.elapsed += time.perf_counter() - start
+        return self.core.deliver()
+
+    def _step(self) -> None:
         scheduler = self.core.scheduler
         sched = scheduler.schedule()
         future = self.runner.enqueue(self.plan(sched)) if sched.rows else None
-        finished = self._process(self._inflight) if self._inflight is not None else []
-        self._inflight = future
+        previous, self._inflight = self._inflight, future
+        finished = self._process(previous) if previous is not None else []
         if future is not None and not scheduler.has_unfinished():
             # Only work for requests that have finished is left in flight: settle it now.
             self._inflight = None
             finished += self._process(future)
         if future is None and not finished and scheduler.has_unfinished():
             raise RuntimeError("scheduler made no progress: the KV pool cannot hold any waiting request")
-        self.stats.elapsed += time.perf_counter() - start
-        return [self.core.output(r) for r in finished]
+
+    def _drop_inflight(self) -> None:
+        """After a fault: let the device timeline drain, and forget what was in flight (not committed)."""
+        self._inflight = None
+        for _ in range(3):  # a failed device program reports once, then the timeline drains
+            try:
+                self.stream.synchronize()
+                return
+            except DeviceWorkError:
+                continue
+        raise RuntimeError("the device timeline did not drain after the fault")
 
     def is_decode(self, row: ScheduledRow) -> bool:
         """contract 2: a decode row belongs to a request past its prompt; never judged by query length."""
@@ -216,6 +236,7 @@ class AsyncEngine:
         plan.block_rows = table
 
     def _process(self, fut: StepFuture) -> list[Request]:
+        """Commit a finished step's tokens through the core; the requests it finished are returned."""
         plan = fut.plan
         tokens, payload = fut.result()
         self.stats.steps += 1
@@ -237,9 +258,10 @@ class AsyncEngine:
             self.stats.tokens += len(valid)
             if self.core.append(req, valid):
                 finished.append(req)
+        self.core.finished(finished)
         if plan.record:
             rows = [r for i, r in enumerate(build_records(plan, tokens, payload, k)) if i not in discarded]
-            self.core.notify(StepRecord(plan.index, rows, [], plan.shape.mode, plan.shape.num_reqs_padded,
+            self.core.record(StepRecord(plan.index, rows, [], plan.shape.mode, plan.shape.num_reqs_padded,
                                         payload.get("gdn_shapes", {})))
         return finished
 

@@ -22,6 +22,10 @@ from collections.abc import Callable
 import torch
 
 
+class DeviceWorkError(RuntimeError):
+    """Work on the device timeline raised; reported at the host's next wait or submit."""
+
+
 class HazardError(RuntimeError):
     """Host code touched a buffer while an asynchronous copy from or into it was pending."""
 
@@ -149,7 +153,7 @@ class Stream:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
-            raise RuntimeError(f"device work failed: {err!r}") from err
+            raise DeviceWorkError(f"device work failed: {err!r}") from err
 
 
 class HostBuffer:

@@ -39,18 +39,24 @@ class ReferenceEngine:
 
     def step(self) -> list[RequestOutput]:
         core = self.core
+        core.check_usable()
         sched = core.scheduler.schedule()
         if not sched.rows:
             if core.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress: the KV pool cannot hold any waiting request")
-            return []
-        result = self.runner.execute(sched, record_digests=bool(core.observers))
-        finished = self._commit(sched, result)
-        self.runner.propose(sched, result)
-        core.notify(StepRecord(self._steps, result.records, list(sched.preempted), "none", len(sched.rows),
+            return core.deliver()
+        try:
+            result = self.runner.execute(sched, record_digests=bool(core.observers))
+            core.finished(self._commit(sched, result))
+            self.runner.propose(sched, result)
+        except BaseException as fault:
+            # The step may have written state slots and KV entries it did not commit: start over.
+            core.recover(fault)
+            raise
+        core.record(StepRecord(self._steps, result.records, list(sched.preempted), "none", len(sched.rows),
                                result.gdn_shapes))
         self._steps += 1
-        return [core.output(r) for r in finished]
+        return core.deliver()
 
     def _commit(self, sched: SchedulerOutput, result: StepResult) -> list[Request]:
         finished = []
