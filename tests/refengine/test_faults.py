@@ -139,6 +139,7 @@ def test_reference_engine_recovers_exactly(expected, stage, k):
 def test_keyboard_interrupt_mid_step_is_recovered(expected, engine):
     got, llm, faults = run_with_fault("commit", exc=KeyboardInterrupt, engine=engine, num_speculative_tokens=3)
     assert faults == 1 and got == expected(3)
+    assert llm.engine.pools_empty()
 
 
 def test_observer_fault_loses_no_output(expected):
