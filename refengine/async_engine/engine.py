@@ -204,7 +204,8 @@ class AsyncEngine:
         self._stage_blocks(plan)
         for row in rows:
             assume_accepted(row, self.config.speculative.num_speculative_tokens)
-        self.stats.graph_steps[shape.mode] = self.stats.graph_steps.get(shape.mode, 0) + 1
+        mode = shape.mode.value
+        self.stats.graph_steps[mode] = self.stats.graph_steps.get(mode, 0) + 1
         return plan
 
     def _admission(self, admitted: list[AsyncRequest]) -> Admission | None:

@@ -1,10 +1,12 @@
 """Graph modes: which steps replay a FULL graph, and the padded sizes every replay is built for.
 
-``none``: eager. ``piecewise``: the token axis is padded to a capture size (everything but the
-attention/GDN kernels would be captured), per-request metadata stays unpadded. ``full``: uniform
-decode batches (every row a decode of 1+K tokens, no prefill) replay a FULL graph padded to a
-capture size *in requests*; other batches run eager. ``full_and_piecewise``: FULL for uniform
-decodes, piecewise for the rest. On CPU the same static buffers and padding run eagerly.
+``none``: eager. ``piecewise``: the token axis is padded to a capture size, per-request metadata
+stays unpadded; nothing is captured (on CUDA too): it reproduces the padding a piecewise capture
+would need, so its effects on the kernels are tested, but it runs eagerly. ``full``: uniform
+decode batches (every row a decode of 1+K tokens, no prefill) run the whole step program (target,
+verification, commit, drafting) as one graph padded to a capture size *in requests*; other
+batches run eager. ``full_and_piecewise``: FULL for uniform decodes, piecewise padding for the rest.
+On CPU the same static buffers and padding run eagerly.
 """
 
 from __future__ import annotations
@@ -61,72 +63,45 @@ class GraphDispatcher:
         return StepShape(GraphMode.NONE, n, n, t, t)
 
 
-class CudaGraphs:
-    """FULL-mode capture and replay on CUDA: one graph per padded request count.
+class StepGraphs:
+    """FULL steps as one graph per padded request count: target forward, greedy verification, the
+    device-side commit and every draft pass, from static input tables to static outputs.
 
-    Everything a replay reads lives in static buffers allocated at capture: the step's input ids
-    and positions, the attention metadata and the decode group's GDN metadata; the caches are
-    persistent already. Capture runs on inert metadata (every slot ``PAD_SLOT_ID``, every row empty)
-    so it writes no cache entry and no state slot; each replay first copies the real metadata in.
-    On CPU, or outside FULL steps, the model runs eagerly on the same padded tensors.
+    ``run(key, inputs, program)``: ``inputs`` are the static input buffers the caller has filled,
+    ``program()`` reads only them and persistent state and returns a dict of output tensors. On CUDA
+    the first call for a key captures ``program`` on inert inputs (every row a padding row, so the
+    capture writes no cache entry, state slot or request row) and every call replays it; elsewhere
+    ``program`` runs eagerly on the same static buffers.
     """
 
-    def __init__(self):
-        self._entries: dict[int, tuple] = {}  # padded requests -> (graph, static inputs, static output)
+    def __init__(self, device):
+        self.device = device
+        self._entries: dict[int, tuple] = {}  # key -> (graph, outputs)
 
-    def run(self, model, input_ids, positions, ctx, shape: StepShape):
-        if input_ids.device.type != "cuda" or shape.mode is not GraphMode.FULL:
-            return model(input_ids, positions, ctx)
-        entry = self._entries.get(shape.num_reqs_padded)
+    def run(self, key: int, inputs: dict, inert: dict, program) -> dict:
+        if self.device.type != "cuda":
+            return program()
+        entry = self._entries.get(key)
         if entry is None:
-            entry = self._capture(model, input_ids, positions, ctx)
-            self._entries[shape.num_reqs_padded] = entry
-        graph, static, output = entry
-        for dst, src in zip(static, _graph_inputs(input_ids, positions, ctx)):
-            dst.copy_(src)
+            entry = self._entries[key] = self._capture(inputs, inert, program)
+        graph, outputs = entry
         graph.replay()
-        return output
+        return outputs
 
-    def _capture(self, model, input_ids, positions, ctx):
+    def _capture(self, inputs: dict, inert: dict, program) -> tuple:
         import torch
 
-        from kernels import PAD_SLOT_ID
-
-        static_ids, static_pos = input_ids.clone(), positions.clone()
-        static_ctx = _clone_context(ctx)
-        inert = (static_ctx.attn.slot_mapping, static_ctx.recurrent.decode.state_indices)
-        for t in inert:
-            t.fill_(PAD_SLOT_ID)
-        static_ctx.attn.query_start_loc.zero_()
-        static_ctx.recurrent.decode.query_start_loc.zero_()
-        static_ctx.attn.seq_lens.zero_()
+        real = {name: t.clone() for name, t in inputs.items()}
+        for name, t in inputs.items():
+            t.copy_(inert[name])
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            model(static_ids, static_pos, static_ctx)  # warm-up on inert metadata: writes nothing
+            program()  # warm-up on inert inputs: writes nothing
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            output = model(static_ids, static_pos, static_ctx)
-        return graph, _graph_inputs(static_ids, static_pos, static_ctx), output
-
-
-def _graph_inputs(input_ids, positions, ctx) -> list:
-    a, d = ctx.attn, ctx.recurrent.decode
-    tensors = [input_ids, positions, a.query_start_loc, a.seq_lens, a.block_table, a.slot_mapping,
-               d.token_indices, d.query_start_loc, d.state_indices]
-    if d.num_accepted_tokens is not None:
-        tensors.append(d.num_accepted_tokens)
-    return tensors
-
-
-def _clone_context(ctx):
-    from dataclasses import replace
-
-    attn = replace(ctx.attn, **{f: getattr(ctx.attn, f).clone()
-                                for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")})
-    d = ctx.recurrent.decode
-    decode = replace(d, token_indices=d.token_indices.clone(), query_start_loc=d.query_start_loc.clone(),
-                     state_indices=d.state_indices.clone(),
-                     num_accepted_tokens=None if d.num_accepted_tokens is None else d.num_accepted_tokens.clone())
-    return replace(ctx, attn=attn, recurrent=replace(ctx.recurrent, decode=decode, prefill=None))
+            outputs = program()
+        for name, t in inputs.items():
+            t.copy_(real[name])
+        return graph, outputs

@@ -62,8 +62,8 @@ class MetadataBuilder:
             slots = torch.where(d_real[:, None], slots, torch.full_like(slots, PAD_SLOT_ID))
             accepted = None
             if self.k:
-                # Accepted counts keyed by request slot, from the device (contract 3).
-                acc = pad_rows(self.state.num_valid[t.idx_mapping[:num_decode].long()], decode_rows, 1)
+                # Accepted counts keyed by request slot, from the device (contract 3); 1 for padding.
+                acc = self.state.num_valid[d_idx.long().clamp(min=0)]
                 accepted = torch.where(d_real, acc, torch.ones_like(acc)).to(torch.int32)
             end = shape.num_tokens_padded if full else qsl_host[num_decode]
             recurrent.decode = RecurrentGroup(

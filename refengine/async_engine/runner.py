@@ -21,12 +21,13 @@ import torch
 
 import kernels
 from kernels.input_prep import post_update, prepare_inputs
-from refengine.async_engine.graphs import CudaGraphs, StepShape
+from refengine.async_engine.graphs import StepGraphs, StepShape
 from refengine.async_engine.inputs import DrafterRows, TargetRows
 from refengine.async_engine.metadata import MetadataBuilder, StepTensors, pad_qsl, pad_rows
 from refengine.async_engine.stream import Event, HostBuffer, Stream
+from refengine.config import GraphMode
 from refengine.drafters import DraftInputs
-from refengine.drafters.base import DraftOutputs
+from refengine.drafters.base import DraftOutputs, UniformDraftInputs, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 
 
@@ -87,6 +88,14 @@ class Verified:
 
 
 @dataclass
+class StaticTables:
+    """A FULL step's input tables for Np padded rows: what the program reads, and their inert values."""
+
+    live: dict[str, torch.Tensor]  # "target" -> TargetRows table [Np, F] int64, refilled every step
+    inert: dict[str, torch.Tensor]  # the same tables with every row a padding row (for capture)
+
+
+@dataclass
 class StepFuture:
     plan: StepPlan
     event: Event | None
@@ -113,7 +122,10 @@ class AsyncRunner:
         self.k = num_spec_tokens
         self.recurrent_prefill_chunked = recurrent_prefill_chunked
         self.device = stream.device
-        self.cuda_graphs = CudaGraphs()  # FULL-mode capture and replay (CUDA only)
+        self.step_graphs = StepGraphs(self.device)  # FULL steps: one graph per padded request count
+        self._static: dict[int, StaticTables] = {}  # padded requests -> a FULL step's input tables
+        self.check_inputs = proposer is not None and getattr(proposer, "ctx", None) is not None \
+            and proposer.ctx.check_inputs
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
         n = len(plan.rows)
@@ -121,7 +133,7 @@ class AsyncRunner:
         drafter = self._upload(plan.drafter_rows, n)
         fut = StepFuture(plan, None, torch.full((n, self.k + 1), -1, dtype=torch.int64),
                          torch.ones(n, dtype=torch.int64))
-        self.stream.submit(lambda: self._program(plan, TargetRows.view(target), DrafterRows.view(drafter), fut))
+        self.stream.submit(lambda: self._program(plan, target, drafter, fut))
         fut.event = self.stream.record_event()
         return fut
 
@@ -131,10 +143,14 @@ class AsyncRunner:
         self.stream.copy(dst, buf.tensor[:n], host=buf)
         return dst
 
-    def _program(self, plan: StepPlan, rows: TargetRows, drafter_rows: DrafterRows, fut: StepFuture) -> None:
+    def _program(self, plan: StepPlan, target: torch.Tensor, drafter: torch.Tensor, fut: StepFuture) -> None:
+        """``target`` [N, F] and ``drafter`` [N, F]: the step's staged tables, on the device."""
         self.stage(plan)
+        if plan.shape.mode is GraphMode.FULL:
+            return self._uniform_program(plan, target, fut)
+        rows, drafter_rows = TargetRows.view(target), DrafterRows.view(drafter)
         step = self.prepare(plan, rows, self.state.num_computed)
-        hidden = self.run(plan, step)
+        hidden = self.run(step)
         verified = self.verify(plan, rows, step, hidden)
         self.commit(rows, verified)
         drafts = self.draft(plan, rows, drafter_rows, step, hidden, verified)
@@ -156,9 +172,13 @@ class AsyncRunner:
             self.state.block_table[plan.block_idx.to(dev)] = plan.block_rows.to(dev)
 
     def prepare(self, plan: StepPlan, rows: TargetRows, num_computed: torch.Tensor) -> PreparedStep:
-        """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4)."""
+        """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4).
+
+        ``rows`` are the step's n rows, or (FULL) its padded rows, padding rows with request slot -1:
+        their gathers read the state's sink row (the last one) and they are inert everywhere else.
+        """
         st, shape, dev = self.state, plan.shape, self.device
-        n = shape.num_reqs
+        n = rows.idx.shape[0]
         qsl = torch.zeros(n + 1, dtype=torch.int32, device=dev)
         qsl[1:] = rows.query_len.cumsum(0)
         rows_p = shape.num_reqs_padded
@@ -177,11 +197,11 @@ class AsyncRunner:
         return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, recurrent,
                             st.draft_tokens[rows.idx].clone(), used_accepted)
 
-    def run(self, plan: StepPlan, step: PreparedStep) -> torch.Tensor:
+    def run(self, step: PreparedStep) -> torch.Tensor:
         ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,
                              states=self.caches.states,
                              recurrent_prefill_chunked=self.recurrent_prefill_chunked)
-        return self.cuda_graphs.run(self.model, step.input_ids, step.positions, ctx, plan.shape)
+        return self.model(step.input_ids, step.positions, ctx)
 
     def verify(self, plan: StepPlan, rows: TargetRows, step: PreparedStep, hidden: torch.Tensor) -> Verified:
         """Greedy verification; index arithmetic from host facts, so nothing is read back."""
@@ -226,6 +246,76 @@ class AsyncRunner:
             backup_token=drafter_rows.backup_token, kept=kept, input_ids=step.input_ids[:num_tokens],
             positions=step.positions[:num_tokens], hidden=hidden[:num_tokens], attn=attn))
         return kept, out
+
+
+    # ---- FULL steps: the whole program on static padded tables --------------------------------------
+    def _uniform_program(self, plan: StepPlan, target: torch.Tensor, fut: StepFuture) -> None:
+        """A uniform decode step: every real row a decode of 1+K tokens, padded to Np rows.
+
+        The program from preparation to drafting reads only the static table and persistent state,
+        and nothing back to the host, so on CUDA it is one graph per Np; the real rows' tokens are
+        copied out afterwards.
+        """
+        n, n_pad = plan.shape.num_reqs, plan.shape.num_reqs_padded
+        tables = self._static_tables(n_pad)
+        tables.live["target"][:n] = target
+        tables.live["target"][n:] = tables.inert["target"][n:]
+        out = self.step_graphs.run(n_pad, tables.live, tables.inert, lambda: self._uniform_step(plan, tables.live))
+        t = n * (self.k + 1)
+        if self.check_inputs and out["first_pass_ids"] is not None:
+            check_vocab_ids(out["first_pass_ids"][:t], out["qsl"], out["idx"], out["positions"][:t],
+                            self.proposer.ctx.vocab_size)
+        fut.sampled.copy_(out["sampled"][:n], non_blocking=True)
+        fut.num_valid.copy_(out["num_valid"][:n], non_blocking=True)
+        if plan.record:
+            first, chain = out["first_pass_ids"], out["chain_ids"]
+            fut.payload.update(
+                input_ids=out["input_ids"][:t].cpu(), positions=out["positions"][:t].cpu(),
+                used_accepted=out["used_accepted"][:n].cpu(), prev_drafts=out["prev_drafts"][:n].cpu(),
+                logits=out["logits"][:t].cpu(), cu=torch.arange(0, t + 1, self.k + 1),
+                sampling_rows=torch.arange(n), kept=out["kept"][:n].cpu(),
+                first_pass_ids=None if first is None else first[:t].cpu(),
+                chain_ids=None if chain is None else chain[:n].cpu(), next_drafts=out["next_drafts"][:n].cpu(),
+                gdn_shapes=out["recurrent_shapes"])
+
+    def _static_tables(self, n_pad: int) -> StaticTables:
+        tables = self._static.get(n_pad)
+        if tables is None:
+            cols = TargetRows.columns()
+            inert = torch.zeros(n_pad, len(cols), dtype=torch.int64, device=self.device)
+            inert[:, cols.index("idx")] = -1  # a padding row: no request slot, zero tokens, samples nothing
+            inert[:, cols.index("is_decode")] = 1
+            tables = self._static[n_pad] = StaticTables({"target": inert.clone()}, {"target": inert})
+        return tables
+
+    def _uniform_step(self, plan: StepPlan, tables: dict[str, torch.Tensor]) -> dict:
+        """Prepare, run, verify, commit and draft over the static table; returns static outputs."""
+        k1, dev = self.k + 1, self.device
+        rows = TargetRows.view(tables["target"])
+        step = self.prepare(plan, rows, self.state.num_computed)
+        hidden = self.run(step)
+        real = rows.idx >= 0
+        n_pad, t_pad = real.shape[0], hidden.shape[0]
+        logits = self.model.compute_logits(hidden)  # [Np*(K+1), V]: every row 1+K tokens
+        cu = torch.arange(0, t_pad + 1, k1, dtype=torch.int32, device=dev)
+        tokens, num_valid = kernels.greedy_verify(logits, step.prev_drafts,
+                                                  torch.full((n_pad,), self.k, dtype=torch.int32, device=dev), cu)
+        sampled = torch.where(real[:, None], tokens, torch.full_like(tokens, -1))
+        num_valid = torch.where(real, num_valid, torch.ones_like(num_valid))
+        verified = Verified(torch.arange(n_pad, device=dev), cu.long(), logits, sampled, num_valid)
+        self.commit(rows, verified)
+        kept = torch.where(real, num_valid.long(), torch.ones_like(rows.idx))
+        drafts = None
+        if self.proposer is not None:
+            drafts = self.proposer.propose_uniform(UniformDraftInputs(
+                idx=rows.idx, real=real, kept=kept, input_ids=step.input_ids, positions=step.positions,
+                hidden=hidden, attn=step.attn))
+        return {"sampled": sampled, "num_valid": num_valid, "input_ids": step.input_ids,
+                "positions": step.positions, "used_accepted": step.used_accepted, "prev_drafts": step.prev_drafts,
+                "logits": logits, "kept": kept, "qsl": step.qsl, "idx": rows.idx,
+                "first_pass_ids": None if drafts is None else drafts.first_pass_ids,
+                "chain_ids": None if drafts is None else drafts.chain_ids,
+                "next_drafts": self.state.draft_tokens[rows.idx], "recurrent_shapes": step.recurrent.shapes()}
 
 
 def _payload(plan: StepPlan, step: PreparedStep, v: Verified, drafts) -> dict:

@@ -31,10 +31,15 @@ class RequestSlots:
 
 
 class DeviceState:
+    """``R = num_slots + 1`` rows: one per request slot, and a sink row (``sink``) that padding rows of
+    a FULL step read and write, so a padded program needs no masks around its gathers and scatters."""
+
     def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_spec_tokens: int,
                  device: torch.device):
         i32 = {"dtype": torch.int32, "device": device}
         i64 = {"dtype": torch.int64, "device": device}
+        self.sink = num_slots
+        num_slots += 1
         self.num_computed = torch.zeros(num_slots, **i32)  # [R] committed tokens whose KV/state is written
         self.num_tokens = torch.zeros(num_slots, **i32)  # [R] committed tokens (prompt + outputs)
         self.num_prompt = torch.zeros(num_slots, **i32)  # [R] original prompt length

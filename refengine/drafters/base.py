@@ -72,6 +72,24 @@ class DraftInputs:
 
 
 @dataclass
+class UniformDraftInputs:
+    """A FULL step as the device proposer sees it: ``Np`` padded rows of exactly 1+K tokens each.
+
+    Every real row sampled. Padding rows sit on the state's sink slot (``real`` False); whatever a
+    proposer computes for them lands in the sink row. Nothing here needs a host read, so the whole
+    proposal can be part of the step's graph.
+    """
+
+    idx: torch.Tensor  # [Np] int64 request slots, the sink slot for padding rows
+    real: torch.Tensor  # [Np] bool
+    kept: torch.Tensor  # [Np] int64, positions of the row now committed (1 for padding rows)
+    input_ids: torch.Tensor  # [Np*(K+1)] int64
+    positions: torch.Tensor  # [Np*(K+1)] int64
+    hidden: torch.Tensor  # [Np*(K+1), H] target hidden states (post final norm)
+    attn: AttnMetadata  # the target's padded metadata (padding rows inert, contract 6)
+
+
+@dataclass
 class DraftOutputs:
     """What a device proposer reports for observers (the drafts themselves are in ``state.draft_tokens``)."""
 
@@ -94,6 +112,9 @@ class DeviceProposer(Protocol):
     def propose(self, d: DraftInputs) -> DraftOutputs:
         """Device timeline: drafts for the sampling rows into ``state.draft_tokens``."""
 
+    def propose_uniform(self, d: UniformDraftInputs) -> DraftOutputs:
+        """The same for a FULL step, with static shapes and no host reads (it may be captured)."""
+
 
 class Drafter(Protocol):
     method: str  # the name it is registered under
@@ -108,12 +129,16 @@ class Drafter(Protocol):
     def device_proposer(self, ctx: DeviceDraftContext) -> DeviceProposer: ...
 
 
-def check_vocab_ids(ids: torch.Tensor, d: DraftInputs, vocab_size: int) -> None:
-    """Refuse ids outside the vocabulary before they reach a drafter, naming slot and position."""
+def check_vocab_ids(ids: torch.Tensor, query_start_loc: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor,
+                    vocab_size: int) -> None:
+    """Refuse ids [T] outside the vocabulary before they reach a drafter, naming slot and position.
+
+    A debugging check: it reads the ids back to the host (a device sync).
+    """
     bad = torch.nonzero((ids < 0) | (ids >= vocab_size)).flatten().tolist()
     if bad:
         t = bad[0]
-        row = int(torch.searchsorted(d.query_start_loc[1:], torch.tensor(t, device=ids.device), right=True))
+        row = int(torch.searchsorted(query_start_loc[1:], torch.tensor(t, device=ids.device), right=True))
         raise DrafterInputError(
             f"drafter input id {int(ids[t])} (outside [0, {vocab_size})) for request slot "
-            f"{int(d.idx[row])} at position {int(d.positions[t])}; {len(bad)} bad id(s) in this step")
+            f"{int(idx[row])} at position {int(positions[t])}; {len(bad)} bad id(s) in this step")

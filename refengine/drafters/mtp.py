@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import PAD_SLOT_ID
 from refengine.drafters.base import (
     DeviceDraftContext,
     DraftInputs,
     DraftOutputs,
     HostDraftContext,
+    UniformDraftInputs,
     check_vocab_ids,
 )
 from refengine.forward_context import AttnMetadata
@@ -124,7 +126,7 @@ class MTPDeviceProposer:
         k, kv = ctx.num_spec_tokens, ctx.caches.kv[MTP_CACHE_KEY]
         ids = self.next_token_ids(d)
         if ctx.check_inputs:
-            check_vocab_ids(ids, d, ctx.vocab_size)
+            check_vocab_ids(ids, d.query_start_loc, d.idx, d.positions, ctx.vocab_size)
         mtp_hidden = model.mtp(ids, d.hidden, d.positions, d.attn, kv)
         sampling = d.sampling_rows
         if sampling.numel() == 0:
@@ -145,4 +147,34 @@ class MTPDeviceProposer:
             drafts.append(model.compute_logits(hidden).argmax(dim=-1))
         table = torch.stack(drafts, dim=1)
         st.draft_tokens[r] = table
+        return DraftOutputs(ids, table[:, :-1])
+
+    def propose_uniform(self, d: UniformDraftInputs) -> DraftOutputs:
+        """Every row 1+K tokens; the chained steps keep padding rows inert (no KV write, zero context)."""
+        ctx, model, st = self.ctx, self.ctx.model, self.ctx.state
+        k, bs, kv = ctx.num_spec_tokens, ctx.block_size, ctx.caches.kv[MTP_CACHE_KEY]
+        rows = d.idx.shape[0]
+        r_tok = d.idx.repeat_interleave(k + 1)  # [Np*(K+1)] request slot of each token
+        nxt_pos = d.positions + 1
+        committed = nxt_pos < st.num_tokens[r_tok].long()
+        ids = torch.where(committed, st.token_ids[r_tok, nxt_pos.clamp(max=st.token_ids.shape[1] - 1)], d.input_ids)
+        last = torch.arange(rows, device=d.idx.device) * (k + 1) + d.kept - 1  # [Np] last kept token
+        ids[last] = st.last_sampled[d.idx]
+        mtp_hidden = model.mtp(ids, d.hidden, d.positions, d.attn, kv)
+        hidden = mtp_hidden[last]
+        drafts = [model.compute_logits(hidden).argmax(dim=-1)]
+        base = st.num_computed[d.idx].long()  # committed after this step's post-update
+        qsl = torch.zeros(rows + 1, dtype=torch.int32, device=d.idx.device)
+        qsl[1:] = d.real.to(torch.int32).cumsum(0)  # one token per real row; padding rows repeat it
+        table_rows = torch.where(d.real[:, None], st.block_table[d.idx], 0)
+        for step in range(1, k):
+            pos = base + step - 1  # MTP row p pairs token p+1 with hidden p
+            blocks = st.block_table[d.idx, (pos // bs).clamp(max=st.block_table.shape[1] - 1)].long()
+            slots = torch.where(d.real, blocks * bs + pos % bs, torch.full_like(pos, PAD_SLOT_ID))
+            seq_lens = torch.where(d.real, pos + 1, torch.zeros_like(pos)).to(torch.int32)
+            attn = AttnMetadata(query_start_loc=qsl, seq_lens=seq_lens, block_table=table_rows, slot_mapping=slots)
+            hidden = model.mtp(drafts[-1], hidden, pos, attn, kv)
+            drafts.append(model.compute_logits(hidden).argmax(dim=-1))
+        table = torch.stack(drafts, dim=1)
+        st.draft_tokens[d.idx] = table  # padding rows write only the sink row
         return DraftOutputs(ids, table[:, :-1])

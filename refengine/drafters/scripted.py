@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.drafters.base import DeviceDraftContext, DraftInputs, DraftOutputs, HostDraftContext
+from refengine.drafters.base import (
+    DeviceDraftContext,
+    DraftInputs,
+    DraftOutputs,
+    HostDraftContext,
+    UniformDraftInputs,
+)
 from refengine.request import Request
 
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
@@ -136,8 +142,14 @@ class ScriptedDeviceProposer:
             self.num_correct[idx] = staged.num_correct.to(self.truth.device)
 
     def propose(self, d: DraftInputs) -> DraftOutputs:
+        return self._drafts_for(d.idx[d.sampling_rows])
+
+    def propose_uniform(self, d: UniformDraftInputs) -> DraftOutputs:
+        return self._drafts_for(d.idx)  # padding rows sit on the sink slot
+
+    def _drafts_for(self, r: torch.Tensor) -> DraftOutputs:
+        """Drafts for request slots ``r`` [Ns] into ``state.draft_tokens``."""
         st, k, vocab = self.ctx.state, self.drafter.num_spec_tokens, self.drafter.vocab_size
-        r = d.idx[d.sampling_rows]
         m = (st.num_tokens[r] - st.num_prompt[r]).long()  # drafts stand for outputs m, m+1, ...
         width = self.truth.shape[1]
         cols = m[:, None] + torch.arange(k, device=r.device)[None, :]

@@ -24,10 +24,16 @@ class InjectedFault(Exception):
     pass
 
 
-def fail_once(obj, name: str, at_call: int, *, after: bool = False, exc: type[BaseException] = InjectedFault):
-    """Make ``obj.name`` raise on its ``at_call``-th call (before or after doing its work)."""
-    original, calls = getattr(obj, name), itertools.count()
+def fail_once(obj, names: str | tuple[str, ...], at_call: int, *, after: bool = False,
+              exc: type[BaseException] = InjectedFault):
+    """Make the ``at_call``-th call of any of ``obj``'s methods ``names`` raise (before or after its work)."""
+    calls = itertools.count()
+    for name in (names,) if isinstance(names, str) else names:
+        if hasattr(obj, name):
+            setattr(obj, name, _failing(getattr(obj, name), name, calls, at_call, after, exc))
 
+
+def _failing(original, name, calls, at_call, after, exc):
     def wrapped(*args, **kwargs):
         i = next(calls)
         if i == at_call and not after:
@@ -37,7 +43,7 @@ def fail_once(obj, name: str, at_call: int, *, after: bool = False, exc: type[Ba
             raise exc(f"injected after {name}")
         return result
 
-    setattr(obj, name, wrapped)
+    return wrapped
 
 
 def failing_observer(at_call: int, exc=InjectedFault):
@@ -63,12 +69,12 @@ def inject(llm: LLM, stage: str, exc) -> None:
     elif stage == "process":  # processing the previous step's output
         fail_once(e, "_process", 3, exc=exc)
     elif stage == "model":
-        fail_once(e.runner, "run" if hasattr(e.runner, "run") else "execute", 3, exc=exc)
+        fail_once(e.runner, ("run", "execute"), 3, exc=exc)
     elif stage == "drafter":
         target = e.runner.proposer
         if target is None:
             pytest.skip("no drafter without speculation")
-        fail_once(target, "propose", 3, exc=exc)
+        fail_once(target, ("propose", "propose_uniform"), 3, exc=exc)
     else:
         raise AssertionError(stage)
 
