@@ -11,7 +11,7 @@ import torch
 
 from kernels._testing import assert_close
 from kernels.attention import naive_paged_attention, paged_attention
-from tests.kernels.conftest import requires_triton
+from tests.kernels.conftest import generator, requires_triton
 
 K_SPEC = 3  # speculative tokens: a verify row has 1 + K_SPEC query tokens
 
@@ -24,7 +24,7 @@ class Batch:
     """
 
     def __init__(self, rows, block_size, hq, hkv, d, *, dtype=torch.float32, pad_tokens=0, seed=0):
-        gen = torch.Generator().manual_seed(seed)
+        gen = generator(seed)
         self.rows, self.block_size, self.hq, self.hkv, self.d = rows, block_size, hq, hkv, d
         self.seq_lens = [ctx + qlen for ctx, qlen in rows]
         blocks_per_row = [math.ceil(s / block_size) for s in self.seq_lens]
