@@ -124,6 +124,8 @@ CHUNK_CASES = [
     ([63, 5], 1, 2, 20, 16, 64),
     ([65], 2, 4, 16, 16, 64),
     ([20], 1, 1, 12, 40, 16),         # two value blocks, the second one partial
+    ([9, 1], 1, 2, 80, 20, 16),       # Dk over two key tiles, the second one partial; T = 1 row
+    ([18], 1, 1, 200, 16, 16),        # Dk over four key tiles (the most the state kernel keeps)
 ]
 
 
