@@ -121,6 +121,15 @@ def attention_matmul(q: torch.Tensor, k_cache: torch.Tensor) -> str:
     return "dot"
 
 
+def launch_constexprs(group: int, head_dim: int, block_size: int, n: int, matmul: str) -> dict:
+    """The kernel's compile-time parameters (shared with kernels/attention/compile_cases.py)."""
+    bg = triton.next_power_of_2(group)
+    return {"G": group, "D": head_dim, "BLOCK_SIZE": block_size, "TILE": max(block_size, 16),
+            "BLOCK_Q": max(1, 16 // bg),  # BLOCK_Q * BG >= 16 query rows per program
+            "BG": bg, "BD": max(16, triton.next_power_of_2(head_dim)), "BN": triton.next_power_of_2(n),
+            "MATMUL": matmul}
+
+
 def triton_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -145,21 +154,16 @@ def triton_paged_attention(
     assert seq_lens.dtype == torch.int32 and seq_lens.is_contiguous(), "seq_lens int32 [N]"
     assert block_table.shape[0] == n and block_table.dtype == torch.int32, "block_table int32 [N, max_blocks]"
     assert block_table.stride(1) == 1, "block_table rows must be contiguous"
-    group = num_q_heads // num_kv_heads
-    bg = triton.next_power_of_2(group)
-    block_q = max(1, 16 // bg)  # BLOCK_Q * BG >= 16 query rows per program
     # Padding tokens (past query_start_loc[N]) are never written by the kernel.
     o = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or n == 0:
         return o
-    matmul = attention_matmul(q, k_cache)
-    paged_attention_kernel[(num_tokens // block_q + n, num_kv_heads)](
+    cfg = launch_constexprs(num_q_heads // num_kv_heads, head_dim, block_size, n, attention_matmul(q, k_cache))
+    paged_attention_kernel[(num_tokens // cfg["BLOCK_Q"] + n, num_kv_heads)](
         q, k_cache, v_cache, o, query_start_loc, seq_lens, block_table,
         n, scale,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        G=group, D=head_dim, BLOCK_SIZE=block_size, TILE=max(block_size, 16),
-        BLOCK_Q=block_q, BG=bg, BD=max(16, triton.next_power_of_2(head_dim)),
-        BN=triton.next_power_of_2(n), MATMUL=matmul,
+        **cfg,
     )
     return o
