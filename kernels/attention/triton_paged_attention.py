@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention import check_block_size
+
 
 @triton.jit(do_not_specialize=["N", "scale"])
 def paged_attention_kernel(
@@ -147,7 +149,7 @@ def triton_paged_attention(
     assert v_cache.shape == k_cache.shape and k_cache.shape[3] == head_dim, "cache shapes"
     assert k_cache.stride() == v_cache.stride() and k_cache.dtype == v_cache.dtype, "k/v caches differ"
     assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
-    assert block_size & (block_size - 1) == 0, "block_size must be a power of two"
+    check_block_size(block_size)
     assert q.stride(2) == 1 and k_cache.stride(3) == 1, "the head dim of q and the caches must be contiguous"
     assert query_start_loc.shape == (n + 1,), "query_start_loc [N+1]"
     assert query_start_loc.dtype == torch.int32, "query_start_loc must be int32"

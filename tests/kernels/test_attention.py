@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels._testing import assert_close
-from kernels.attention import naive_paged_attention, paged_attention
+from kernels.attention import check_block_size, naive_paged_attention, paged_attention
 from tests.kernels.conftest import generator, requires_triton
 
 K_SPEC = 3  # speculative tokens: a verify row has 1 + K_SPEC query tokens
@@ -228,3 +228,21 @@ def test_triton_rejects_strided_head_dim():
     q_strided = torch.randn(q.shape[0], q.shape[1], 2 * q.shape[2])[:, :, ::2]
     with pytest.raises(AssertionError, match="contiguous"):
         paged_attention(q_strided, *rest, scale=batch.scale, backend="triton")
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32, 64])
+def test_check_block_size_accepts_what_the_triton_kernel_takes(block_size):
+    check_block_size(block_size)
+
+
+@pytest.mark.parametrize("block_size", [0, -16, 12, 48, 128, 16.0, True, "16"])
+def test_check_block_size_refuses_naming_the_setting(block_size):
+    with pytest.raises(ValueError, match="block_size"):
+        check_block_size(block_size)
+
+
+@requires_triton
+def test_triton_attention_refuses_a_block_size_it_cannot_take():
+    batch = Batch([(0, 3)], 48, 2, 2, 16)  # 48-token blocks: not a power of two
+    with pytest.raises(ValueError, match="block_size=48"):
+        paged_attention(*batch.args(), scale=batch.scale, backend="triton")
