@@ -333,6 +333,7 @@ def triton_chunk_gated_delta_rule(
         return o
     cfg = launch_config(dk, dv, chunk_size)
     num_slots = num_tokens // chunk_size + n  # chunk slots, no host read of cu_seqlens (module docstring)
+    assert num_slots < 65536, f"{num_slots} chunk slots: more than a CUDA grid's second dimension takes"
     dev = q.device
     w_buf = torch.empty(num_tokens, hv, dk, dtype=torch.float32, device=dev)
     u_buf = torch.empty(num_tokens, hv, dv, dtype=torch.float32, device=dev)  # u, then v'
