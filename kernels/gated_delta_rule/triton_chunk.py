@@ -307,10 +307,12 @@ def launch_config(dk: int, dv: int, chunk_size: int) -> dict:
     return {
         "BT": chunk_size, "BK": bk, "NK": triton.cdiv(dk, bk),
         # Eight warps spread the [BT, BT] products and the [Dk, BV] state tiles over more registers; two
-        # pipeline stages keep the state kernel at Dk = 256 inside an A100's shared memory.
+        # pipeline stages keep the state kernel at Dk = 256 inside an A100's shared memory; at 64 value
+        # columns ptxas gives the output kernel 32 registers and an 8 KiB spill stack on sm_80, at 32 it
+        # gets 255 registers and spills under 1 KiB (python -m kernels.compile_check).
         "wy": {"BV": min(64, max(16, triton.next_power_of_2(dv))), "num_warps": 8, "num_stages": 3},
         "state": {"BV": min(32, max(16, triton.next_power_of_2(dv))), "num_warps": 8, "num_stages": 2},
-        "output": {"BV": min(64, max(16, triton.next_power_of_2(dv))), "num_warps": 8, "num_stages": 3},
+        "output": {"BV": min(32, max(16, triton.next_power_of_2(dv))), "num_warps": 8, "num_stages": 3},
     }
 
 
