@@ -17,6 +17,9 @@ mkdir -p "$REPORTS"
 python ci/check_env.py --device cuda --cuda "$EXPECTED_CUDA"
 
 status=0
+# Every Triton kernel compiled for sm_80 and sm_90 at real model shapes: shared memory and registers.
+python -m kernels.compile_check --targets sm_80,sm_90 > "$REPORTS/compile-check.txt" || status=1
+tail -n 1 "$REPORTS/compile-check.txt"
 # Everything, GPU-marked kernel tests included (they skip only without CUDA).
 pytest -n auto -rxXfE -o junit_family=xunit1 --junitxml "$REPORTS/tests.xml" "$@" || status=$?
 # The conformance suite with both engines on the GPU, every graph mode.
