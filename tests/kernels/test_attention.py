@@ -189,6 +189,7 @@ def chunked_row(batch, i, bounds, backend):
     return torch.cat(outs)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_reference_batch_invariance(block_size):
     batch = Batch(MIXED, block_size, 4, 2, 12, pad_tokens=5)

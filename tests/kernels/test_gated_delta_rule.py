@@ -313,6 +313,7 @@ def test_bfloat16_inputs_keep_dtype():
     assert o.dtype == torch.bfloat16 and pool.dtype == torch.float32
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
 def test_reference_batch_invariance_large_batch(spec):
     """Enough rows that torch's CPU reductions are split across threads: still bitwise the same."""
