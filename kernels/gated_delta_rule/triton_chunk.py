@@ -5,7 +5,8 @@ operands (at Dk = Dv = 128 that does not fit an H100's shared memory):
 
 1. ``chunk_gdn_wy_kernel``, one program per (chunk, value head), all chunks in parallel: the
    chunk-local cumulative log decay ``c``, ``A`` from ``K K^T`` (Dk in tiles of ``BK``),
-   ``T = (I + A)^-1`` by forward substitution, then ``w = T diag(beta gamma) K`` and
+   ``T = (I + A)^-1`` (16 x 16 diagonal blocks by forward substitution, then a nilpotent series
+   for the blocks below), then ``w = T diag(beta gamma) K`` and
    ``u = T diag(beta) V`` tile by tile, and ``1 / |k|`` per token.
 2. ``chunk_gdn_state_kernel``, one program per (row, value head, block of ``BV`` value columns):
    the only sequential part. It walks the row's chunks with its state columns in registers, kept
@@ -102,14 +103,28 @@ def chunk_gdn_wy_kernel(
     # L = -A, strictly lower: A[i, j] = beta_i (k_i . k_j) exp(c_i - c_j) for j < i.
     b_decay = tl.exp(tl.where(m_strict, b_c[:, None] - b_c[None, :], 0.0))
     b_l = -tl.where(m_strict, b_kk * (b_beta * b_rk)[:, None] * b_rk[None, :] * b_decay, 0.0)
-    # Row i of T' = (I + A)^-1 - I is L[i] + sum_{j<i} L[i, j] T'[j]; rows >= i still hold L,
-    # but L[i, j] = 0 for j >= i, so they do not contribute.
-    for i in range(1, BT):
-        m_row = o_t == i
-        b_row = tl.sum(tl.where(m_row[:, None], b_l, 0.0), 0)
-        b_row = b_row + tl.sum(b_row[:, None] * b_l, 0)
-        b_l = tl.where(m_row[:, None], b_row[None, :], b_l)
-    b_tinv = b_l + tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    # T = (I + A)^-1 in two steps. First D = (I + A_d)^-1 for the diagonal 16 x 16 blocks A_d, all blocks
+    # at once by forward substitution: row i of D - I is L[i] + L[i] (D - I), where L[i, j] = 0 unless
+    # j < i in i's block, so only rows already done contribute (15 steps instead of BT - 1).
+    o_blk = o_t // 16
+    m_same = o_blk[:, None] == o_blk[None, :]
+    b_eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    b_d = tl.where(m_same, b_l, 0.0)
+    for i in range(1, 16):
+        m_rows = (o_t % 16) == i
+        b_rows = tl.where(m_rows[:, None], b_d, 0.0)
+        b_d = tl.where(m_rows[:, None], b_rows + tl.dot(b_rows, b_d, input_precision=DOT_PRECISION), b_d)
+    b_tinv = b_d + b_eye
+    if BT > 16:
+        # Then with the blocks below the diagonal, L_o: I + A = (I + A_d)(I - P) with P = D L_o strictly
+        # block-lower, so P^(BT/16) = 0 and T = (I + P + P^2 + ...) D.
+        b_p = tl.dot(b_tinv, tl.where(m_same, 0.0, b_l), input_precision=DOT_PRECISION)
+        b_sum = b_eye + b_p
+        b_pk = b_p
+        for _ in tl.static_range(BT // 16 - 2):
+            b_pk = tl.dot(b_pk, b_p, input_precision=DOT_PRECISION)
+            b_sum += b_pk
+        b_tinv = tl.dot(b_sum, b_tinv, input_precision=DOT_PRECISION)
 
     b_wk = b_beta * tl.exp(b_c) * b_rk  # w = T diag(beta gamma) K_hat
     for i_k in tl.static_range(NK):
