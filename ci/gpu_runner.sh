@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU runner: check the CUDA environment, then the whole suite on the GPU(s) and the conformance
-# suite with both engines on CUDA. One pytest worker per GPU (the conformance plugin sets -n auto
-# to the GPU count and pins each worker to one device through CUDA_VISIBLE_DEVICES).
+# suite with both engines on CUDA. `-n auto` starts one pytest worker per CPU core (one torch thread
+# each); the workers share the GPU. On a runner with several GPUs, pass --conformance-gpus all to
+# spread the workers over them round robin (each worker then sees one device through CUDA_VISIBLE_DEVICES).
 #
 #   EXPECTED_CUDA=12.8 ci/gpu_runner.sh [extra pytest args]
 # Environment: EXPECTED_CUDA (required, e.g. 12.8), CONFORMANCE_ENGINE (default async),
@@ -16,6 +17,9 @@ mkdir -p "$REPORTS"
 python ci/check_env.py --device cuda --cuda "$EXPECTED_CUDA"
 
 status=0
+# Every Triton kernel compiled for sm_80 and sm_90 at real model shapes: shared memory and registers.
+python -m kernels.compile_check --targets sm_80,sm_90 > "$REPORTS/compile-check.txt" || status=1
+tail -n 1 "$REPORTS/compile-check.txt"
 # Everything, GPU-marked kernel tests included (they skip only without CUDA).
 pytest -n auto -rxXfE -o junit_family=xunit1 --junitxml "$REPORTS/tests.xml" "$@" || status=$?
 # The conformance suite with both engines on the GPU, every graph mode.

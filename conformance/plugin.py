@@ -10,6 +10,12 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
   --conformance-model PATH   checkpoint (else $CONFORMANCE_MODEL, else ``conformance_default_model``,
                              None = the embedded default model)
   --conformance-xfail-file F expected failures (TOML); default: conformance/expectations/<engine>.toml
+  --conformance-gpus IDS     spread xdist workers over these GPUs ("all" or "0,1,2"), round robin
+
+Worker count and GPU pinning are the only things it changes outside its own fixtures, and only when
+asked: when the shipped suite is named on the command line (``conformance.suite``) or
+``--conformance-gpus`` is given. Any other pytest run in an environment where the package is
+installed (another project's tests) keeps xdist's own ``-n auto`` and its ``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from conformance.workloads import TIERS, scenario_ids
 
 RESULT_PROPERTY = "conformance_result"  # carries a ScenarioResult from the worker to the controller
 GPU_IDS_ENV = "CONFORMANCE_GPU_IDS"  # exported by the xdist controller, read by each worker
+_EXPORTED_GPU_IDS = pytest.StashKey[bool]()
 
 
 class StaleExpectationWarning(UserWarning):
@@ -54,12 +61,15 @@ def pytest_addoption(parser):
                 help="fail (not just warn) when a listed expected failure passes")
     g.addoption("--conformance-report-json", default=None, metavar="FILE", help="write all results as JSON")
     g.addoption("--conformance-threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)")
+    g.addoption("--conformance-gpus", default=None, metavar="IDS",
+                help="pin xdist workers round robin to these GPUs: 'all' (every visible GPU) or a comma list "
+                "of ids; several workers share each GPU")
 
 
-def _gpu_ids() -> list[str]:
+def _visible_gpu_ids() -> list[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [d for d in visible.split(",") if d.strip()]
+        return [d.strip() for d in visible.split(",") if d.strip()]
     if shutil.which("nvidia-smi") is None:
         return []
     import torch
@@ -67,9 +77,40 @@ def _gpu_ids() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _names_suite(args) -> bool:
+    """Whether the command line names the shipped suite (``--pyargs conformance.suite`` or its path)."""
+    for arg in args or ():
+        target = str(arg).split("::")[0].replace(os.sep, "/").rstrip("/")
+        if target == "conformance.suite" or target.startswith("conformance.suite.") \
+                or target.endswith("conformance/suite") or "conformance/suite/" in target:
+            return True
+    return False
+
+
+def _is_active(config) -> bool:
+    return config.getoption("conformance_gpus") is not None or _names_suite(config.args)
+
+
+def _pinning_gpus(config) -> list[str]:
+    """The GPUs to spread workers over: the option's list, or every visible GPU for the shipped suite."""
+    wanted = config.getoption("conformance_gpus")
+    if wanted is None:
+        return _visible_gpu_ids() if _names_suite(config.args) else []
+    if wanted.strip() == "all":
+        return _visible_gpu_ids()
+    ids = [d.strip() for d in wanted.split(",") if d.strip()]
+    if not ids:
+        raise pytest.UsageError("--conformance-gpus: give 'all' or a comma-separated list of GPU ids")
+    return ids
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    """On an xdist worker, pin one GPU (before any conftest can initialise CUDA)."""
+    """On an xdist worker of a conformance run, pin one GPU (before any conftest can initialise CUDA)."""
     worker, ids = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(GPU_IDS_ENV)
     if worker and ids and worker.startswith("gw"):
         gpus = ids.split(",")
@@ -78,14 +119,15 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per GPU when there are GPUs, else one per CPU core."""
+    """``-n auto`` for a conformance run: one worker per usable core (several share a GPU).
+
+    Any other run gets no answer from here, so xdist (or another plugin) decides as it would
+    without this package installed.
+    """
+    if not _is_active(config):
+        return None
     env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
-    if env:
-        return int(env)
-    gpus = _gpu_ids()
-    if gpus:
-        return len(gpus)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return int(env) if env else _usable_cores()
 
 
 def pytest_configure(config):
@@ -93,10 +135,17 @@ def pytest_configure(config):
     is_worker = hasattr(config, "workerinput")
     if not is_worker:
         config.pluginmanager.register(ResultCollector(config), "conformance-results")
-    if not is_worker and getattr(config.option, "numprocesses", None) and GPU_IDS_ENV not in os.environ:
-        ids = _gpu_ids()
-        if ids:
-            os.environ[GPU_IDS_ENV] = ",".join(ids)
+    if is_worker or not getattr(config.option, "numprocesses", None) or GPU_IDS_ENV in os.environ:
+        return
+    ids = _pinning_gpus(config)
+    if ids:  # read by the workers xdist starts after this; removed again when the run ends
+        os.environ[GPU_IDS_ENV] = ",".join(ids)
+        config.stash[_EXPORTED_GPU_IDS] = True
+
+
+def pytest_unconfigure(config):
+    if config.stash.get(_EXPORTED_GPU_IDS, False):
+        os.environ.pop(GPU_IDS_ENV, None)
 
 
 def pytest_report_header(config):

@@ -1,4 +1,5 @@
-"""Test-wide set-up: Triton runs under its interpreter when there is no CUDA device."""
+"""Test-wide set-up: Triton runs under its interpreter when there is no CUDA device; one torch
+thread per xdist worker on any machine."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 if not torch.cuda.is_available():
     # Read when a Triton kernel is decorated, so it must be set before any kernel module loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    # The models under test are tiny: intra-op threads only contend with the other xdist workers.
+if not torch.cuda.is_available() or os.environ.get("PYTEST_XDIST_WORKER"):
+    # The models under test are tiny: intra-op threads only contend with the other xdist workers
+    # (with `-n auto` there is one worker per core, several of them sharing each GPU).
     torch.set_num_threads(1)
 
 

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention import check_block_size
+
 
 @triton.jit(do_not_specialize=["N", "scale"])
 def paged_attention_kernel(
@@ -121,6 +123,15 @@ def attention_matmul(q: torch.Tensor, k_cache: torch.Tensor) -> str:
     return "dot"
 
 
+def launch_constexprs(group: int, head_dim: int, block_size: int, n: int, matmul: str) -> dict:
+    """The kernel's compile-time parameters (shared with kernels/attention/compile_cases.py)."""
+    bg = triton.next_power_of_2(group)
+    return {"G": group, "D": head_dim, "BLOCK_SIZE": block_size, "TILE": max(block_size, 16),
+            "BLOCK_Q": max(1, 16 // bg),  # BLOCK_Q * BG >= 16 query rows per program
+            "BG": bg, "BD": max(16, triton.next_power_of_2(head_dim)), "BN": triton.next_power_of_2(n),
+            "MATMUL": matmul}
+
+
 def triton_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -138,28 +149,23 @@ def triton_paged_attention(
     assert v_cache.shape == k_cache.shape and k_cache.shape[3] == head_dim, "cache shapes"
     assert k_cache.stride() == v_cache.stride() and k_cache.dtype == v_cache.dtype, "k/v caches differ"
     assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
-    assert block_size & (block_size - 1) == 0, "block_size must be a power of two"
+    check_block_size(block_size)
     assert q.stride(2) == 1 and k_cache.stride(3) == 1, "the head dim of q and the caches must be contiguous"
     assert query_start_loc.shape == (n + 1,), "query_start_loc [N+1]"
     assert query_start_loc.dtype == torch.int32, "query_start_loc must be int32"
     assert seq_lens.dtype == torch.int32 and seq_lens.is_contiguous(), "seq_lens int32 [N]"
     assert block_table.shape[0] == n and block_table.dtype == torch.int32, "block_table int32 [N, max_blocks]"
     assert block_table.stride(1) == 1, "block_table rows must be contiguous"
-    group = num_q_heads // num_kv_heads
-    bg = triton.next_power_of_2(group)
-    block_q = max(1, 16 // bg)  # BLOCK_Q * BG >= 16 query rows per program
     # Padding tokens (past query_start_loc[N]) are never written by the kernel.
     o = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or n == 0:
         return o
-    matmul = attention_matmul(q, k_cache)
-    paged_attention_kernel[(num_tokens // block_q + n, num_kv_heads)](
+    cfg = launch_constexprs(num_q_heads // num_kv_heads, head_dim, block_size, n, attention_matmul(q, k_cache))
+    paged_attention_kernel[(num_tokens // cfg["BLOCK_Q"] + n, num_kv_heads)](
         q, k_cache, v_cache, o, query_start_loc, seq_lens, block_table,
         n, scale,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        G=group, D=head_dim, BLOCK_SIZE=block_size, TILE=max(block_size, 16),
-        BLOCK_Q=block_q, BG=bg, BD=max(16, triton.next_power_of_2(head_dim)),
-        BN=triton.next_power_of_2(n), MATMUL=matmul,
+        **cfg,
     )
     return o

@@ -1,7 +1,7 @@
 """Triton kernel for the token-by-token gated delta rule over a pooled state (decode / verify).
 
-One program per (row, value head, block of value columns). The state block ``[BK, BV]`` stays
-in registers while the program walks the row's tokens in order, so a row's result does not
+One program per (row, value head, block of ``BV`` value columns, see ``launch_config``). The
+state block ``[BK, BV]`` stays in registers while the program walks the row's tokens in order, so a row's result does not
 depend on its neighbours.
 """
 
@@ -104,6 +104,17 @@ def _check_common(q, k, v, g, beta, ssm_state, cu_seqlens):
     return num_tokens, hk, hv, dk, dv, cu_seqlens.numel() - 1
 
 
+def launch_config(dk: int, dv: int) -> dict:
+    """Block sizes and warps (shared with kernels/gated_delta_rule/compile_cases.py).
+
+    A verify step has few tokens per row, so the work is spread over many small programs: 16
+    value columns of the ``[Dk, 16]`` state each (32 float32 registers per thread at Dk = 128 with
+    two warps) rather than a few programs holding wide state blocks.
+    """
+    bk = triton.next_power_of_2(dk)
+    return {"BK": bk, "BV": min(triton.next_power_of_2(dv), 16), "num_warps": 2 if bk >= 64 else 1}
+
+
 def triton_recurrent_gated_delta_rule(
     q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, *,
     num_accepted_tokens=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
@@ -123,14 +134,14 @@ def triton_recurrent_gated_delta_rule(
         assert has_initial_state.shape == (n,) and has_initial_state.dtype == torch.bool
     scale = dk ** -0.5 if scale is None else float(scale)
     o = torch.zeros(num_tokens, hv, dv, dtype=v.dtype, device=v.device)
-    bk = triton.next_power_of_2(dk)
-    bv = min(triton.next_power_of_2(dv), 32)
-    grid = (triton.cdiv(dv, bv), n * hv)
+    cfg = launch_config(dk, dv)
+    grid = (triton.cdiv(dv, cfg["BV"]), n * hv)
     fused_recurrent_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, o, ssm_state, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
         scale, state_indices.shape[-1] if state_indices.dim() == 2 else 1,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), state_indices.stride(0),
-        HK=hk, HV=hv, DK=dk, DV=dv, BK=bk, BV=bv, PAD=PAD_SLOT_ID, USE_QK_L2NORM=use_qk_l2norm,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=cfg["BK"], BV=cfg["BV"], PAD=PAD_SLOT_ID, USE_QK_L2NORM=use_qk_l2norm,
+        num_warps=cfg["num_warps"],
     )
     return o

@@ -74,16 +74,64 @@ def test_conclude_outcomes_and_strict_expectations():
         plugin.conclude(_fake_request(strict=False), skipped, Expectations())
 
 
-def test_auto_workers_and_gpu_pinning(monkeypatch):
-    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
-    assert plugin.pytest_xdist_auto_num_workers(None) == 3
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
+def _fake_config(args=(), gpus=None):
+    return SimpleNamespace(args=list(args), getoption=lambda name: gpus if name == "conformance_gpus" else None)
+
+
+def test_auto_workers_only_for_a_conformance_run(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    assert plugin.pytest_xdist_auto_num_workers(None) == 2  # one worker per visible GPU
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert plugin.pytest_xdist_auto_num_workers(None) == len(os.sched_getaffinity(0))  # CPU: one per core
+    cores = len(os.sched_getaffinity(0))
+    assert plugin.pytest_xdist_auto_num_workers(_fake_config(["tests"])) is None  # another run: xdist decides
+    suite = _fake_config(["conformance.suite"])
+    assert plugin.pytest_xdist_auto_num_workers(suite) == cores  # the cores, whatever the GPU count
+    assert plugin.pytest_xdist_auto_num_workers(_fake_config(["tests"], gpus="all")) == cores
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert plugin.pytest_xdist_auto_num_workers(suite) == 3
+
+
+def test_gpu_pinning_only_when_asked(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert plugin._pinning_gpus(_fake_config(["tests/kernels"])) == []
+    assert plugin._pinning_gpus(_fake_config(["conformance/suite/test_conformance.py::test_scenario"])) == ["4", "6"]
+    assert plugin._pinning_gpus(_fake_config(["tests"], gpus="all")) == ["4", "6"]
+    assert plugin._pinning_gpus(_fake_config(["tests"], gpus="1, 3")) == ["1", "3"]
+    with pytest.raises(pytest.UsageError, match="--conformance-gpus"):
+        plugin._pinning_gpus(_fake_config(["tests"], gpus=","))
 
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
     monkeypatch.setenv(plugin.GPU_IDS_ENV, "4,6")
     plugin.pytest_load_initial_conftests(None, None, [])
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"  # round robin: several workers share each GPU
+
+
+PROBE_TEST = """
+import json, os
+
+def test_probe():
+    keys = ("PYTEST_XDIST_WORKER_COUNT", "CUDA_VISIBLE_DEVICES", "CONFORMANCE_GPU_IDS")
+    with open(os.path.join(os.environ["PROBE_DIR"], os.environ["PYTEST_XDIST_WORKER"] + ".json"), "w") as f:
+        json.dump({k: os.environ.get(k) for k in keys}, f)
+"""
+
+
+def _probe_unrelated_project(tmp_path: Path, name: str, *plugin_args: str) -> list[dict]:
+    project, probes = tmp_path / name, tmp_path / f"{name}-probes"
+    project.mkdir()
+    probes.mkdir()
+    (project / "test_probe.py").write_text(PROBE_TEST)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "0,1,2", "PROBE_DIR": str(probes)}
+    for key in ("PYTEST_XDIST_AUTO_NUM_WORKERS", plugin.GPU_IDS_ENV, "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "auto", "-q", *plugin_args]
+    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads(p.read_text()) for p in sorted(probes.iterdir())]
+
+
+def test_another_projects_run_is_unchanged_with_gpus_visible(tmp_path):
+    """``pytest -n auto`` of an unrelated project: same workers and environment with or without the plugin."""
+    with_plugin = _probe_unrelated_project(tmp_path, "with")
+    without = _probe_unrelated_project(tmp_path, "without", "-p", "no:conformance")
+    assert with_plugin == without
+    assert all(p["CUDA_VISIBLE_DEVICES"] == "0,1,2" and p["CONFORMANCE_GPU_IDS"] is None for p in with_plugin)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kernels._testing import assert_close
-from kernels.attention import naive_paged_attention, paged_attention
-from tests.kernels.conftest import requires_triton
+from kernels.attention import check_block_size, naive_paged_attention, paged_attention
+from tests.kernels.conftest import generator, requires_triton
 
 K_SPEC = 3  # speculative tokens: a verify row has 1 + K_SPEC query tokens
 
@@ -24,7 +24,7 @@ class Batch:
     """
 
     def __init__(self, rows, block_size, hq, hkv, d, *, dtype=torch.float32, pad_tokens=0, seed=0):
-        gen = torch.Generator().manual_seed(seed)
+        gen = generator(seed)
         self.rows, self.block_size, self.hq, self.hkv, self.d = rows, block_size, hq, hkv, d
         self.seq_lens = [ctx + qlen for ctx, qlen in rows]
         blocks_per_row = [math.ceil(s / block_size) for s in self.seq_lens]
@@ -189,6 +189,7 @@ def chunked_row(batch, i, bounds, backend):
     return torch.cat(outs)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_reference_batch_invariance(block_size):
     batch = Batch(MIXED, block_size, 4, 2, 12, pad_tokens=5)
@@ -228,3 +229,21 @@ def test_triton_rejects_strided_head_dim():
     q_strided = torch.randn(q.shape[0], q.shape[1], 2 * q.shape[2])[:, :, ::2]
     with pytest.raises(AssertionError, match="contiguous"):
         paged_attention(q_strided, *rest, scale=batch.scale, backend="triton")
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32, 64])
+def test_check_block_size_accepts_what_the_triton_kernel_takes(block_size):
+    check_block_size(block_size)
+
+
+@pytest.mark.parametrize("block_size", [0, -16, 12, 48, 128, 16.0, True, "16"])
+def test_check_block_size_refuses_naming_the_setting(block_size):
+    with pytest.raises(ValueError, match="block_size"):
+        check_block_size(block_size)
+
+
+@requires_triton
+def test_triton_attention_refuses_a_block_size_it_cannot_take():
+    batch = Batch([(0, 3)], 48, 2, 2, 16)  # 48-token blocks: not a power of two
+    with pytest.raises(ValueError, match="block_size=48"):
+        paged_attention(*batch.args(), scale=batch.scale, backend="triton")

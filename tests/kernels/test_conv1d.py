@@ -245,6 +245,7 @@ def test_bfloat16_state_and_output(backend):
     assert torch.equal(state[0], x[-(width - 1):].t())
 
 
+@pytest.mark.cpu_only
 def test_reference_update_batch_invariance_large_batch():
     """Many rows and channels (torch splits work across threads): a row is still bitwise the same."""
     rows, channels, width, k_spec, target = 64, 256, 4, 3, 9

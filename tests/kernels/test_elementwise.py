@@ -8,6 +8,9 @@ import torch.nn.functional as F
 
 from kernels import elementwise
 
+# The bits of torch's CPU vector and scalar paths are what the module guards against (CPU only).
+pytestmark = pytest.mark.cpu_only
+
 
 @pytest.mark.parametrize("name,plain", [("sigmoid", torch.sigmoid), ("silu", F.silu), ("softplus", F.softplus)])
 def test_position_independent(name, plain):

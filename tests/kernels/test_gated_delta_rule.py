@@ -124,6 +124,9 @@ CHUNK_CASES = [
     ([63, 5], 1, 2, 20, 16, 64),
     ([65], 2, 4, 16, 16, 64),
     ([20], 1, 1, 12, 40, 16),         # two value blocks, the second one partial
+    ([9, 1], 1, 2, 80, 20, 16),       # Dk over two key tiles, the second one partial; T = 1 row
+    ([18], 1, 1, 200, 16, 16),        # Dk over four key tiles (the most the state kernel keeps)
+    ([40, 33], 1, 2, 16, 16, 32),     # two 16-token blocks per chunk in the triangular solve
 ]
 
 
@@ -148,6 +151,26 @@ def test_chunk_triton_matches_reference(lens, hk, hv, dk, dv, bt):
     assert_close("ht vs recurrent", ref_pool[idx.long()], pools["triton"][idx.long()], CHUNK_RATIO)
     for after in pools.values():
         assert_untouched(pool, after, [s for s, n_ in zip(idx.tolist(), lens) if n_ > 0])
+
+
+@requires_triton
+@pytest.mark.parametrize("bt", [16, 64])
+def test_chunk_triton_with_correlated_keys(bt):
+    """Near-identical keys, beta near 1, little decay: A is large, so every part of the triangular solve counts."""
+    lens, hv, dk, dv = [70, 9], 2, 16, 12
+    q, _, v, _, _, cu = make_inputs(lens, 1, hv, dk, dv)
+    t = q.shape[0]
+    k = torch.randn(1, 1, dk) + 0.05 * torch.randn(t, 1, dk)
+    g = torch.full((t, hv), -0.01)
+    beta = 0.9 + 0.1 * torch.rand(t, hv)
+    idx = torch.tensor([1, 0], dtype=torch.int32)
+    has_init = torch.tensor([True, False])
+    pool = make_pool(2, hv, dk, dv, [0, 1])
+    p_ref, p_tri = pool.clone(), pool.clone()
+    ref = recurrent(q, k, v, g, beta, p_ref, cu, idx, has_initial_state=has_init, backend="torch")
+    out = chunk(q, k, v, g, beta, p_tri, cu, idx, has_init, chunk_size=bt, backend="triton")
+    assert_close("o", ref, out, CHUNK_RATIO)
+    assert_close("ht", p_ref, p_tri, CHUNK_RATIO)
 
 
 # ------------------------------------------------------------- contract tests on both backends
@@ -311,6 +334,7 @@ def test_bfloat16_inputs_keep_dtype():
     assert o.dtype == torch.bfloat16 and pool.dtype == torch.float32
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
 def test_reference_batch_invariance_large_batch(spec):
     """Enough rows that torch's CPU reductions are split across threads: still bitwise the same."""

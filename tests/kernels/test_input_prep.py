@@ -10,7 +10,7 @@ import torch
 
 from kernels.constants import PAD_SLOT_ID
 from kernels.input_prep import post_update, prepare_inputs
-from tests.kernels.conftest import requires_triton
+from tests.kernels.conftest import generator, requires_triton
 
 # Values of request slots that no row of the step maps to; they must survive every call.
 UNUSED = MappingProxyType({"num_computed": -11, "num_valid_state": -12, "last_sampled": -13, "token_ids": -14,
@@ -48,7 +48,7 @@ CASE_IDS = tuple(CASES)
 def build(case: str, seed: int = 0):
     """Persistent request-slot state and one step's row tensors for CASES[case]."""
     rows, k, block_size, extra_pad = CASES[case]
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
 
     def rand(lo_hi, *shape):
         return torch.randint(lo_hi[0], lo_hi[1], shape, generator=g, dtype=torch.int64)

@@ -36,6 +36,7 @@ def row_in_batch(fn, row, w, m, at, pad):
 
 @pytest.mark.parametrize("k, n", [(64, 64), (128, 512), (20, 70)], ids=["K64-N64", "K128-N512", "K20-N70"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.cpu_only
 def test_reference_row_invariance(k, n, dtype):
     w = torch.randn(n, k).to(dtype)
     row = torch.randn(1, k).to(dtype)
@@ -49,6 +50,7 @@ def test_reference_row_invariance(k, n, dtype):
                 assert torch.equal(got, alone), f"M={m} at={at} pad={pad}: row differs from the row alone"
 
 
+@pytest.mark.cpu_only
 def test_reference_row_invariance_many_chunks():
     # Several chunks in one batched matmul: the row lands in the last chunk, among 300 rows.
     w, row = torch.randn(512, 128), torch.randn(1, 128)

@@ -48,6 +48,7 @@ def test_gated_rms_norm_reference(dv, dtype):
     assert_close("y", gated_rms_norm_float64(x, z, w), y, 1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.cpu_only
 def test_reference_row_invariance():
     h, hv, dv = 64, 4, 20
     w, wg = torch.randn(h), torch.randn(dv)

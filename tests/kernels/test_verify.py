@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.verify import greedy_verify
-from tests.kernels.conftest import requires_triton
+from tests.kernels.conftest import generator, requires_triton
 
 BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
 
@@ -28,7 +28,7 @@ def verify_by_loop(logits, drafts, num_drafts, cu):
 
 def make_case(num_drafts, k, vocab, accept, seed=0):
     """Drafts per row: ``accept[i]`` leading drafts equal the targets, the next one differs."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     cu = torch.zeros(len(num_drafts) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(num_drafts) + 1, 0)
     logits = torch.randn(int(cu[-1]), vocab, generator=gen)
@@ -98,7 +98,7 @@ def test_drafts_past_num_drafts_are_ignored(backend):
 
 @requires_triton
 def test_triton_matches_torch_random():
-    gen = torch.Generator().manual_seed(3)
+    gen = generator(3)
     num_drafts = torch.randint(0, 5, (16,), generator=gen).int()
     # Accept with high probability so rows reach every depth: small vocab, drafts from targets.
     cu = torch.zeros(17, dtype=torch.int32)
