@@ -21,6 +21,9 @@ WRAPPER_PREFIX = "model.language_model."  # Qwen3.5 multimodal wrapper
 IGNORED_PREFIXES = ("model.visual.", "visual.")
 GDN_RE = re.compile(r"^(model\.layers\.\d+\.linear_attn\.)(in_proj_qkvz|in_proj_ba|conv1d)\.weight$")
 MTP_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.")
+# Routed experts on disk: per expert (as transformers writes them) or fused (as it holds them).
+EXPERT_RE = re.compile(r"^(.*\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+FUSED_EXPERTS = ("gate_up_proj", "down_proj")  # [E, 2Ie, H] (rows [gate | up]), [E, H, Ie]
 
 
 class CheckpointError(ValueError):
@@ -38,7 +41,7 @@ def load_model(
 
     with torch.device("meta"):
         model = Qwen3NextForCausalLM(cfg)
-    expected = expected_checkpoint_shapes(model, cfg)
+    expected = expected_checkpoint_shapes(model, cfg, set(tensors))
     _check_names_and_shapes(tensors, expected, cfg)
 
     state = {}
@@ -119,9 +122,25 @@ def _count_mtp_layers(tensors: dict[str, torch.Tensor]) -> int:
     return 1 if any(name.startswith("mtp.") for name in tensors) else 0
 
 
-def expected_checkpoint_shapes(model: Qwen3NextForCausalLM, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Names and shapes the checkpoint must hold, in its on-disk layout."""
+def expected_checkpoint_shapes(
+    model: Qwen3NextForCausalLM, cfg: ModelConfig, names: set[str] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Names and shapes the checkpoint must hold, in its on-disk layout.
+
+    Routed experts are expected per expert unless ``names`` (the checkpoint's tensor names) holds
+    the fused ``experts.gate_up_proj`` of that layer.
+    """
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    for name in [n for n in shapes if n.endswith(".mlp.experts.gate_up_proj")]:
+        prefix = name[: -len("gate_up_proj")]
+        if names is not None and name in names:
+            continue
+        num_experts, two_i, hidden = shapes.pop(name)
+        del shapes[prefix + "down_proj"]
+        for e in range(num_experts):
+            shapes[f"{prefix}{e}.gate_proj.weight"] = (two_i // 2, hidden)
+            shapes[f"{prefix}{e}.up_proj.weight"] = (two_i // 2, hidden)
+            shapes[f"{prefix}{e}.down_proj.weight"] = (hidden, two_i // 2)
     if cfg.tie_word_embeddings:
         del shapes["lm_head.weight"]
     hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -166,9 +185,15 @@ def _more(names: list[str]) -> str:
 
 
 def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Disk names/layout -> model names/layout (GDN split projections, conv weight [C, W])."""
+    """Disk names/layout -> model names/layout (GDN split projections, conv weight [C, W], fused experts)."""
     out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}  # "...mlp.experts." -> (e, part) -> weight
     for name, tensor in tensors.items():
+        m = EXPERT_RE.match(name)
+        if m is not None:
+            prefix, e, part = m.groups()
+            experts.setdefault(prefix, {})[(int(e), part)] = tensor
+            continue
         m = GDN_RE.match(name)
         if m is None:
             out[name] = tensor
@@ -182,6 +207,11 @@ def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
         else:
             b, a = split_ba(tensor, cfg)
             out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = b, a
+    for prefix, parts in experts.items():
+        count = 1 + max(e for e, _ in parts)
+        gate_up = [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]], dim=0) for e in range(count)]
+        out[prefix + "gate_up_proj"] = torch.stack(gate_up)
+        out[prefix + "down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)])
     return out
 
 

@@ -9,7 +9,7 @@ import torch
 
 from refengine.model import CheckpointError, ModelConfig, load_model
 from refengine.model.loader import merge_ba, merge_qkvz, split_ba, split_qkvz
-from tests.helpers.checkpoints import PRESETS, load_hf_model, read_tensors, reshard, write_variant
+from tests.helpers.checkpoints import PRESETS, get_spec, load_hf_model, read_tensors, reshard, write_variant
 
 
 def _state(model) -> dict[str, torch.Tensor]:
@@ -28,10 +28,14 @@ def test_presets_load_with_their_tensors(preset, tiny_checkpoint):
     path = tiny_checkpoint(preset)
     model, cfg = load_model(path)
     assert cfg.gdn_layout == ("split" if preset.startswith("qwen35") else "qkvz")
-    assert model.mtp is not None and cfg.num_mtp_layers == 1
+    spec = get_spec(preset)
+    assert (model.mtp is not None, cfg.num_mtp_layers) == ((True, 1) if spec.with_mtp else (False, 0))
+    assert [cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)] == [
+        spec.is_moe_layer(i) for i in range(len(spec.layer_types))]
     state = _state(model)
     for name, tensor in read_tensors(path).items():
-        if name in state:  # everything except the Qwen3-Next fused GDN projections
+        name = name.replace("model.language_model.", "model.", 1)
+        if name in state:  # everything except the Qwen3-Next fused GDN projections and per-expert weights
             assert torch.equal(state[name].reshape(tensor.shape), tensor), name
     assert all(t.dtype == torch.float32 for t in state.values())
 
@@ -245,11 +249,45 @@ def test_config_validation_names_the_field(change, field, tiny_checkpoint):
         ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), **change})
 
 
-def test_config_rejects_moe(tiny_checkpoint):
-    with pytest.raises(NotImplementedError, match="MoE layers are not supported yet"):
-        ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "mlp_only_layers": [0]})
-    with pytest.raises(NotImplementedError, match="MoE layers are not supported yet"):
-        ModelConfig.from_hf_config({"model_type": "qwen3_5_moe", "text_config": {}})
+def test_config_moe_fields_and_layer_rule(tiny_checkpoint):
+    cfg = ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 2,
+                                      "mlp_only_layers": [0], "decoder_sparse_step": 1, "norm_topk_prob": False})
+    assert [cfg.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (4, 2, False)
+    # transformers' defaults fill what config.json leaves out.
+    assert (cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size) == (512, 512)
+    step2 = ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 2,
+                                        "mlp_only_layers": [], "decoder_sparse_step": 2})
+    assert [step2.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 5,
+                                    "mlp_only_layers": []})
+    # Qwen3.5-MoE: every layer sparse, always renormalised, no dense width needed; wrapped text_config.
+    wrapped = ModelConfig.from_hf_config({"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 2}})
+    assert wrapped.model_type == "qwen3_5_moe" and wrapped.gdn_layout == "split"
+    assert wrapped.norm_topk_prob and all(wrapped.is_moe_layer(i) for i in range(2))
+    assert (wrapped.num_experts, wrapped.num_experts_per_tok, wrapped.intermediate_size) == (256, 8, 0)
+
+
+def test_config_defaults_are_transformers(tiny_checkpoint):
+    """Absent fields take transformers' defaults (head_dim 256, not hidden/heads), for every model type."""
+    from transformers import CONFIG_MAPPING
+
+    base = {k: v for k, v in _base_config(tiny_checkpoint).items() if k != "head_dim"}
+    cfg = ModelConfig.from_hf_config(base)
+    assert cfg.head_dim == CONFIG_MAPPING["qwen3_next"]().head_dim == 256
+    for model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"):
+        hf = CONFIG_MAPPING[model_type]()
+        ours = ModelConfig.from_hf_config({"model_type": model_type})
+        text = hf.get_text_config(decoder=True)
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+                     "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            assert getattr(ours, name) == getattr(text, name, 0), (model_type, name)
+        assert ours.rope_theta == text.rope_parameters["rope_theta"], model_type
+        assert ours.partial_rotary_factor == text.rope_parameters["partial_rotary_factor"], model_type
+        assert ours.tie_word_embeddings == hf.tie_word_embeddings, model_type
 
 
 def test_config_derived_fields(tiny_checkpoint):

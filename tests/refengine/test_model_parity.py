@@ -43,7 +43,7 @@ def hf_reference(tiny_checkpoint):
     def get(preset: str) -> Reference:
         if preset not in done:
             hf = load_hf_model(tiny_checkpoint(preset))
-            prompts = make_prompts(hf.config.vocab_size)
+            prompts = make_prompts(hf.config.get_text_config(decoder=True).vocab_size)
             ref = Reference(prompts, [], [], [])
             with torch.no_grad():
                 for p in prompts:
@@ -99,7 +99,7 @@ def test_batched_prefill_equals_single_rows_bitwise(chunked, tiny_checkpoint):
         start += len(p)
 
 
-@pytest.mark.parametrize("preset", ["next-tiny", "qwen35-tiny"])
+@pytest.mark.parametrize("preset", ["next-tiny", "qwen35-tiny", "next-moe", "qwen35-moe"])
 def test_mtp_head_smoke(preset, tiny_checkpoint):
     model, cfg = load_model(tiny_checkpoint(preset))
     assert model.mtp is not None and cfg.num_mtp_layers == 1
