@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -26,8 +27,68 @@ EXPERT_RE = re.compile(r"^(.*\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_pro
 FUSED_EXPERTS = ("gate_up_proj", "down_proj")  # [E, 2Ie, H] (rows [gate | up]), [E, H, Ie]
 
 
+# Checkpoint dtype names (config.json "dtype" / "torch_dtype") the engines run in.
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 class CheckpointError(ValueError):
     """The checkpoint on disk does not match what the model needs."""
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> str:
+    """A checkpoint folder: ``name_or_path`` itself when it is a folder, else a hub id
+    (``owner/name``) looked up in the local Hugging Face cache only; nothing is ever downloaded.
+
+    Anything else comes back unchanged, for ``load_model`` to name what is missing.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() or not HUB_ID_RE.match(str(name_or_path)):
+        return str(path)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(str(name_or_path), local_files_only=True)
+    except LocalEntryNotFoundError as exc:
+        raise CheckpointError(
+            f"{name_or_path!r} is neither a local folder nor in the local Hugging Face cache ({HF_HUB_CACHE}); "
+            f"models are never downloaded here: fetch it first (e.g. `hf download {name_or_path}`) or pass a folder"
+        ) from exc
+
+
+def resolve_dtype(requested: str, path: str | os.PathLike) -> str:
+    """``requested`` itself, or for ``"auto"`` the checkpoint's dtype: config.json's ``dtype`` /
+    ``torch_dtype`` (top level, then ``text_config``), else that of its first floating-point tensor."""
+    if requested != "auto":
+        return requested
+    root = Path(path)
+    raw = {}
+    if (root / CONFIG_NAME).is_file():
+        try:
+            raw = json.loads((root / CONFIG_NAME).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"invalid JSON in {root / CONFIG_NAME}: {exc}") from exc
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    name = next((d.get(k) for d in (raw, text) for k in ("dtype", "torch_dtype") if d.get(k)), None)
+    if name is None:
+        name = _first_float_dtype(root)
+    if name not in DTYPE_NAMES:
+        raise CheckpointError(f"dtype='auto': the checkpoint's dtype {name!r} is not one of {sorted(DTYPE_NAMES)}")
+    return name
+
+
+def _first_float_dtype(root: Path) -> str | None:
+    """The dtype name of the first floating-point tensor in the checkpoint's (first) weight file."""
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+    for file in _weight_files(root):
+        with safe_open(str(file), framework="pt") as reader:
+            for key in reader.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                name = names.get(reader.get_slice(key).get_dtype())
+                if name is not None:
+                    return name
+    return None
 
 
 def load_model(

@@ -302,3 +302,71 @@ def test_config_derived_fields(tiny_checkpoint):
     assert cfg.eos_token_ids == [3, 4] and cfg.num_mtp_layers == 1 and cfg.gdn_layout == "qkvz"
     assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": 7}).eos_token_ids == [7]
     assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": None}).eos_token_ids == []
+
+
+# ---- hub ids from the local cache, dtype="auto" ------------------------------------------------------
+
+
+def _fake_hub_cache(cache, repo_id: str, src) -> None:
+    """The layout huggingface_hub keeps: models--owner--name/{refs/main, snapshots/<commit>/files}."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in src.iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+
+
+def test_hub_id_resolves_from_the_local_cache_only(tiny_checkpoint, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from refengine.model.loader import resolve_model_path
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    src = tiny_checkpoint("next-moe")
+    _fake_hub_cache(tmp_path / "hub", "Qwen/Tiny-Next-MoE", src)
+    path = resolve_model_path("Qwen/Tiny-Next-MoE")
+    assert "snapshots" in path
+    _assert_same_state(load_model(path)[0], load_model(src)[0])
+    assert resolve_model_path(str(src)) == str(src)  # a folder is itself
+
+    with pytest.raises(CheckpointError, match="nor in the local Hugging Face cache.*never downloaded"):
+        resolve_model_path("Qwen/Qwen3-Next-80B-A3B-Instruct")
+
+
+def test_llm_takes_a_hub_id_and_dtype_auto(tiny_checkpoint, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from refengine.llm import LLM
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    src = tiny_checkpoint("qwen35-moe")
+    bf16 = tmp_path / "bf16"
+    tensors = {k: v.to(torch.bfloat16) for k, v in read_tensors(src).items()}
+    write_variant(src, bf16, tensors, {**json.loads((src / "config.json").read_text()), "dtype": "bfloat16"})
+    _fake_hub_cache(tmp_path / "hub", "someone/tiny-bf16", bf16)
+    llm = LLM("someone/tiny-bf16", dtype="auto", max_num_batched_tokens=64)
+    assert llm.config.dtype == "bfloat16"
+    assert all(p.dtype == torch.bfloat16 for p in llm.engine.model.parameters())
+    assert len(llm.generate([[1, 2, 3]])[0].token_ids) > 0
+
+
+def test_dtype_auto_reads_config_then_tensors(tiny_checkpoint, tmp_path):
+    from refengine.model.loader import resolve_dtype
+
+    src = tiny_checkpoint("next-tiny")
+    assert resolve_dtype("bfloat16", src) == "bfloat16"
+    assert resolve_dtype("auto", src) == "float32"  # transformers wrote "dtype": "float32"
+    config = json.loads((src / "config.json").read_text())
+    config.pop("dtype", None)
+    wrapped = write_variant(src, tmp_path / "torch_dtype", None, {"model_type": "qwen3_5",
+                                                                   "text_config": {"torch_dtype": "float16"}})
+    assert resolve_dtype("auto", wrapped) == "float16"
+    no_dtype = write_variant(src, tmp_path / "none", {k: v.to(torch.bfloat16) for k, v in read_tensors(src).items()},
+                             config)
+    assert resolve_dtype("auto", no_dtype) == "bfloat16"  # from the tensors
+    odd = write_variant(src, tmp_path / "odd", None, {**config, "dtype": "float8_e4m3fn"})
+    with pytest.raises(CheckpointError, match="float8_e4m3fn"):
+        resolve_dtype("auto", odd)
