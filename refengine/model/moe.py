@@ -66,8 +66,14 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [T, H] -> [T, H]
         topk_weights, topk_ids = self.gate(x)
         routed = self.experts(x, topk_weights, topk_ids)
-        shared = sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        shared = sigmoid(self._shared_gate_logit(x)) * self.shared_expert(x)
         return routed + shared
+
+    def _shared_gate_logit(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, 1]
+        # A one-row weight would send the reference linear down BLAS's matrix-vector path, whose
+        # bits depend on the row count; a second, zero row keeps the fixed-shape GEMM.
+        w = self.shared_expert_gate.weight  # [1, H]
+        return kernels.linear(x, torch.cat([w, torch.zeros_like(w)]))[:, :1]
 
 
 def make_mlp(cfg: ModelConfig, layer_index: int) -> nn.Module:
