@@ -1,5 +1,9 @@
 """The model reproduces transformers on tiny checkpoints that transformers itself wrote.
 
+Every layout: Qwen3-Next dense and MoE (every layer sparse, or every second one with a forced-dense
+layer and no renormalisation), Qwen3.5 dense and MoE, both multimodal wrappers, tied and untied
+heads, odd dims, with and without MTP tensors (tests/helpers/checkpoints.py PRESETS).
+
 Greedy tokens from a batched prefill + decode run (tests/helpers/driver.py) must equal
 ``generate(do_sample=False)`` run one prompt at a time; prefill and per-step logits must agree to
 float tolerance. Both GDN prefill paths (recurrent and chunked) are checked.
@@ -15,6 +19,7 @@ import torch
 from refengine.model import MTP_CACHE_KEY, load_model
 from tests.helpers.checkpoints import PRESETS, load_hf_model
 from tests.helpers.driver import Driver, greedy_generate
+from tests.helpers.oracle import hf_greedy_uncached
 
 PROMPT_LENGTHS = (1, 3, 17, 40, 70)  # 70 crosses a 64-token chunk of the chunked GDN path
 PROMPT_SEED = 6  # chosen so every preset's greedy top-1/top-2 margins stay >= 5e-4
@@ -85,6 +90,21 @@ def test_greedy_and_logits_match_transformers(preset, chunked, tiny_checkpoint, 
         assert err <= REL_TOL, f"prompt {i}: prefill logits relative error {err:.2e}"
         err = rel_err(step_logits[i], ref.step_logits[i])
         assert err <= REL_TOL, f"prompt {i}: decode logits relative error {err:.2e}"
+
+
+UNCACHED_TOKENS = 12
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_greedy_equals_transformers_uncached_forward(preset, tiny_checkpoint, hf_reference):
+    """Greedy tokens against transformers' plain forward over the whole sequence, no cache, every step."""
+    path = tiny_checkpoint(preset)
+    hf = load_hf_model(path)
+    model, cfg = load_model(path)
+    prompts = hf_reference(preset).prompts[1:4]
+    tokens, _, _ = greedy_generate(model, cfg, prompts, UNCACHED_TOKENS)
+    for prompt, ours in zip(prompts, tokens):
+        assert ours == hf_greedy_uncached(hf, prompt, UNCACHED_TOKENS), f"prompt of length {len(prompt)}"
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["recurrent", "chunked"])

@@ -54,21 +54,26 @@ def test_written_byte_tokenizer_round_trips(tmp_path):
         assert tok.encode(text) == _byte_ids(text)
 
 
-def test_a_real_bpe_tokenizer_matches_transformers(tmp_path):
-    """A Qwen2-style BPE tokenizer (merges, regex split, chat specials) encodes and decodes as transformers."""
+def write_bpe_tokenizer(directory, vocab_size: int) -> None:
+    """A Qwen2-style byte-level BPE tokenizer (merges, regex split, chat special tokens)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoTokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tok.train_from_iterator(SAMPLES * 20 + ["the quick brown fox jumps over the lazy dog"] * 50, trainer)
     tok.add_special_tokens([AddedToken("<|im_end|>", special=True)])
-    tok.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+
+
+def test_a_real_bpe_tokenizer_matches_transformers(tmp_path):
+    from transformers import AutoTokenizer
+
+    write_bpe_tokenizer(tmp_path, 400)
     ours = load_tokenizer(tmp_path)
     hf = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
     for text in SAMPLES + ["<|im_start|>user\nthe lazy dog<|im_end|>"]:
@@ -87,3 +92,22 @@ def test_broken_tokenizer_is_named(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="cannot load its tokenizer"):
         load_tokenizer(tmp_path)
+
+
+def test_text_prompts_through_an_moe_checkpoint_with_its_tokenizer(tmp_path):
+    """LLM encodes a text prompt and decodes the output as transformers does, and its greedy tokens
+    on the MoE checkpoint are transformers' for the same ids."""
+    from transformers import AutoTokenizer
+
+    from refengine import LLM, SamplingParams
+    from tests.helpers.checkpoints import get_spec, load_hf_model, replace, write_checkpoint
+    from tests.helpers.oracle import hf_greedy_uncached
+
+    path = write_checkpoint(tmp_path / "moe", replace(get_spec("next-moe"), vocab_size=320, with_mtp=False))
+    write_bpe_tokenizer(path, 300)
+    hf_tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    text = "the quick brown fox, naïve café 🙂"
+    out = LLM(str(path)).generate(text, SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    assert out.prompt_token_ids == hf_tok.encode(text)
+    assert out.text == hf_tok.decode(out.token_ids, skip_special_tokens=True)
+    assert out.token_ids == hf_greedy_uncached(load_hf_model(path), out.prompt_token_ids, 8)
