@@ -370,3 +370,59 @@ def test_dtype_auto_reads_config_then_tensors(tiny_checkpoint, tmp_path):
     odd = write_variant(src, tmp_path / "odd", None, {**config, "dtype": "float8_e4m3fn"})
     with pytest.raises(CheckpointError, match="float8_e4m3fn"):
         resolve_dtype("auto", odd)
+
+
+# ---- MoE checkpoints ----------------------------------------------------------------------------------
+
+
+def _fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert tensors -> transformers' fused in-memory layout, written as such."""
+    out, experts = {}, {}
+    for name, t in tensors.items():
+        if ".mlp.experts." in name:
+            prefix, rest = name.split(".mlp.experts.")
+            e, part = rest.split(".")[:2]
+            experts.setdefault(prefix, {})[(int(e), part)] = t
+        else:
+            out[name] = t
+    for prefix, parts in experts.items():
+        n = 1 + max(e for e, _ in parts)
+        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(n)])
+        out[f"{prefix}.mlp.experts.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(n)])
+    return out
+
+
+@pytest.mark.parametrize("preset", ["next-moe", "qwen35-moe"])
+def test_fused_and_per_expert_layouts_load_identically(preset, tiny_checkpoint, tmp_path):
+    src = tiny_checkpoint(preset)
+    per_expert, cfg = load_model(src)
+    fused = write_variant(src, tmp_path / "fused", _fuse_experts(read_tensors(src)))
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in read_tensors(fused))
+    _assert_same_state(per_expert, load_model(fused)[0])
+    # The fused layout is transformers' own: the per-expert weights sit at [e, :I] (gate) and [e, I:] (up).
+    tensors = read_tensors(src)
+    gate_up = per_expert.model.layers[1].mlp.experts.gate_up_proj
+    i = cfg.moe_intermediate_size
+    assert torch.equal(gate_up[2, :i], tensors["model.layers.1.mlp.experts.2.gate_proj.weight"])
+    assert torch.equal(gate_up[2, i:], tensors["model.layers.1.mlp.experts.2.up_proj.weight"])
+
+
+@pytest.mark.parametrize(
+    "drop, add, expected",
+    [
+        (["model.layers.1.mlp.experts.3.up_proj.weight"], None, "missing tensor model.layers.1.mlp.experts.3.up_proj"),
+        (["mtp.layers.0.mlp.gate.weight"], None, "missing tensor mtp.layers.0.mlp.gate.weight"),
+        ([], {"model.layers.1.mlp.experts.8.up_proj.weight": torch.zeros(32, 64)},
+         "unexpected tensor model.layers.1.mlp.experts.8.up_proj.weight"),
+        ([], {"model.layers.0.mlp.shared_expert_gate.weight": torch.zeros(2, 64)},
+         r"shared_expert_gate.weight has shape \[2, 64\], expected \[1, 64\]"),
+        ([], {"model.layers.2.mlp.experts.gate_up_proj": torch.zeros(8, 64, 64)},
+         "missing tensor model.layers.2.mlp.experts.down_proj"),
+    ],
+    ids=["missing-expert", "missing-mtp-router", "extra-expert", "misshaped-gate", "mixed-layouts"],
+)
+def test_bad_moe_tensors_are_named(drop, add, expected, tiny_checkpoint, tmp_path):
+    path = _edit(tiny_checkpoint("next-moe"), tmp_path / "bad", drop, add)
+    with pytest.raises(CheckpointError, match=expected):
+        load_model(path)
