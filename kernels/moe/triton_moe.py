@@ -148,7 +148,9 @@ def moe_block_table(
     num_pairs = topk_ids.numel()
     flat = topk_ids.reshape(-1).long()
     sorted_pairs = torch.argsort(flat, stable=True).to(torch.int32)
-    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    # Pairs per expert; scatter_add rather than bincount, which reads its input's maximum back to the host.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))  # [E]
     expert_start = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
     blocks = (counts + block_m - 1) // block_m  # blocks per expert
     blocks_end = torch.cumsum(blocks, 0)  # one past each expert's last block
