@@ -97,7 +97,7 @@ def test_greedy_and_logits_match_transformers(preset, chunked, tiny_checkpoint, 
         assert err <= REL_TOL, f"prompt {i}: decode logits relative error {err:.2e}"
 
 
-UNCACHED_TOKENS = 12
+UNCACHED_TOKENS = 8
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -106,7 +106,7 @@ def test_greedy_equals_transformers_uncached_forward(preset, tiny_checkpoint, hf
     path = tiny_checkpoint(preset)
     hf = load_hf_model(path)
     model, cfg = load_model(path)
-    prompts = hf_reference(preset).prompts[2:4]
+    prompts = hf_reference(preset).prompts[2:4]  # 17 and 40 tokens
     tokens, _, _ = greedy_generate(model, cfg, prompts, UNCACHED_TOKENS)
     for prompt, ours in zip(prompts, tokens):
         assert ours == hf_greedy_uncached(hf, prompt, UNCACHED_TOKENS), f"prompt of length {len(prompt)}"
