@@ -23,7 +23,12 @@ def resolve_model(model: str | None) -> tuple[str, str]:
         from refengine.llm import default_model_path
 
         return default_model_path(), "embedded default model"
-    path = Path(model).expanduser()
+    from refengine.model.loader import CheckpointError, resolve_model_path
+
+    try:
+        path = Path(resolve_model_path(model))  # a folder, or a hub id in the local cache
+    except CheckpointError as exc:
+        raise FileNotFoundError(str(exc)) from exc
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {model!r} (expected a folder with config.json)")
     return str(path.resolve()), str(path.resolve())
@@ -31,13 +36,14 @@ def resolve_model(model: str | None) -> tuple[str, str]:
 
 def describe_model(model: str | None) -> ModelFacts:
     from refengine.model.loader import read_config
+    from refengine.tokenizer import TOKENIZER_FILES
 
     folder, label = resolve_model(model)
     root = Path(folder)
     cfg = read_config(root)
     names = _tensor_names(root)
     return ModelFacts(folder, label, cfg.vocab_size, tuple(cfg.eos_token_ids),
-                      any(n.startswith("mtp.") for n in names), (root / "tokenizer_config.json").is_file())
+                      any(n.startswith("mtp.") for n in names), any((root / f).is_file() for f in TOKENIZER_FILES))
 
 
 def _tensor_names(root: Path) -> set[str]:

@@ -6,6 +6,7 @@ from kernels.conv1d import causal_conv1d_fn, causal_conv1d_update
 from kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from kernels.kv_cache import compute_slot_mapping, reshape_and_cache
 from kernels.linear import linear
+from kernels.moe import fused_moe, moe_route
 from kernels.norm import gated_rms_norm, rms_norm
 from kernels.verify import greedy_verify
 
@@ -15,10 +16,12 @@ __all__ = [
     "causal_conv1d_update",
     "chunk_gated_delta_rule",
     "compute_slot_mapping",
+    "fused_moe",
     "fused_recurrent_gated_delta_rule",
     "gated_rms_norm",
     "greedy_verify",
     "linear",
+    "moe_route",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",

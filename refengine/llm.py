@@ -23,10 +23,11 @@ class LLM:
                  graph_mode: str = "none", recurrent_prefill_chunked: bool = False,
                  observer: Callable[[StepRecord], None] | None = None, delay_copies: bool = False,
                  hazard_check: bool = False):
-        from refengine.model.loader import load_model
+        from refengine.model.loader import load_model, resolve_dtype, resolve_model_path
         from refengine.tokenizer import load_tokenizer
 
-        path = model if model is not None else default_model_path()
+        path = resolve_model_path(model) if model is not None else default_model_path()
+        dtype = resolve_dtype(dtype, path)  # "auto": the checkpoint's own dtype
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         torch.manual_seed(seed)

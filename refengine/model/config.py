@@ -1,7 +1,13 @@
-"""Model configuration for the Qwen3-Next / Qwen3.5 hybrid decoder, read from a HF config.json."""
+"""Model configuration for the Qwen3-Next / Qwen3.5 hybrid decoder.
+
+``config.json`` is parsed by transformers' own configuration class for its ``model_type`` (offline:
+nothing is fetched), so every default is transformers'. ``ModelConfig`` is the engine's validated
+view of the fields it uses.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,15 +16,20 @@ FULL = "full_attention"
 LAYER_TYPES = (LINEAR, FULL)
 
 # model_type -> GDN projection layout on disk
-GDN_LAYOUTS = {"qwen3_next": "qkvz", "qwen3_5_text": "split", "qwen3_5": "split"}
-MOE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
-
-MOE_UNSUPPORTED = "MoE layers are not supported yet"
+GDN_LAYOUTS = {
+    "qwen3_next": "qkvz",
+    "qwen3_5_text": "split",
+    "qwen3_5": "split",
+    "qwen3_5_moe_text": "split",
+    "qwen3_5_moe": "split",
+}
+# Qwen3.5 MoE has no dense layers: every layer is sparse and top-k weights are always renormalised.
+ALL_MOE_MODEL_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")
 
 
 @dataclass(slots=True)
 class ModelConfig:
-    model_type: str  # "qwen3_next" | "qwen3_5_text" | "qwen3_5"
+    model_type: str  # a key of GDN_LAYOUTS
     vocab_size: int  # V
     hidden_size: int  # H
     num_hidden_layers: int  # L
@@ -31,7 +42,7 @@ class ModelConfig:
     linear_key_head_dim: int  # Dk
     linear_value_head_dim: int  # Dv
     linear_conv_kernel_dim: int  # W (causal conv width)
-    intermediate_size: int  # I (dense MLP width)
+    intermediate_size: int  # I (dense MLP width; 0 when no layer is dense)
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 0.25
     rms_norm_eps: float = 1e-6
@@ -41,23 +52,26 @@ class ModelConfig:
     num_mtp_layers: int = 0  # the loader sets the count the checkpoint holds
     gdn_layout: str = "split"  # "qkvz" (Qwen3-Next on disk) | "split" (Qwen3.5 on disk)
     hidden_act: str = "silu"
-    num_experts: int = 0
+    num_experts: int = 0  # E (0: no MoE layer)
+    num_experts_per_tok: int = 0  # K (top-k)
+    moe_intermediate_size: int = 0  # Ie (routed expert width)
+    shared_expert_intermediate_size: int = 0  # Is (shared expert width)
+    norm_topk_prob: bool = True  # renormalise the top-k probabilities to sum to 1
     mlp_only_layers: list[int] = field(default_factory=list)
     decoder_sparse_step: int = 1
 
     def __post_init__(self) -> None:
-        if self.model_type in MOE_MODEL_TYPES:
-            raise NotImplementedError(f"{MOE_UNSUPPORTED} (model_type {self.model_type!r})")
         if self.model_type not in GDN_LAYOUTS:
             raise ValueError(f"model_type: unsupported {self.model_type!r}, expected one of {sorted(GDN_LAYOUTS)}")
         for name in (
             "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-            "linear_value_head_dim", "intermediate_size", "max_position_embeddings", "decoder_sparse_step",
+            "linear_value_head_dim", "max_position_embeddings", "decoder_sparse_step",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                     "shared_expert_intermediate_size"):
+            _check_int(name, getattr(self, name), minimum=0)
         if self.linear_conv_kernel_dim < 2:
             raise ValueError(f"linear_conv_kernel_dim: must be >= 2, got {self.linear_conv_kernel_dim}")
         if self.linear_num_value_heads % self.linear_num_key_heads:
@@ -96,11 +110,18 @@ class ModelConfig:
         for tok in self.eos_token_ids:
             if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < self.vocab_size:
                 raise ValueError(f"eos_token_ids: {tok!r} is not a token id below vocab_size {self.vocab_size}")
-        if self.num_experts < 0:
-            raise ValueError(f"num_experts: must be >= 0, got {self.num_experts}")
-        for i in range(self.num_hidden_layers):
-            if self.is_moe_layer(i):
-                raise NotImplementedError(f"{MOE_UNSUPPORTED} (layer {i}: num_experts={self.num_experts})")
+        if self.num_experts > 0:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok: must be in [1, num_experts={self.num_experts}], "
+                    f"got {self.num_experts_per_tok}"
+                )
+            for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+                if getattr(self, name) <= 0:
+                    raise ValueError(f"{name}: must be a positive integer when num_experts > 0")
+        layers = range(self.num_hidden_layers)
+        if any(not self.is_moe_layer(i) for i in layers) and self.intermediate_size <= 0:
+            raise ValueError("intermediate_size: must be a positive integer (the model has dense MLP layers)")
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -128,7 +149,10 @@ class ModelConfig:
         return [i for i, kind in enumerate(self.layer_types) if kind == FULL]
 
     def is_moe_layer(self, index: int) -> bool:
-        """HF's rule: MoE iff experts exist, the layer is not forced dense and (i+1) % step == 0."""
+        """transformers' rule: MoE iff experts exist, the layer is not forced dense and (i+1) % step == 0.
+
+        The MTP layers follow the same rule with their own index (mtp.layers.{i}), as vLLM builds them.
+        """
         return (
             self.num_experts > 0
             and index not in self.mlp_only_layers
@@ -138,86 +162,92 @@ class ModelConfig:
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, d: dict[str, Any]) -> ModelConfig:
-        """Build from a parsed config.json (model_type qwen3_next, qwen3_5_text or qwen3_5)."""
+        """Build from a parsed config.json, through transformers' configuration class for its model_type."""
         if not isinstance(d, dict):
             raise TypeError(f"config: expected a JSON object, got {type(d).__name__}")
         model_type = d.get("model_type")
-        if model_type in MOE_MODEL_TYPES:
-            raise NotImplementedError(f"{MOE_UNSUPPORTED} (model_type {model_type!r})")
-        text = d
-        if isinstance(d.get("text_config"), dict):
-            text = d["text_config"]
-            if text.get("model_type") in MOE_MODEL_TYPES:
-                raise NotImplementedError(f"{MOE_UNSUPPORTED} (model_type {text['model_type']!r})")
         if model_type not in GDN_LAYOUTS:
             raise ValueError(f"model_type: unsupported {model_type!r}, expected one of {sorted(GDN_LAYOUTS)}")
+        config_class = _transformers_config_classes()[model_type]
+        try:
+            hf = config_class.from_dict(dict(d))
+        except Exception as exc:  # ValueError, TypeError, or huggingface_hub's strict-dataclass errors
+            raise ValueError(f"transformers' {config_class.__name__} refused it: {exc}") from exc
+        return cls.from_transformers(hf)
 
-        def get(name: str, default: Any = None) -> Any:  # text_config first, then the top level
-            return text[name] if name in text else d.get(name, default)
+    @classmethod
+    def from_transformers(cls, hf: Any) -> ModelConfig:
+        """The engine's view of a transformers config (Qwen3Next / Qwen3_5[Moe] [Text]Config)."""
+        model_type = hf.model_type
+        if model_type not in GDN_LAYOUTS:
+            raise ValueError(f"model_type: unsupported {model_type!r}, expected one of {sorted(GDN_LAYOUTS)}")
+        text = hf.get_text_config(decoder=True)
 
-        missing = [
-            n for n in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                        "num_key_value_heads", "intermediate_size")
-            if get(n) is None
-        ]
-        if missing:
-            raise ValueError(f"{missing[0]}: required config field is missing")
+        def get(name: str, default: Any = None) -> Any:  # text config first, then the top level
+            value = getattr(text, name, None)
+            return getattr(hf, name, default) if value is None else value
+
         if get("attention_bias", False):
             raise NotImplementedError("attention_bias: biased attention projections are not supported")
-
-        num_layers = get("num_hidden_layers")
-        layer_types = get("layer_types")
-        if layer_types is None:
-            interval = get("full_attention_interval", 4)
-            if not isinstance(interval, int) or interval <= 0:
-                raise ValueError(f"full_attention_interval: must be a positive integer, got {interval!r}")
-            layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
-
-        theta, factor = _rope(get)
+        theta, factor = _rope(get("rope_parameters"))
         eos = get("eos_token_id")
         eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        mtp = get("num_nextn_predict_layers", get("mtp_num_hidden_layers", 0)) or 0
-        # Top-level tie flag governs the wrapped (multimodal) model, as in HF.
-        tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        mtp = get("num_nextn_predict_layers", None) or get("mtp_num_hidden_layers", 0) or 0
+        all_moe = model_type in ALL_MOE_MODEL_TYPES
+        num_experts = get("num_experts", 0) or 0
         return cls(
             model_type=model_type,
             vocab_size=get("vocab_size"),
             hidden_size=get("hidden_size"),
-            num_hidden_layers=num_layers,
-            layer_types=list(layer_types),
+            num_hidden_layers=get("num_hidden_layers"),
+            layer_types=list(get("layer_types")),
             num_attention_heads=get("num_attention_heads"),
             num_key_value_heads=get("num_key_value_heads"),
-            head_dim=get("head_dim") or get("hidden_size") // get("num_attention_heads"),
-            linear_num_key_heads=get("linear_num_key_heads", 16),
-            linear_num_value_heads=get("linear_num_value_heads", 32),
-            linear_key_head_dim=get("linear_key_head_dim", 128),
-            linear_value_head_dim=get("linear_value_head_dim", 128),
-            linear_conv_kernel_dim=get("linear_conv_kernel_dim", 4),
-            intermediate_size=get("intermediate_size"),
+            head_dim=get("head_dim"),
+            linear_num_key_heads=get("linear_num_key_heads"),
+            linear_num_value_heads=get("linear_num_value_heads"),
+            linear_key_head_dim=get("linear_key_head_dim"),
+            linear_value_head_dim=get("linear_value_head_dim"),
+            linear_conv_kernel_dim=get("linear_conv_kernel_dim"),
+            intermediate_size=0 if all_moe else get("intermediate_size"),
             rope_theta=theta,
             partial_rotary_factor=factor,
-            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(tie),
-            max_position_embeddings=get("max_position_embeddings", 32768),
+            rms_norm_eps=float(get("rms_norm_eps")),
+            tie_word_embeddings=bool(hf.tie_word_embeddings),  # the top level governs a wrapped model, as in HF
+            max_position_embeddings=get("max_position_embeddings"),
             eos_token_ids=eos_ids,
             num_mtp_layers=int(mtp),
             gdn_layout=GDN_LAYOUTS[model_type],
-            hidden_act=get("hidden_act", "silu"),
-            num_experts=get("num_experts", 0) or 0,
-            mlp_only_layers=list(get("mlp_only_layers") or []),
-            decoder_sparse_step=get("decoder_sparse_step", 1) or 1,
+            hidden_act=get("hidden_act"),
+            num_experts=num_experts,
+            num_experts_per_tok=get("num_experts_per_tok", 0) if num_experts else 0,
+            moe_intermediate_size=get("moe_intermediate_size", 0) if num_experts else 0,
+            shared_expert_intermediate_size=get("shared_expert_intermediate_size", 0) if num_experts else 0,
+            norm_topk_prob=True if all_moe else bool(get("norm_topk_prob", True)),
+            mlp_only_layers=[] if all_moe else list(get("mlp_only_layers") or []),
+            decoder_sparse_step=1 if all_moe else get("decoder_sparse_step", 1),
         )
 
 
-def _rope(get) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) from rope_parameters, else legacy top-level keys."""
-    params = get("rope_parameters") or {}
-    legacy = get("rope_scaling") or {}
-    if not isinstance(params, dict) or not isinstance(legacy, dict):
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else "an integer >= 0"
+        raise ValueError(f"{name}: must be {kind}, got {value!r}")
+
+
+def _transformers_config_classes() -> dict[str, Any]:
+    """transformers' configuration classes by model_type (imported lazily, hub kept offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import CONFIG_MAPPING
+
+    return {model_type: CONFIG_MAPPING[model_type] for model_type in GDN_LAYOUTS}
+
+
+def _rope(params: Any) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) from transformers' standardised rope_parameters."""
+    if not isinstance(params, dict):
         raise TypeError("rope_parameters: expected a JSON object")
-    rope_type = params.get("rope_type", legacy.get("rope_type", legacy.get("type", "default")))
+    rope_type = params.get("rope_type", "default")
     if rope_type != "default":
         raise NotImplementedError(f"rope_parameters: rope_type {rope_type!r} is not supported (only 'default')")
-    theta = params.get("rope_theta", get("rope_theta", 10000.0))
-    factor = params.get("partial_rotary_factor", get("partial_rotary_factor", 0.25))
-    return float(theta), float(factor)
+    return float(params.get("rope_theta", 10000.0)), float(params.get("partial_rotary_factor", 1.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -21,10 +22,73 @@ WRAPPER_PREFIX = "model.language_model."  # Qwen3.5 multimodal wrapper
 IGNORED_PREFIXES = ("model.visual.", "visual.")
 GDN_RE = re.compile(r"^(model\.layers\.\d+\.linear_attn\.)(in_proj_qkvz|in_proj_ba|conv1d)\.weight$")
 MTP_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.")
+# Routed experts on disk: per expert (as transformers writes them) or fused (as it holds them).
+EXPERT_RE = re.compile(r"^(.*\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+FUSED_EXPERTS = ("gate_up_proj", "down_proj")  # [E, 2Ie, H] (rows [gate | up]), [E, H, Ie]
+
+
+# Checkpoint dtype names (config.json "dtype" / "torch_dtype") the engines run in.
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class CheckpointError(ValueError):
     """The checkpoint on disk does not match what the model needs."""
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> str:
+    """A checkpoint folder: ``name_or_path`` itself when it is a folder, else a hub id
+    (``owner/name``) looked up in the local Hugging Face cache only; nothing is ever downloaded.
+
+    Anything else comes back unchanged, for ``load_model`` to name what is missing.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() or not HUB_ID_RE.match(str(name_or_path)):
+        return str(path)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(str(name_or_path), local_files_only=True)
+    except LocalEntryNotFoundError as exc:
+        raise CheckpointError(
+            f"{name_or_path!r} is neither a local folder nor in the local Hugging Face cache ({HF_HUB_CACHE}); "
+            f"models are never downloaded here: fetch it first (e.g. `hf download {name_or_path}`) or pass a folder"
+        ) from exc
+
+
+def resolve_dtype(requested: str, path: str | os.PathLike) -> str:
+    """``requested`` itself, or for ``"auto"`` the checkpoint's dtype: config.json's ``dtype`` /
+    ``torch_dtype`` (top level, then ``text_config``), else that of its first floating-point tensor."""
+    if requested != "auto":
+        return requested
+    root = Path(path)
+    raw = {}
+    if (root / CONFIG_NAME).is_file():
+        try:
+            raw = json.loads((root / CONFIG_NAME).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"invalid JSON in {root / CONFIG_NAME}: {exc}") from exc
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    name = next((d.get(k) for d in (raw, text) for k in ("dtype", "torch_dtype") if d.get(k)), None)
+    if name is None:
+        name = _first_float_dtype(root)
+    if name not in DTYPE_NAMES:
+        raise CheckpointError(f"dtype='auto': the checkpoint's dtype {name!r} is not one of {sorted(DTYPE_NAMES)}")
+    return name
+
+
+def _first_float_dtype(root: Path) -> str | None:
+    """The dtype name of the first floating-point tensor in the checkpoint's (first) weight file."""
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+    for file in _weight_files(root):
+        with safe_open(str(file), framework="pt") as reader:
+            for key in reader.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                name = names.get(reader.get_slice(key).get_dtype())
+                if name is not None:
+                    return name
+    return None
 
 
 def load_model(
@@ -38,7 +102,7 @@ def load_model(
 
     with torch.device("meta"):
         model = Qwen3NextForCausalLM(cfg)
-    expected = expected_checkpoint_shapes(model, cfg)
+    expected = expected_checkpoint_shapes(model, cfg, set(tensors))
     _check_names_and_shapes(tensors, expected, cfg)
 
     state = {}
@@ -119,9 +183,25 @@ def _count_mtp_layers(tensors: dict[str, torch.Tensor]) -> int:
     return 1 if any(name.startswith("mtp.") for name in tensors) else 0
 
 
-def expected_checkpoint_shapes(model: Qwen3NextForCausalLM, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Names and shapes the checkpoint must hold, in its on-disk layout."""
+def expected_checkpoint_shapes(
+    model: Qwen3NextForCausalLM, cfg: ModelConfig, names: set[str] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Names and shapes the checkpoint must hold, in its on-disk layout.
+
+    Routed experts are expected per expert unless ``names`` (the checkpoint's tensor names) holds
+    the fused ``experts.gate_up_proj`` of that layer.
+    """
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    for name in [n for n in shapes if n.endswith(".mlp.experts.gate_up_proj")]:
+        prefix = name[: -len("gate_up_proj")]
+        if names is not None and name in names:
+            continue
+        num_experts, two_i, hidden = shapes.pop(name)
+        del shapes[prefix + "down_proj"]
+        for e in range(num_experts):
+            shapes[f"{prefix}{e}.gate_proj.weight"] = (two_i // 2, hidden)
+            shapes[f"{prefix}{e}.up_proj.weight"] = (two_i // 2, hidden)
+            shapes[f"{prefix}{e}.down_proj.weight"] = (hidden, two_i // 2)
     if cfg.tie_word_embeddings:
         del shapes["lm_head.weight"]
     hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -166,9 +246,15 @@ def _more(names: list[str]) -> str:
 
 
 def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Disk names/layout -> model names/layout (GDN split projections, conv weight [C, W])."""
+    """Disk names/layout -> model names/layout (GDN split projections, conv weight [C, W], fused experts)."""
     out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}  # "...mlp.experts." -> (e, part) -> weight
     for name, tensor in tensors.items():
+        m = EXPERT_RE.match(name)
+        if m is not None:
+            prefix, e, part = m.groups()
+            experts.setdefault(prefix, {})[(int(e), part)] = tensor
+            continue
         m = GDN_RE.match(name)
         if m is None:
             out[name] = tensor
@@ -182,6 +268,11 @@ def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
         else:
             b, a = split_ba(tensor, cfg)
             out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = b, a
+    for prefix, parts in experts.items():
+        count = 1 + max(e for e, _ in parts)
+        gate_up = [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]], dim=0) for e in range(count)]
+        out[prefix + "gate_up_proj"] = torch.stack(gate_up)
+        out[prefix + "down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)])
     return out
 
 

@@ -11,8 +11,9 @@ from torch import nn
 
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 from refengine.model.config import FULL, ModelConfig
-from refengine.model.layers import MLP, Linear, RMSNorm
+from refengine.model.layers import Linear, RMSNorm
 from refengine.model.mixers import mixer_class
+from refengine.model.moe import make_mlp
 
 MTP_CACHE_KEY = "mtp"  # key of the MTP layer's KV cache in ForwardContext.kv_caches
 
@@ -20,13 +21,13 @@ MTP_CACHE_KEY = "mtp"  # key of the MTP layer's KV cache in ForwardContext.kv_ca
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: x + mixer(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
 
-    def __init__(self, cfg: ModelConfig, layer_type: str) -> None:
+    def __init__(self, cfg: ModelConfig, layer_type: str, layer_index: int) -> None:
         super().__init__()
         self.layer_type = layer_type
         mixer = mixer_class(layer_type)
         self.mixer_name = mixer.attr_name  # "linear_attn" | "self_attn", as in the checkpoint
         self.add_module(self.mixer_name, mixer(cfg))
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = make_mlp(cfg, layer_index)  # dense SwiGLU or sparse MoE, by transformers' rule
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
 
@@ -50,7 +51,7 @@ class Qwen3NextModel(nn.Module):
         # weight [V, H]; given explicitly so no initialiser runs (the loader assigns real weights).
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(cfg, kind) for kind in cfg.layer_types)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kind, i) for i, kind in enumerate(cfg.layer_types))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
 
     def forward(
@@ -75,7 +76,7 @@ class MTPHead(nn.Module):
         self.fc = Linear(2 * hidden, hidden)  # [H, 2H], input is [embedding | hidden]
         self.pre_fc_norm_embedding = RMSNorm(hidden, cfg.rms_norm_eps)  # weight [H]
         self.pre_fc_norm_hidden = RMSNorm(hidden, cfg.rms_norm_eps)  # weight [H]
-        self.layers = nn.ModuleList(DecoderLayer(cfg, FULL) for _ in range(cfg.num_mtp_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, FULL, i) for i in range(cfg.num_mtp_layers))
         self.norm = RMSNorm(hidden, cfg.rms_norm_eps)  # weight [H]
         # A tuple keeps the shared embedding out of this module's parameters and state dict.
         self._shared = (embed_tokens,)

@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from refengine.model.config import FULL, LINEAR, ModelConfig
 from refengine.model.loader import merge_ba, merge_qkvz
 from refengine.model.qwen3_next import Qwen3NextForCausalLM
+from refengine.tokenizer import write_byte_tokenizer
 from refengine.tools import corpus
 from refengine.tools import training as tr
 
@@ -184,8 +185,7 @@ def checkpoint_tensors(model: Qwen3NextForCausalLM) -> dict[str, torch.Tensor]:
 def save(model: Qwen3NextForCausalLM, spec: TrainSpec, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(hf_config(spec), indent=2) + "\n")
-    tok = {"tokenizer_class": "ByteTokenizer", "eos_token_id": EOS_ID, "bos_token_id": None}
-    (out / "tokenizer_config.json").write_text(json.dumps(tok, indent=2) + "\n")
+    write_byte_tokenizer(out, VOCAB_SIZE, EOS_ID)
     save_file(checkpoint_tensors(model), out / "model.safetensors", metadata={"format": "pt"})
 
 

@@ -1,8 +1,9 @@
-"""Tiny Qwen3-Next / Qwen3.5 checkpoints written by transformers itself, for tests.
+"""Tiny Qwen3-Next / Qwen3.5 (dense, MoE, multimodal wrapper) checkpoints written by transformers itself.
 
 The weights are seeded and "stressed" (matrices scaled up, every 1-D parameter randomised) so
 greedy logit margins are not flat; random ``mtp.*`` tensors are added to the safetensors file
-afterwards (transformers has no MTP module and ignores them on load).
+afterwards (transformers has no MTP module and ignores them on load). The MTP layer is an MoE
+layer where the model's rule makes layer index 0 sparse (as in Qwen3-Next-80B and Qwen3.5-MoE).
 """
 
 from __future__ import annotations
@@ -19,9 +20,26 @@ from safetensors.torch import load_file, save_file
 LIN, FULL = "linear_attention", "full_attention"
 
 
+# layout -> (transformers config class, model class, wrapped in the multimodal model)
+LAYOUTS = {
+    "next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", False),  # in_proj_qkvz/ba on disk
+    "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", False),  # split GDN projections
+    "qwen35moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", False),
+    "qwen35-mm": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", True),  # model.language_model.*
+    "qwen35moe-mm": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", True),
+}
+MODEL_CLASSES = {  # config.json model_type -> the transformers class that is the oracle
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+}
+
+
 @dataclass(frozen=True)
 class TinySpec:
-    layout: str = "next"  # "next": Qwen3NextForCausalLM (in_proj_qkvz/ba); "qwen35": Qwen3_5ForCausalLM (split)
+    layout: str = "next"  # a key of LAYOUTS
     hidden_size: int = 64
     layer_types: tuple[str, ...] = (LIN, FULL, LIN, FULL)
     num_attention_heads: int = 4  # Hq
@@ -40,6 +58,23 @@ class TinySpec:
     rope_theta: float = 10000.0
     seed: int = 0
     stress: float = 4.0  # matrix scale factor; 0 keeps transformers' default init
+    # MoE (num_experts 0: dense). Qwen3.5-MoE makes every layer sparse and always renormalises.
+    num_experts: int = 0  # E
+    num_experts_per_tok: int = 2  # K
+    moe_intermediate_size: int = 32  # Ie
+    shared_expert_intermediate_size: int = 48  # Is
+    norm_topk_prob: bool = True  # Qwen3-Next only
+    decoder_sparse_step: int = 1  # Qwen3-Next only
+    mlp_only_layers: tuple[int, ...] = ()  # Qwen3-Next only
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        if not self.moe or self.layout.startswith("qwen35moe"):
+            return self.moe
+        return index not in self.mlp_only_layers and (index + 1) % self.decoder_sparse_step == 0
 
 
 PRESETS: dict[str, TinySpec] = {
@@ -55,6 +90,21 @@ PRESETS: dict[str, TinySpec] = {
         linear_key_head_dim=20, linear_value_head_dim=12, conv_width=3, vocab_size=199, intermediate_size=80,
         tied=False, seed=3,
     ),
+    # Qwen3-Next-80B-like: every layer (and the MTP layer) sparse, top-k renormalised.
+    "next-moe": TinySpec(num_experts=8, num_experts_per_tok=3, tied=False, seed=4),
+    # Sparse every second layer, layer 3 forced dense, no renormalisation, odd sizes, dense MTP.
+    "next-moe-odd": TinySpec(
+        hidden_size=48, layer_types=(FULL, LIN, LIN, FULL, LIN), num_attention_heads=3, num_key_value_heads=1,
+        head_dim=12, partial_rotary_factor=0.5, linear_num_key_heads=2, linear_num_value_heads=6,
+        linear_key_head_dim=20, linear_value_head_dim=12, conv_width=3, vocab_size=199, intermediate_size=80,
+        num_experts=5, num_experts_per_tok=2, moe_intermediate_size=20, shared_expert_intermediate_size=28,
+        norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=(3,), seed=5,
+    ),
+    "qwen35-moe": TinySpec(layout="qwen35moe", num_experts=6, num_experts_per_tok=2, seed=6),
+    "qwen35-moe-no-mtp": TinySpec(layout="qwen35moe", num_experts=7, num_experts_per_tok=3, tied=False,
+                                  with_mtp=False, moe_intermediate_size=24, seed=7),
+    "qwen35-mm": TinySpec(layout="qwen35-mm", tied=False, seed=8),
+    "qwen35-moe-mm": TinySpec(layout="qwen35moe-mm", num_experts=6, num_experts_per_tok=2, seed=9),
 }
 
 
@@ -97,13 +147,29 @@ def build_hf_model(spec: TinySpec | str):
             "partial_rotary_factor": spec.partial_rotary_factor,
         },
     }
+    if spec.layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {spec.layout!r}")
+    config_name, model_name, wrapped = LAYOUTS[spec.layout]
+    if spec.moe:
+        common.update(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+                      moe_intermediate_size=spec.moe_intermediate_size,
+                      shared_expert_intermediate_size=spec.shared_expert_intermediate_size)
     if spec.layout == "next":
         n = len(spec.layer_types)
-        config, cls = tf.Qwen3NextConfig(**common, num_experts=0, mlp_only_layers=list(range(n))), tf.Qwen3NextForCausalLM
-    elif spec.layout == "qwen35":
-        config, cls = tf.Qwen3_5TextConfig(**common), tf.Qwen3_5ForCausalLM
+        if spec.moe:
+            common.update(norm_topk_prob=spec.norm_topk_prob, decoder_sparse_step=spec.decoder_sparse_step,
+                          mlp_only_layers=list(spec.mlp_only_layers))
+        else:
+            common.update(num_experts=0, mlp_only_layers=list(range(n)))
+    if spec.layout.startswith("qwen35moe"):
+        del common["intermediate_size"]
+    if wrapped:
+        vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+                  "out_hidden_size": spec.hidden_size, "patch_size": 4, "num_position_embeddings": 16}
+        config = getattr(tf, config_name)(text_config=common, vision_config=vision, tie_word_embeddings=spec.tied)
     else:
-        raise ValueError(f"unknown layout {spec.layout!r}")
+        config = getattr(tf, config_name)(**common)
+    cls = getattr(tf, model_name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = cls(config).float().eval()
@@ -130,10 +196,27 @@ def _stress(model: torch.nn.Module, spec: TinySpec) -> None:
                 p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=gen))
 
 
+def mlp_shapes(prefix: str, spec: TinySpec, index: int) -> dict[str, tuple[int, ...]]:
+    """On-disk MLP tensors of layer ``index`` under ``prefix`` (``....mlp.``): dense, or MoE per expert."""
+    h = spec.hidden_size
+    if not spec.is_moe_layer(index):
+        i = spec.intermediate_size
+        return {f"{prefix}gate_proj.weight": (i, h), f"{prefix}up_proj.weight": (i, h),
+                f"{prefix}down_proj.weight": (h, i)}
+    ie, shared = spec.moe_intermediate_size, spec.shared_expert_intermediate_size
+    out = {f"{prefix}gate.weight": (spec.num_experts, h), f"{prefix}shared_expert_gate.weight": (1, h),
+           f"{prefix}shared_expert.gate_proj.weight": (shared, h), f"{prefix}shared_expert.up_proj.weight": (shared, h),
+           f"{prefix}shared_expert.down_proj.weight": (h, shared)}
+    for e in range(spec.num_experts):
+        out.update({f"{prefix}experts.{e}.gate_proj.weight": (ie, h), f"{prefix}experts.{e}.up_proj.weight": (ie, h),
+                    f"{prefix}experts.{e}.down_proj.weight": (h, ie)})
+    return out
+
+
 def mtp_tensors(spec: TinySpec | str) -> dict[str, torch.Tensor]:
-    """The 15 dense MTP tensors (one full-attention decoder layer), seeded."""
+    """The MTP tensors (one full-attention decoder layer, dense or MoE MLP), seeded."""
     spec = get_spec(spec)
-    h, d, i = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    h, d = spec.hidden_size, spec.head_dim
     hq, hkv = spec.num_attention_heads, spec.num_key_value_heads
     std = 0.02 * (spec.stress or 1.0)
     gen = torch.Generator().manual_seed(2000 + spec.seed)
@@ -143,9 +226,7 @@ def mtp_tensors(spec: TinySpec | str) -> dict[str, torch.Tensor]:
         "mtp.layers.0.self_attn.k_proj.weight": (hkv * d, h),
         "mtp.layers.0.self_attn.v_proj.weight": (hkv * d, h),
         "mtp.layers.0.self_attn.o_proj.weight": (h, hq * d),
-        "mtp.layers.0.mlp.gate_proj.weight": (i, h),
-        "mtp.layers.0.mlp.up_proj.weight": (i, h),
-        "mtp.layers.0.mlp.down_proj.weight": (h, i),
+        **mlp_shapes("mtp.layers.0.mlp.", spec, 0),
     }
     norms = {
         "mtp.pre_fc_norm_embedding.weight": h,
@@ -176,12 +257,12 @@ def write_checkpoint(directory: str | Path, spec: TinySpec | str) -> Path:
     return directory
 
 
-def load_hf_model(directory: str | Path):
-    """The transformers oracle for a checkpoint directory (fp32, eval)."""
+def load_hf_model(directory: str | Path, dtype: torch.dtype = torch.float32):
+    """The transformers oracle for a checkpoint directory (eval)."""
     tf = _transformers()
     model_type = json.loads((Path(directory) / "config.json").read_text())["model_type"]
-    cls = tf.Qwen3NextForCausalLM if model_type == "qwen3_next" else tf.Qwen3_5ForCausalLM
-    return cls.from_pretrained(directory, dtype=torch.float32).eval()
+    cls = getattr(tf, MODEL_CLASSES[model_type])
+    return cls.from_pretrained(directory, dtype=dtype).eval()
 
 
 def read_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
@@ -225,6 +306,6 @@ def tensor_names(directory: str | Path) -> list[str]:
 
 
 __all__ = [
-    "FULL", "LIN", "PRESETS", "TinySpec", "build_hf_model", "get_spec", "load_hf_model", "mtp_tensors",
+    "FULL", "LAYOUTS", "LIN", "MODEL_CLASSES", "PRESETS", "TinySpec", "build_hf_model", "get_spec", "load_hf_model", "mlp_shapes", "mtp_tensors",
     "read_tensors", "replace", "reshard", "tensor_names", "write_checkpoint", "write_variant",
 ]

@@ -39,7 +39,7 @@ class Driver:
             )
         conv_shape = (num_seqs, cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1 + num_spec)
         ssm_shape = (num_seqs, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-        self.gdn_states = {
+        self.states = {
             i: (torch.zeros(conv_shape, dtype=dtype, device=device),
                 torch.zeros(ssm_shape, dtype=torch.float32, device=device))
             for i in cfg.linear_layer_ids
@@ -76,7 +76,7 @@ class Driver:
             has_initial_state=torch.tensor([self.lengths[r] > 0 for r in rows], device=dev) if prefill else None,
         )
         gdn = RecurrentMetadata(prefill=group) if prefill else RecurrentMetadata(decode=group)
-        ctx = ForwardContext(attn=attn, recurrent=gdn, kv_caches=self.kv_caches, states=self.gdn_states,
+        ctx = ForwardContext(attn=attn, recurrent=gdn, kv_caches=self.kv_caches, states=self.states,
                              recurrent_prefill_chunked=chunked)
         return ctx, torch.tensor(positions, dtype=torch.int64, device=dev)
 

@@ -32,3 +32,13 @@ def hf_greedy_loop(model, prompt: list[int], max_new_tokens: int) -> list[int]:
             out.append(int(logits.argmax()))
             ids = torch.tensor([[out[-1]]])
     return out
+
+
+def hf_greedy_uncached(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens from the model's full, uncached forward over the whole sequence at every step."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt):]

@@ -9,7 +9,7 @@ import torch
 
 from refengine.model import CheckpointError, ModelConfig, load_model
 from refengine.model.loader import merge_ba, merge_qkvz, split_ba, split_qkvz
-from tests.helpers.checkpoints import PRESETS, load_hf_model, read_tensors, reshard, write_variant
+from tests.helpers.checkpoints import PRESETS, get_spec, load_hf_model, read_tensors, reshard, write_variant
 
 
 def _state(model) -> dict[str, torch.Tensor]:
@@ -28,10 +28,14 @@ def test_presets_load_with_their_tensors(preset, tiny_checkpoint):
     path = tiny_checkpoint(preset)
     model, cfg = load_model(path)
     assert cfg.gdn_layout == ("split" if preset.startswith("qwen35") else "qkvz")
-    assert model.mtp is not None and cfg.num_mtp_layers == 1
+    spec = get_spec(preset)
+    assert (model.mtp is not None, cfg.num_mtp_layers) == ((True, 1) if spec.with_mtp else (False, 0))
+    assert [cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)] == [
+        spec.is_moe_layer(i) for i in range(len(spec.layer_types))]
     state = _state(model)
     for name, tensor in read_tensors(path).items():
-        if name in state:  # everything except the Qwen3-Next fused GDN projections
+        name = name.replace("model.language_model.", "model.", 1)
+        if name in state:  # everything except the Qwen3-Next fused GDN projections and per-expert weights
             assert torch.equal(state[name].reshape(tensor.shape), tensor), name
     assert all(t.dtype == torch.float32 for t in state.values())
 
@@ -245,11 +249,45 @@ def test_config_validation_names_the_field(change, field, tiny_checkpoint):
         ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), **change})
 
 
-def test_config_rejects_moe(tiny_checkpoint):
-    with pytest.raises(NotImplementedError, match="MoE layers are not supported yet"):
-        ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "mlp_only_layers": [0]})
-    with pytest.raises(NotImplementedError, match="MoE layers are not supported yet"):
-        ModelConfig.from_hf_config({"model_type": "qwen3_5_moe", "text_config": {}})
+def test_config_moe_fields_and_layer_rule(tiny_checkpoint):
+    cfg = ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 2,
+                                      "mlp_only_layers": [0], "decoder_sparse_step": 1, "norm_topk_prob": False})
+    assert [cfg.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (4, 2, False)
+    # transformers' defaults fill what config.json leaves out.
+    assert (cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size) == (512, 512)
+    step2 = ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 2,
+                                        "mlp_only_layers": [], "decoder_sparse_step": 2})
+    assert [step2.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 5,
+                                    "mlp_only_layers": []})
+    # Qwen3.5-MoE: every layer sparse, always renormalised, no dense width needed; wrapped text_config.
+    wrapped = ModelConfig.from_hf_config({"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 2}})
+    assert wrapped.model_type == "qwen3_5_moe" and wrapped.gdn_layout == "split"
+    assert wrapped.norm_topk_prob and all(wrapped.is_moe_layer(i) for i in range(2))
+    assert (wrapped.num_experts, wrapped.num_experts_per_tok, wrapped.intermediate_size) == (256, 8, 0)
+
+
+def test_config_defaults_are_transformers(tiny_checkpoint):
+    """Absent fields take transformers' defaults (head_dim 256, not hidden/heads), for every model type."""
+    from transformers import CONFIG_MAPPING
+
+    base = {k: v for k, v in _base_config(tiny_checkpoint).items() if k != "head_dim"}
+    cfg = ModelConfig.from_hf_config(base)
+    assert cfg.head_dim == CONFIG_MAPPING["qwen3_next"]().head_dim == 256
+    for model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"):
+        hf = CONFIG_MAPPING[model_type]()
+        ours = ModelConfig.from_hf_config({"model_type": model_type})
+        text = hf.get_text_config(decoder=True)
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+                     "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            assert getattr(ours, name) == getattr(text, name, 0), (model_type, name)
+        assert ours.rope_theta == text.rope_parameters["rope_theta"], model_type
+        assert ours.partial_rotary_factor == text.rope_parameters["partial_rotary_factor"], model_type
+        assert ours.tie_word_embeddings == hf.tie_word_embeddings, model_type
 
 
 def test_config_derived_fields(tiny_checkpoint):
@@ -264,3 +302,127 @@ def test_config_derived_fields(tiny_checkpoint):
     assert cfg.eos_token_ids == [3, 4] and cfg.num_mtp_layers == 1 and cfg.gdn_layout == "qkvz"
     assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": 7}).eos_token_ids == [7]
     assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": None}).eos_token_ids == []
+
+
+# ---- hub ids from the local cache, dtype="auto" ------------------------------------------------------
+
+
+def _fake_hub_cache(cache, repo_id: str, src) -> None:
+    """The layout huggingface_hub keeps: models--owner--name/{refs/main, snapshots/<commit>/files}."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in src.iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+
+
+def test_hub_id_resolves_from_the_local_cache_only(tiny_checkpoint, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from refengine.model.loader import resolve_model_path
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    src = tiny_checkpoint("next-moe")
+    _fake_hub_cache(tmp_path / "hub", "Qwen/Tiny-Next-MoE", src)
+    path = resolve_model_path("Qwen/Tiny-Next-MoE")
+    assert "snapshots" in path
+    _assert_same_state(load_model(path)[0], load_model(src)[0])
+    assert resolve_model_path(str(src)) == str(src)  # a folder is itself
+
+    with pytest.raises(CheckpointError, match="nor in the local Hugging Face cache.*never downloaded"):
+        resolve_model_path("Qwen/Qwen3-Next-80B-A3B-Instruct")
+
+
+def test_llm_takes_a_hub_id_and_dtype_auto(tiny_checkpoint, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from refengine.llm import LLM
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    src = tiny_checkpoint("qwen35-moe")
+    bf16 = tmp_path / "bf16"
+    tensors = {k: v.to(torch.bfloat16) for k, v in read_tensors(src).items()}
+    write_variant(src, bf16, tensors, {**json.loads((src / "config.json").read_text()), "dtype": "bfloat16"})
+    _fake_hub_cache(tmp_path / "hub", "someone/tiny-bf16", bf16)
+    llm = LLM("someone/tiny-bf16", dtype="auto", max_num_batched_tokens=64)
+    assert llm.config.dtype == "bfloat16"
+    assert all(p.dtype == torch.bfloat16 for p in llm.engine.model.parameters())
+    assert len(llm.generate([[1, 2, 3]])[0].token_ids) > 0
+
+
+def test_dtype_auto_reads_config_then_tensors(tiny_checkpoint, tmp_path):
+    from refengine.model.loader import resolve_dtype
+
+    src = tiny_checkpoint("next-tiny")
+    assert resolve_dtype("bfloat16", src) == "bfloat16"
+    assert resolve_dtype("auto", src) == "float32"  # transformers wrote "dtype": "float32"
+    config = json.loads((src / "config.json").read_text())
+    config.pop("dtype", None)
+    wrapped = write_variant(src, tmp_path / "torch_dtype", None, {"model_type": "qwen3_5",
+                                                                   "text_config": {"torch_dtype": "float16"}})
+    assert resolve_dtype("auto", wrapped) == "float16"
+    no_dtype = write_variant(src, tmp_path / "none", {k: v.to(torch.bfloat16) for k, v in read_tensors(src).items()},
+                             config)
+    assert resolve_dtype("auto", no_dtype) == "bfloat16"  # from the tensors
+    odd = write_variant(src, tmp_path / "odd", None, {**config, "dtype": "float8_e4m3fn"})
+    with pytest.raises(CheckpointError, match="float8_e4m3fn"):
+        resolve_dtype("auto", odd)
+
+
+# ---- MoE checkpoints ----------------------------------------------------------------------------------
+
+
+def _fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert tensors -> transformers' fused in-memory layout, written as such."""
+    out, experts = {}, {}
+    for name, t in tensors.items():
+        if ".mlp.experts." in name:
+            prefix, rest = name.split(".mlp.experts.")
+            e, part = rest.split(".")[:2]
+            experts.setdefault(prefix, {})[(int(e), part)] = t
+        else:
+            out[name] = t
+    for prefix, parts in experts.items():
+        n = 1 + max(e for e, _ in parts)
+        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(n)])
+        out[f"{prefix}.mlp.experts.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(n)])
+    return out
+
+
+@pytest.mark.parametrize("preset", ["next-moe", "qwen35-moe"])
+def test_fused_and_per_expert_layouts_load_identically(preset, tiny_checkpoint, tmp_path):
+    src = tiny_checkpoint(preset)
+    per_expert, cfg = load_model(src)
+    fused = write_variant(src, tmp_path / "fused", _fuse_experts(read_tensors(src)))
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in read_tensors(fused))
+    _assert_same_state(per_expert, load_model(fused)[0])
+    # The fused layout is transformers' own: the per-expert weights sit at [e, :I] (gate) and [e, I:] (up).
+    tensors = read_tensors(src)
+    gate_up = per_expert.model.layers[1].mlp.experts.gate_up_proj
+    i = cfg.moe_intermediate_size
+    assert torch.equal(gate_up[2, :i], tensors["model.layers.1.mlp.experts.2.gate_proj.weight"])
+    assert torch.equal(gate_up[2, i:], tensors["model.layers.1.mlp.experts.2.up_proj.weight"])
+
+
+@pytest.mark.parametrize(
+    "drop, add, expected",
+    [
+        (["model.layers.1.mlp.experts.3.up_proj.weight"], None, "missing tensor model.layers.1.mlp.experts.3.up_proj"),
+        (["mtp.layers.0.mlp.gate.weight"], None, "missing tensor mtp.layers.0.mlp.gate.weight"),
+        ([], {"model.layers.1.mlp.experts.8.up_proj.weight": torch.zeros(32, 64)},
+         "unexpected tensor model.layers.1.mlp.experts.8.up_proj.weight"),
+        ([], {"model.layers.0.mlp.shared_expert_gate.weight": torch.zeros(2, 64)},
+         r"shared_expert_gate.weight has shape \[2, 64\], expected \[1, 64\]"),
+        ([], {"model.layers.2.mlp.experts.gate_up_proj": torch.zeros(8, 64, 64)},
+         "missing tensor model.layers.2.mlp.experts.down_proj"),
+    ],
+    ids=["missing-expert", "missing-mtp-router", "extra-expert", "misshaped-gate", "mixed-layouts"],
+)
+def test_bad_moe_tensors_are_named(drop, add, expected, tiny_checkpoint, tmp_path):
+    path = _edit(tiny_checkpoint("next-moe"), tmp_path / "bad", drop, add)
+    with pytest.raises(CheckpointError, match=expected):
+        load_model(path)

@@ -1,5 +1,9 @@
 """The model reproduces transformers on tiny checkpoints that transformers itself wrote.
 
+Every layout: Qwen3-Next dense and MoE (every layer sparse, or every second one with a forced-dense
+layer and no renormalisation), Qwen3.5 dense and MoE, both multimodal wrappers, tied and untied
+heads, odd dims, with and without MTP tensors (tests/helpers/checkpoints.py PRESETS).
+
 Greedy tokens from a batched prefill + decode run (tests/helpers/driver.py) must equal
 ``generate(do_sample=False)`` run one prompt at a time; prefill and per-step logits must agree to
 float tolerance. Both GDN prefill paths (recurrent and chunked) are checked.
@@ -15,6 +19,7 @@ import torch
 from refengine.model import MTP_CACHE_KEY, load_model
 from tests.helpers.checkpoints import PRESETS, load_hf_model
 from tests.helpers.driver import Driver, greedy_generate
+from tests.helpers.oracle import hf_greedy_uncached
 
 PROMPT_LENGTHS = (1, 3, 17, 40, 70)  # 70 crosses a 64-token chunk of the chunked GDN path
 PROMPT_SEED = 6  # chosen so every preset's greedy top-1/top-2 margins stay >= 5e-4
@@ -43,7 +48,7 @@ def hf_reference(tiny_checkpoint):
     def get(preset: str) -> Reference:
         if preset not in done:
             hf = load_hf_model(tiny_checkpoint(preset))
-            prompts = make_prompts(hf.config.vocab_size)
+            prompts = make_prompts(hf.config.get_text_config(decoder=True).vocab_size)
             ref = Reference(prompts, [], [], [])
             with torch.no_grad():
                 for p in prompts:
@@ -65,8 +70,13 @@ def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours - ref).abs().max() / ref.abs().max()).item()
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["recurrent", "chunked"])
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+# The chunked GDN prefill path does not depend on the MLP or the wrapper: checked on the dense
+# presets and one MoE preset; every preset runs the recurrent path.
+CHUNKED_PRESETS = ("next-tiny", "next-gqa4-untied", "qwen35-tiny", "next-odd-dims", "next-moe")
+CASES = [(p, False) for p in sorted(PRESETS)] + [(p, True) for p in CHUNKED_PRESETS]
+
+
+@pytest.mark.parametrize("preset, chunked", CASES, ids=[f"{p}-{'chunked' if c else 'recurrent'}" for p, c in CASES])
 def test_greedy_and_logits_match_transformers(preset, chunked, tiny_checkpoint, hf_reference):
     ref = hf_reference(preset)
     model, cfg = load_model(tiny_checkpoint(preset))
@@ -87,6 +97,21 @@ def test_greedy_and_logits_match_transformers(preset, chunked, tiny_checkpoint, 
         assert err <= REL_TOL, f"prompt {i}: decode logits relative error {err:.2e}"
 
 
+UNCACHED_TOKENS = 8
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_greedy_equals_transformers_uncached_forward(preset, tiny_checkpoint, hf_reference):
+    """Greedy tokens against transformers' plain forward over the whole sequence, no cache, every step."""
+    path = tiny_checkpoint(preset)
+    hf = load_hf_model(path)
+    model, cfg = load_model(path)
+    prompts = hf_reference(preset).prompts[2:4]  # 17 and 40 tokens
+    tokens, _, _ = greedy_generate(model, cfg, prompts, UNCACHED_TOKENS)
+    for prompt, ours in zip(prompts, tokens):
+        assert ours == hf_greedy_uncached(hf, prompt, UNCACHED_TOKENS), f"prompt of length {len(prompt)}"
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["recurrent", "chunked"])
 def test_batched_prefill_equals_single_rows_bitwise(chunked, tiny_checkpoint):
     model, cfg = load_model(tiny_checkpoint("next-tiny"))
@@ -99,7 +124,7 @@ def test_batched_prefill_equals_single_rows_bitwise(chunked, tiny_checkpoint):
         start += len(p)
 
 
-@pytest.mark.parametrize("preset", ["next-tiny", "qwen35-tiny"])
+@pytest.mark.parametrize("preset", ["next-tiny", "qwen35-tiny", "next-moe", "qwen35-moe"])
 def test_mtp_head_smoke(preset, tiny_checkpoint):
     model, cfg = load_model(tiny_checkpoint(preset))
     assert model.mtp is not None and cfg.num_mtp_layers == 1
