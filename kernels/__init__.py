@@ -4,7 +4,7 @@ from kernels.attention import paged_attention
 from kernels.constants import PAD_SLOT_ID
 from kernels.conv1d import causal_conv1d_fn, causal_conv1d_update
 from kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from kernels.kv_cache import compute_slot_mapping, reshape_and_cache
+from kernels.kv_cache import reshape_and_cache
 from kernels.linear import linear
 from kernels.moe import fused_moe, moe_route
 from kernels.norm import gated_rms_norm, rms_norm
@@ -15,7 +15,6 @@ __all__ = [
     "causal_conv1d_fn",
     "causal_conv1d_update",
     "chunk_gated_delta_rule",
-    "compute_slot_mapping",
     "fused_moe",
     "fused_recurrent_gated_delta_rule",
     "gated_rms_norm",

@@ -1,11 +1,11 @@
-"""``reshape_and_cache`` (store K/V into the paged cache) and ``compute_slot_mapping``."""
+"""``reshape_and_cache``: store K/V into the paged cache (slot mappings come from ``input_prep``)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernels._dispatch import resolve_backend
-from kernels.kv_cache.naive import naive_compute_slot_mapping, naive_reshape_and_cache
+from kernels.kv_cache.naive import naive_reshape_and_cache
 
 
 def reshape_and_cache(
@@ -26,29 +26,7 @@ def reshape_and_cache(
     return triton_reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
 
-def compute_slot_mapping(
-    block_table: torch.Tensor,
-    positions: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_tokens_padded: int,
-    block_size: int,
-    *,
-    backend: str | None = None,
-) -> torch.Tensor:
-    """int64 ``[num_tokens_padded]`` slots for the tokens of each row (``PAD_SLOT_ID`` past
-    ``query_start_loc[N]``)."""
-    if resolve_backend(backend, block_table, positions, query_start_loc) == "torch":
-        return naive_compute_slot_mapping(
-            block_table, positions, query_start_loc, num_tokens_padded, block_size
-        )
-    from kernels.kv_cache.triton_kv_cache import triton_compute_slot_mapping
-
-    return triton_compute_slot_mapping(block_table, positions, query_start_loc, num_tokens_padded, block_size)
-
-
 __all__ = [
-    "compute_slot_mapping",
-    "naive_compute_slot_mapping",
     "naive_reshape_and_cache",
     "reshape_and_cache",
 ]

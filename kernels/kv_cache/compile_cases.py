@@ -5,8 +5,6 @@ Qwen3-Next / Qwen3.5 per tensor-parallel rank: 2 KV heads of dim 256, block size
 
 from __future__ import annotations
 
-import triton
-
 from kernels.compile_check import case
 from kernels.constants import PAD_SLOT_ID
 
@@ -20,10 +18,5 @@ def compile_cases():
             f"kv_cache.reshape_and_cache[HkvD=512,block={block_size}]", tkv.reshape_and_cache_kernel,
             types={"k": "*bf16", "v": "*bf16", "k_cache": "*bf16", "v_cache": "*bf16", "slot_mapping": "*i64"},
             constexprs={"BLOCK_SIZE": block_size, "HD": 512, "BHD": 512, "PAD_ID": PAD_SLOT_ID},
-            representative=block_size == 64))
-        cases.append(case(
-            f"kv_cache.compute_slot_mapping[N=256,block={block_size}]", tkv.compute_slot_mapping_kernel,
-            types={"block_table": "*i32", "positions": "*i64", "query_start_loc": "*i32", "slot_mapping": "*i64"},
-            constexprs={"BLOCK_SIZE": block_size, "BT": 64, "BN": triton.next_power_of_2(256), "PAD_ID": PAD_SLOT_ID},
             representative=block_size == 64))
     return cases

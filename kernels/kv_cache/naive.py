@@ -1,4 +1,4 @@
-"""References for ``reshape_and_cache`` and ``compute_slot_mapping``.
+"""References for ``reshape_and_cache`` (and ``token_rows``, shared with the attention reference).
 
 A slot ``s`` addresses block ``s // block_size``, offset ``s % block_size`` of a paged cache
 ``[num_blocks, block_size, Hkv, D]``; ``PAD_SLOT_ID`` marks a token that is not stored.
@@ -35,24 +35,3 @@ def token_rows(query_start_loc: torch.Tensor) -> torch.Tensor:
     tokens = torch.arange(num_tokens, dtype=query_start_loc.dtype, device=query_start_loc.device)
     # Row of token t = number of rows ending at or before t.
     return torch.searchsorted(query_start_loc[1:], tokens, right=True)
-
-
-def naive_compute_slot_mapping(
-    block_table: torch.Tensor,
-    positions: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_tokens_padded: int,
-    block_size: int,
-) -> torch.Tensor:
-    """int64 ``[num_tokens_padded]``: ``block_table[i, pos // bs] * bs + pos % bs`` for row i's
-    tokens, ``PAD_SLOT_ID`` for tokens ``>= query_start_loc[N]``."""
-    assert block_table.dim() == 2 and query_start_loc.shape == (block_table.shape[0] + 1,)
-    num_tokens = int(query_start_loc[-1])
-    assert positions.dim() == 1 and positions.shape[0] >= num_tokens, "positions [T] covers every token"
-    assert num_tokens <= num_tokens_padded, f"{num_tokens} tokens do not fit in {num_tokens_padded}"
-    out = torch.full((num_tokens_padded,), PAD_SLOT_ID, dtype=torch.int64, device=positions.device)
-    rows = token_rows(query_start_loc)
-    pos = positions[:num_tokens].long()
-    blocks = block_table[rows, pos // block_size].long()
-    out[:num_tokens] = blocks * block_size + pos % block_size
-    return out

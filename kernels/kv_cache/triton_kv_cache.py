@@ -1,4 +1,4 @@
-"""Triton kernels for ``reshape_and_cache`` and ``compute_slot_mapping``."""
+"""Triton kernel for ``reshape_and_cache``."""
 
 from __future__ import annotations
 
@@ -30,27 +30,6 @@ def reshape_and_cache_kernel(
     tl.store(v_cache + p_slot, b_v.to(v_cache.dtype.element_ty), mask=mask_hd)
 
 
-@triton.jit
-def compute_slot_mapping_kernel(
-    block_table, positions, query_start_loc, slot_mapping,
-    N, num_tokens_padded, stride_bt,
-    BLOCK_SIZE: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, PAD_ID: tl.constexpr,
-):
-    i_b = tl.program_id(0)
-    o_t = i_b * BT + tl.arange(0, BT)
-    mask_t = o_t < num_tokens_padded
-    # Row of each token = number of rows ending at or before it (query_start_loc[1:] <= t).
-    o_n = tl.arange(0, BN)
-    b_eos = tl.load(query_start_loc + 1 + o_n, mask=o_n < N, other=0x7FFFFFFF)
-    b_row = tl.sum((b_eos[None, :] <= o_t[:, None]).to(tl.int32), 1)
-    mask_real = mask_t & (b_row < N)
-    b_pos = tl.load(positions + o_t, mask=mask_real, other=0).to(tl.int64)
-    p_blk = block_table + b_row * stride_bt + b_pos // BLOCK_SIZE
-    b_blk = tl.load(p_blk, mask=mask_real, other=0).to(tl.int64)
-    b_slot = tl.where(mask_real, b_blk * BLOCK_SIZE + b_pos % BLOCK_SIZE, PAD_ID)
-    tl.store(slot_mapping + o_t, b_slot, mask=mask_t)
-
-
 def triton_reshape_and_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
@@ -70,28 +49,3 @@ def triton_reshape_and_cache(
         k.stride(0), v.stride(0), k_cache.stride(0), k_cache.stride(1),
         BLOCK_SIZE=k_cache.shape[1], HD=hkv * d, BHD=triton.next_power_of_2(hkv * d), PAD_ID=PAD_SLOT_ID,
     )
-
-
-def triton_compute_slot_mapping(
-    block_table: torch.Tensor,
-    positions: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_tokens_padded: int,
-    block_size: int,
-) -> torch.Tensor:
-    n = block_table.shape[0]
-    assert block_table.dim() == 2 and block_table.stride(1) == 1, "block_table [N, max_blocks], contiguous"
-    assert query_start_loc.shape == (n + 1,), "query_start_loc [N+1]"
-    assert query_start_loc.dtype == torch.int32, "query_start_loc must be int32"
-    # positions must cover the query_start_loc[N] real tokens (not checked: it would need a sync).
-    assert positions.dim() == 1 and positions.is_contiguous(), "positions [T] contiguous"
-    slot_mapping = torch.empty(num_tokens_padded, dtype=torch.int64, device=positions.device)
-    if num_tokens_padded == 0:
-        return slot_mapping
-    bt = 64
-    compute_slot_mapping_kernel[(triton.cdiv(num_tokens_padded, bt),)](
-        block_table, positions, query_start_loc, slot_mapping,
-        n, num_tokens_padded, block_table.stride(0),
-        BLOCK_SIZE=block_size, BT=bt, BN=triton.next_power_of_2(max(n, 1)), PAD_ID=PAD_SLOT_ID,
-    )
-    return slot_mapping

@@ -186,8 +186,9 @@ class AsyncRunner:
         qsl_p = pad_qsl(qsl, rows_p)
         is_decode_p = pad_rows(rows.is_decode.bool(), rows_p, True)
         input_ids, positions, seq_lens, slot_mapping = prepare_inputs(
-            idx_p, qsl_p, is_decode_p, num_computed, st.last_sampled, st.draft_tokens, st.token_ids,
-            st.block_table, self.block_size, shape.num_tokens_padded)
+            idx_mapping=idx_p, query_start_loc=qsl_p, is_decode=is_decode_p, num_computed=num_computed,
+            last_sampled=st.last_sampled, draft_tokens=st.draft_tokens, token_ids=st.token_ids,
+            block_table=st.block_table, block_size=self.block_size, num_tokens_padded=shape.num_tokens_padded)
         tensors = StepTensors(idx_p, qsl_p, is_decode_p, pad_rows(rows.has_initial_state.bool(), rows_p, False),
                               seq_lens, slot_mapping)
         attn, recurrent = self.builder.build(tensors, shape, plan.num_decode, plan.qsl)
@@ -226,9 +227,11 @@ class AsyncRunner:
 
     def commit(self, rows: TargetRows, v: Verified) -> None:
         st = self.state
-        post_update(rows.idx.to(torch.int32), rows.query_len.to(torch.int32), rows.num_drafts.to(torch.int32),
-                    rows.is_sampling.bool(), v.sampled, v.num_valid, st.num_computed, st.num_valid, st.last_sampled,
-                    st.token_ids, st.num_tokens)
+        post_update(idx_mapping=rows.idx.to(torch.int32), query_lens=rows.query_len.to(torch.int32),
+                    num_draft_tokens=rows.num_drafts.to(torch.int32), is_sampling=rows.is_sampling.bool(),
+                    sampled=v.sampled, num_valid=v.num_valid, num_computed=st.num_computed,
+                    num_valid_state=st.num_valid, last_sampled=st.last_sampled, token_ids=st.token_ids,
+                    num_tokens=st.num_tokens)
 
     def draft(self, plan: StepPlan, rows: TargetRows, drafter_rows: DrafterRows, step: PreparedStep,
               hidden: torch.Tensor, v: Verified) -> tuple[torch.Tensor, DraftOutputs | None]:

@@ -12,7 +12,7 @@ Two kinds of test always run on the CPU, and say so:
   invariance, both conv forms equal) are made there: on a GPU torch picks reduction and matmul
   kernels by shape, so the same row in a bigger batch may round differently;
 - tests marked ``cpu_only``: the reference batch-invariance checks without a backend parameter and
-  the position independence of ``kernels.elementwise`` (a guard against torch's CPU vector paths).
+  bitwise claims of the torch references on CPU.
 
 The Triton kernels' bitwise claims hold on the GPU as on the CPU: each is one compiled kernel whose
 programs each handle one row (or one query block) with a fixed reduction order that does not

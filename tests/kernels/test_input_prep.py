@@ -123,17 +123,20 @@ def clone_state(state):
 
 def run_prepare(state, step, backend):
     return prepare_inputs(
-        step["idx_mapping"], step["query_start_loc"], step["is_decode"], state["num_computed"],
-        state["last_sampled"], state["draft_tokens"], state["token_ids"], state["block_table"],
-        step["block_size"], step["num_tokens_padded"], backend=backend,
+        idx_mapping=step["idx_mapping"], query_start_loc=step["query_start_loc"], is_decode=step["is_decode"],
+        num_computed=state["num_computed"], last_sampled=state["last_sampled"], draft_tokens=state["draft_tokens"],
+        token_ids=state["token_ids"], block_table=state["block_table"], block_size=step["block_size"],
+        num_tokens_padded=step["num_tokens_padded"], backend=backend,
     )
 
 
 def run_post_update(state, step, backend):
     post_update(
-        step["idx_mapping"], step["query_lens"], step["num_draft_tokens"], step["is_sampling"], step["sampled"],
-        step["num_valid"], state["num_computed"], state["num_valid_state"], state["last_sampled"],
-        state["token_ids"], state["num_tokens"], backend=backend,
+        idx_mapping=step["idx_mapping"], query_lens=step["query_lens"], num_draft_tokens=step["num_draft_tokens"],
+        is_sampling=step["is_sampling"], sampled=step["sampled"], num_valid=step["num_valid"],
+        num_computed=state["num_computed"], num_valid_state=state["num_valid_state"],
+        last_sampled=state["last_sampled"], token_ids=state["token_ids"], num_tokens=state["num_tokens"],
+        backend=backend,
     )
 
 
@@ -231,8 +234,10 @@ def test_prepare_by_hand(backend):
     drafts = torch.tensor([[-6, -7, -8], [801, 802, 803]])
     token_ids = torch.tensor([[10, 11, 12, 13, 14, 15], [-1, -1, -1, -1, -1, -1]])
     block_table = torch.tensor([[9, 4, 0], [2, 5, 7]], dtype=torch.int32)
-    ids, pos, seq_lens, slots = prepare_inputs(idx, qsl, is_decode, num_computed, last_sampled, drafts, token_ids,
-                                               block_table, 4, 7, backend=backend)
+    ids, pos, seq_lens, slots = prepare_inputs(
+        idx_mapping=idx, query_start_loc=qsl, is_decode=is_decode, num_computed=num_computed,
+        last_sampled=last_sampled, draft_tokens=drafts, token_ids=token_ids, block_table=block_table,
+        block_size=4, num_tokens_padded=7, backend=backend)
     assert ids.tolist() == [700, 801, 802, 13, 14, 0, 0]
     assert pos.tolist() == [6, 7, 8, 3, 4, 0, 0]
     assert seq_lens.tolist() == [9, 0, 5]
@@ -317,8 +322,9 @@ def test_post_update_by_hand(backend):
     last_sampled = torch.tensor([-1, 77, 300])
     token_ids = torch.arange(3 * 14).view(3, 14)
     num_tokens = torch.tensor([9, 77, 11], dtype=torch.int32)
-    post_update(idx, query_lens, num_drafts, is_sampling, sampled, num_valid, num_computed, num_valid_state,
-                last_sampled, token_ids, num_tokens, backend=backend)
+    post_update(idx_mapping=idx, query_lens=query_lens, num_draft_tokens=num_drafts, is_sampling=is_sampling,
+                sampled=sampled, num_valid=num_valid, num_computed=num_computed, num_valid_state=num_valid_state,
+                last_sampled=last_sampled, token_ids=token_ids, num_tokens=num_tokens, backend=backend)
     assert num_computed.tolist() == [4, 77, 12]  # 10 + 4 computed - 2 rejected drafts
     assert num_valid_state.tolist() == [1, 77, 2]
     assert last_sampled.tolist() == [-1, 77, 501]
@@ -339,9 +345,10 @@ def test_next_step_reads_committed_state(backend):
     next_q = [q if int(step["idx_mapping"][i]) != PAD_SLOT_ID else 0 for i, q in enumerate(next_q)]
     qsl = torch.tensor([0] + torch.tensor(next_q).cumsum(0).tolist(), dtype=torch.int32)
     ids, pos, seq_lens, _ = prepare_inputs(
-        step["idx_mapping"], qsl, step["is_sampling"].clone(), state["num_computed"], state["last_sampled"],
-        state["draft_tokens"], state["token_ids"], state["block_table"], step["block_size"], int(qsl[-1]),
-        backend=backend,
+        idx_mapping=step["idx_mapping"], query_start_loc=qsl, is_decode=step["is_sampling"].clone(),
+        num_computed=state["num_computed"], last_sampled=state["last_sampled"], draft_tokens=state["draft_tokens"],
+        token_ids=state["token_ids"], block_table=state["block_table"], block_size=step["block_size"],
+        num_tokens_padded=int(qsl[-1]), backend=backend,
     )
     for i in range(n):
         r = int(step["idx_mapping"][i])

@@ -1,4 +1,4 @@
-"""reshape_and_cache and compute_slot_mapping: exact checks against explicit loops, sentinel-filled
+"""reshape_and_cache: exact checks against explicit loops, sentinel-filled
 caches (nothing outside the mapping is touched), PAD_SLOT_ID handling, Triton == torch."""
 
 from __future__ import annotations
@@ -7,55 +7,11 @@ import pytest
 import torch
 
 from kernels.constants import PAD_SLOT_ID
-from kernels.kv_cache import compute_slot_mapping, reshape_and_cache
+from kernels.kv_cache import reshape_and_cache
 from tests.kernels.conftest import requires_triton
 
 HUGE = 1e30
 BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
-
-
-def slot_mapping_by_loop(block_table, positions, query_start_loc, num_tokens_padded, block_size):
-    out = [PAD_SLOT_ID] * num_tokens_padded
-    for i in range(block_table.shape[0]):
-        for t in range(int(query_start_loc[i]), int(query_start_loc[i + 1])):
-            pos = int(positions[t])
-            out[t] = int(block_table[i, pos // block_size]) * block_size + pos % block_size
-    return torch.tensor(out, dtype=torch.int64)
-
-
-def make_rows(rows, block_size, num_tokens_padded, max_blocks=8):
-    """rows: (context length, query length); returns block_table, positions, query_start_loc."""
-    num_blocks = len(rows) * max_blocks
-    block_table = torch.randperm(num_blocks).view(len(rows), max_blocks).int()
-    positions = torch.zeros(num_tokens_padded, dtype=torch.int64)
-    qsl = [0]
-    for ctx, qlen in rows:
-        positions[qsl[-1] : qsl[-1] + qlen] = torch.arange(ctx, ctx + qlen)
-        qsl.append(qsl[-1] + qlen)
-    assert max(c + q for c, q in rows) <= max_blocks * block_size
-    return block_table, positions, torch.tensor(qsl, dtype=torch.int32)
-
-
-SLOT_CASES = [
-    # rows, block_size, num_tokens_padded
-    ([(0, 5)], 4, 5),
-    ([(0, 17), (9, 1), (0, 0), (26, 4), (3, 2)], 4, 32),
-    ([(0, 0), (15, 17), (0, 0), (100, 1)], 16, 40),
-    ([(0, 0)], 16, 3),
-]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    "rows, block_size, padded", SLOT_CASES, ids=[f"case{i}" for i in range(len(SLOT_CASES))]
-)
-def test_compute_slot_mapping(rows, block_size, padded, backend):
-    block_table, positions, qsl = make_rows(rows, block_size, padded)
-    got = compute_slot_mapping(block_table, positions, qsl, padded, block_size, backend=backend)
-    expected = slot_mapping_by_loop(block_table, positions, qsl, padded, block_size)
-    assert got.dtype == torch.int64
-    assert torch.equal(got, expected)
-    assert torch.all(got[int(qsl[-1]) :] == PAD_SLOT_ID)
 
 
 def make_cache(num_blocks, block_size, hkv, d, dtype):
