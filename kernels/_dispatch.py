@@ -26,6 +26,16 @@ def resolve_backend(backend: str | None, *tensors: torch.Tensor) -> str:
     return choice
 
 
+def backend_for(device: torch.device | str, backend: str | None = None) -> str:
+    """The backend calls on ``device`` resolve to (``"torch"`` or ``"triton"``), without a tensor."""
+    choice = backend if backend is not None else os.environ.get("KERNELS_BACKEND", "auto")
+    if choice not in _VALID:
+        raise ValueError(f"kernel backend must be one of {_VALID}, got {choice!r}")
+    if choice == "auto":
+        return "triton" if torch.device(device).type == "cuda" else "torch"
+    return choice
+
+
 def ensure_interpreter() -> None:
     """Make Triton kernels run on CPU tensors.
 

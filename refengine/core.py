@@ -45,10 +45,20 @@ class Occupancy:
                     or self.waiting or self.running)
 
 
+def check_kernel_settings(config: EngineConfig) -> None:
+    """Refuse, when the engine is built, settings the kernels it will run cannot serve."""
+    from kernels._dispatch import backend_for
+    from kernels.attention import check_block_size
+
+    if backend_for(config.device) == "triton":
+        check_block_size(config.cache.block_size)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, model_config, tokenizer=None, *,
                  request_type: type[Request] = Request, **scheduler_hooks):
         """``scheduler_hooks``: what the engine's scheduling differs in (see ``Scheduler``)."""
+        check_kernel_settings(config)
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer

@@ -145,3 +145,12 @@ def test_thousands_of_requests_leak_nothing(engine):
     assert finished == 2000
     assert llm.engine.pools_empty()
     assert llm.engine.core.scheduler.kv_pool.num_free == 96
+
+
+def test_block_size_the_triton_attention_cannot_take_is_refused_at_build(monkeypatch):
+    """Where the engine will run the Triton kernels, a block size they cannot serve fails up front."""
+    monkeypatch.setenv("KERNELS_BACKEND", "triton")
+    with pytest.raises(ValueError, match="block_size=128 cannot be served by the Triton paged attention"):
+        LLM(block_size=128)
+    monkeypatch.setenv("KERNELS_BACKEND", "torch")
+    assert LLM(block_size=128).generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].token_ids
