@@ -56,6 +56,10 @@ class AsyncStats:
     def syncs_per_step(self, waits: int) -> float:
         return waits / self.steps if self.steps else 0.0
 
+    def host_seconds_per_step(self, waited: float) -> float:
+        """Host time per step not spent blocked on the device (``waited``: the stream's wait total)."""
+        return (self.elapsed - waited) / self.steps if self.steps else 0.0
+
     def count_acceptance(self, drafted: int, accepted: int) -> None:
         while len(self.drafted_per_position) < drafted:
             self.drafted_per_position.append(0)

@@ -27,7 +27,7 @@ from refengine.async_engine.metadata import MetadataBuilder, StepTensors, pad_qs
 from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.config import GraphMode
 from refengine.drafters import DraftInputs
-from refengine.drafters.base import DraftOutputs, UniformDraftInputs, check_vocab_ids
+from refengine.drafters.base import DraftOutputs, UniformDraftInputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 
 
@@ -318,7 +318,9 @@ class AsyncRunner:
                 "logits": logits, "kept": kept, "qsl": step.qsl, "idx": rows.idx,
                 "first_pass_ids": None if drafts is None else drafts.first_pass_ids,
                 "chain_ids": None if drafts is None else drafts.chain_ids,
-                "next_drafts": self.state.draft_tokens[rows.idx], "recurrent_shapes": step.recurrent.shapes()}
+                "next_drafts": self.state.draft_tokens[rows.idx],
+                "recurrent_shapes": {**step.recurrent.shapes(), **attn_shapes("attn", step.attn),
+                                     **({} if drafts is None else drafts.metadata_shapes)}}
 
 
 def _payload(plan: StepPlan, step: PreparedStep, v: Verified, drafts) -> dict:

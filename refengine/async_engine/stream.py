@@ -62,6 +62,8 @@ class Stream:
         self.hazard_check = hazard_check
         self.num_host_waits = 0  # device->host synchronisations, for stats
         self.host_wait_seconds = 0.0  # time the host spent blocked in those waits, for stats
+        self._busy_seconds = 0.0  # device time of submitted work (see busy_seconds)
+        self._intervals: list = []  # CUDA: (start, end) events around each submitted program, not yet summed
         self._seq = 0
         self._done_seq = 0
         self._released_seq = 0 if delay else float("inf")
@@ -81,8 +83,16 @@ class Stream:
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the device timeline, after everything submitted before it."""
         if self._cuda_stream is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(self._cuda_stream):
+                start.record(self._cuda_stream)
                 fn()
+                end.record(self._cuda_stream)
+            self._intervals.append((start, end))
+            if len(self._intervals) > 256:  # fold finished intervals so a long run keeps few events
+                while self._intervals and self._intervals[0][1].query():
+                    a, b = self._intervals.pop(0)
+                    self._busy_seconds += a.elapsed_time(b) / 1000.0
             return
         with self._cv:
             self._raise_if_failed()
@@ -114,6 +124,15 @@ class Stream:
     def synchronize(self) -> None:
         self.record_event().wait()
 
+    def busy_seconds(self) -> float:
+        """Device time spent in submitted work so far: CUDA event pairs around each program on a GPU,
+        the worker thread's time inside submitted work on CPU. Waits for the work in flight."""
+        self.synchronize()
+        if self._intervals:
+            self._busy_seconds += sum(a.elapsed_time(b) for a, b in self._intervals) / 1000.0
+            self._intervals.clear()
+        return self._busy_seconds
+
     def close(self) -> None:
         if self._thread is None:
             return
@@ -132,11 +151,13 @@ class Stream:
                 if self._closed and not self._queue:
                     return
                 seq, fn = self._queue.popleft()
+            start = time.perf_counter()
             try:
                 if self._error is None:
                     fn()
             except BaseException as e:  # noqa: BLE001 - surfaced on the host at the next wait or submit
                 self._error = e
+            self._busy_seconds += time.perf_counter() - start
             with self._cv:
                 self._done_seq = seq
                 self._cv.notify_all()

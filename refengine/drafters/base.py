@@ -18,7 +18,7 @@ To add a method: one module in this package with its ``Drafter`` class, and one 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -95,6 +95,7 @@ class DraftOutputs:
 
     first_pass_ids: torch.Tensor | None  # [T] ids fed with the target's hidden states, or None
     chain_ids: torch.Tensor  # [Ns, c] ids fed to the chained steps of each sampling row
+    metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of per-request metadata
 
 
 class HostProposer(Protocol):
@@ -127,6 +128,13 @@ class Drafter(Protocol):
     def host_proposer(self, ctx: HostDraftContext) -> HostProposer: ...
 
     def device_proposer(self, ctx: DeviceDraftContext) -> DeviceProposer: ...
+
+
+def attn_shapes(group: str, attn: AttnMetadata) -> dict[str, tuple[int, ...]]:
+    """``"group.field" -> shape`` of the per-request attention tensors (for the FULL-graph check)."""
+    return {f"{group}.query_start_loc": tuple(attn.query_start_loc.shape),
+            f"{group}.seq_lens": tuple(attn.seq_lens.shape),
+            f"{group}.block_table": tuple(attn.block_table.shape)}
 
 
 def check_vocab_ids(ids: torch.Tensor, query_start_loc: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor,

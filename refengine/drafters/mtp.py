@@ -20,6 +20,7 @@ from refengine.drafters.base import (
     DraftOutputs,
     HostDraftContext,
     UniformDraftInputs,
+    attn_shapes,
     check_vocab_ids,
 )
 from refengine.forward_context import AttnMetadata
@@ -167,14 +168,16 @@ class MTPDeviceProposer:
         qsl = torch.zeros(rows + 1, dtype=torch.int32, device=d.idx.device)
         qsl[1:] = d.real.to(torch.int32).cumsum(0)  # one token per real row; padding rows repeat it
         table_rows = torch.where(d.real[:, None], st.block_table[d.idx], 0)
+        shapes = attn_shapes("drafter", d.attn)
         for step in range(1, k):
             pos = base + step - 1  # MTP row p pairs token p+1 with hidden p
             blocks = st.block_table[d.idx, (pos // bs).clamp(max=st.block_table.shape[1] - 1)].long()
             slots = torch.where(d.real, blocks * bs + pos % bs, torch.full_like(pos, PAD_SLOT_ID))
             seq_lens = torch.where(d.real, pos + 1, torch.zeros_like(pos)).to(torch.int32)
             attn = AttnMetadata(query_start_loc=qsl, seq_lens=seq_lens, block_table=table_rows, slot_mapping=slots)
+            shapes.update(attn_shapes("drafter_chain", attn))
             hidden = model.mtp(drafts[-1], hidden, pos, attn, kv)
             drafts.append(model.compute_logits(hidden).argmax(dim=-1))
         table = torch.stack(drafts, dim=1)
         st.draft_tokens[d.idx] = table  # padding rows write only the sink row
-        return DraftOutputs(ids, table[:, :-1])
+        return DraftOutputs(ids, table[:, :-1], shapes)

@@ -30,10 +30,28 @@ def _timed(llm, prompts, params) -> tuple[float, list]:
     return time.perf_counter() - start, outs
 
 
-def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, max_num_seqs: int) -> dict:
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _kernel_launches(llm, prompts, params) -> int | None:
+    """CUDA kernels launched by one run of the workload (None off CUDA), from torch's profiler."""
+    if torch.device(llm.config.device).type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, params)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, max_num_seqs: int,
+        device: str = "cpu") -> dict:
     from refengine import LLM
 
-    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs}
+    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs, "device": device}
     ref = LLM(engine="reference", **common)
     fast = LLM(engine="async", graph_mode=graph_mode, **common)
     prompts, params = _workload(ref, copies, seed=0)
@@ -41,18 +59,27 @@ def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, ma
         llm.generate(prompts[:2], params)
     times = {"reference": [], "async": []}
     host_busy = []  # per async run: the share of wall time the host was not blocked on the device
+    device_busy = []  # per async run: device time of the step programs over wall time
+    step_us = []  # per async run: wall microseconds per step
     outputs = {}
-    stream = fast.engine.stream
+    stream, stats = fast.engine.stream, fast.engine.stats
     for _ in range(repeat):
         for name, llm in (("reference", ref), ("async", fast)):
-            waited = stream.host_wait_seconds
+            waited, busy, steps = stream.host_wait_seconds, stream.busy_seconds(), stats.steps
+            _sync(device)
             dt, outs = _timed(llm, prompts, params)
+            _sync(device)
             times[name].append(dt)
             outputs[name] = [o.token_ids for o in outs]
             if name == "async":
                 host_busy.append(1.0 - (stream.host_wait_seconds - waited) / dt)
+                device_busy.append((stream.busy_seconds() - busy) / dt)
+                step_us.append(1e6 * dt / max(stats.steps - steps, 1))
     if outputs["reference"] != outputs["async"]:
         raise SystemExit("bench: the engines disagree on the workload's tokens; fix that first")
+    steps_before = stats.steps
+    launches = _kernel_launches(fast, prompts, params)
+    launches_per_step = None if launches is None else launches / max(stats.steps - steps_before, 1)
     tokens = sum(len(t) for t in outputs["reference"])
     stats = fast.engine.stats
     tps = {name: tokens / statistics.median(ts) for name, ts in times.items()}
@@ -62,6 +89,9 @@ def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, ma
         "async_syncs_per_step": stats.syncs_per_step(fast.engine.stream.num_host_waits),
         "async_wasted_tokens": stats.wasted_tokens, "async_graph_steps": dict(stats.graph_steps),
         "async_row_moves": stats.row_moves, "async_host_busy": statistics.median(host_busy),
+        "async_device_busy": statistics.median(device_busy), "async_us_per_step": statistics.median(step_us),
+        "async_host_us_per_step": 1e6 * stats.host_seconds_per_step(stream.host_wait_seconds),
+        "async_launches_per_step": launches_per_step,
     }
 
 
@@ -74,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copies", type=int, default=1, help="repeat the default prompts this many times")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both engines)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    r = run(args.model, args.num_spec_tokens, args.graph_mode, args.repeat, args.copies, args.max_num_seqs)
+    r = run(args.model, args.num_spec_tokens, args.graph_mode, args.repeat, args.copies, args.max_num_seqs,
+            args.device)
     print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_spec_tokens}, "
-          f"graph mode {args.graph_mode}, torch threads {torch.get_num_threads()}")
+          f"graph mode {args.graph_mode}, device {args.device}, torch threads {torch.get_num_threads()}")
     for name, tps in r["tokens_per_s"].items():
         print(f"  {name:9s} {tps:8.1f} tokens/s (median of {args.repeat})")
     print(f"  ratio async/reference: {r['ratio']:.2f}x")
@@ -88,4 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     busy = r["async_host_busy"]
     print(f"  async host busy {100 * busy:.1f}% of the run (the rest blocked on the device): overlapping host "
           f"work with the device can gain at most {1 / max(1.0 - busy, 1e-9):.2f}x here")
+    launches = r["async_launches_per_step"]
+    print(f"  async device busy {100 * r['async_device_busy']:.1f}% of the run (device time of the step programs "
+          f"over wall time), {r['async_us_per_step']:.0f} us per step, {r['async_host_us_per_step']:.0f} us host "
+          f"time per step, " + ("kernel launches per step n/a (CUDA only)" if launches is None
+                                 else f"{launches:.1f} kernel launches per step"))
     return 0

@@ -13,6 +13,10 @@ def test_bench_reports_both_engines_and_the_host_share():
     assert r["ratio"] == pytest.approx(r["tokens_per_s"]["async"] / r["tokens_per_s"]["reference"])
     assert 0.0 < r["async_host_busy"] < 1.0, r["async_host_busy"]
     assert r["async_graph_steps"].get("full", 0) > 0, "the default workload should replay FULL decode steps"
+    # The device (the worker thread on CPU) runs almost the whole async run; its share cannot exceed it.
+    assert 0.0 < r["async_device_busy"] <= 1.0 + 1e-6, r["async_device_busy"]
+    assert r["async_us_per_step"] > r["async_host_us_per_step"] > 0
+    assert r["async_launches_per_step"] is None, "kernel launches are counted on CUDA only"
 
 
 def test_bench_refuses_engines_that_disagree(monkeypatch):
