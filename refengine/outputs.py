@@ -46,10 +46,11 @@ class RowRecord:
 class StepRecord:
     step_index: int
     rows: list[RowRecord]
-    preempted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # requests preempted when this step was scheduled
     graph_mode: str = "none"  # graph mode the step ran in: "none" | "piecewise" | "full"
     num_reqs_padded: int | None = None  # rows the step's per-request tensors were sized for (graph padding)
     gdn_metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of each GDN tensor
+    resumed: list[str] = field(default_factory=list)  # requests readmitted after a preemption in this step
 
 
 def logits_digest(logits: torch.Tensor) -> str:

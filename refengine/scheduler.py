@@ -36,7 +36,8 @@ class ScheduledRow:
 @dataclass
 class SchedulerOutput:
     rows: list[ScheduledRow] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # request ids sent back to the waiting queue
+    resumed: list[str] = field(default_factory=list)  # request ids readmitted after a preemption
 
     @property
     def num_tokens(self) -> int:
@@ -115,6 +116,8 @@ class Scheduler:
             req.block_ids, req.state_slots = blocks, slots
             req.num_prefill_tokens = total
             req.status = RequestStatus.RUNNING
+            if req.num_preemptions:
+                out.resumed.append(req.request_id)
             self.running.append(req)
             out.rows.append(ScheduledRow(req, num_new, [], samples=req.num_computed_tokens + num_new == total))
             budget -= num_new

@@ -202,8 +202,8 @@ class AsyncEngine:
             {"is_sampling": r.samples, "num_drafts": len(r.draft_token_ids),
              "backup_token": backup_token(r.request, r.num_tokens)} for r in rows]))
         plan = StepPlan(self._plans, rows, shape, num_decode, qsl, target, drafter,
-                        [list(r.request.state_slots) for r in rows], record=bool(self.core.observers),
-                        admission=self._admission(admitted))
+                        [list(r.request.state_slots) for r in rows], list(sched.preempted), list(sched.resumed),
+                        record=bool(self.core.observers), admission=self._admission(admitted))
         self._plans += 1
         self._stage_blocks(plan)
         for row in rows:
@@ -266,8 +266,8 @@ class AsyncEngine:
         self.core.finished(finished)
         if plan.record:
             rows = [r for i, r in enumerate(build_records(plan, tokens, payload, k)) if i not in discarded]
-            self.core.record(StepRecord(plan.index, rows, [], plan.shape.mode, plan.shape.num_reqs_padded,
-                                        payload.get("gdn_shapes", {})))
+            self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
+                                        plan.shape.num_reqs_padded, payload.get("gdn_shapes", {}), plan.resumed))
         return finished
 
     def occupancy(self) -> Occupancy:

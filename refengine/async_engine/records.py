@@ -8,6 +8,7 @@ from refengine.outputs import RowRecord, logits_digest
 def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[RowRecord]:
     ids, positions = payload["input_ids"].tolist(), payload["positions"].tolist()
     used_accepted, prev_drafts = payload["used_accepted"].tolist(), payload["prev_drafts"].tolist()
+    used_initial_state = payload["used_initial_state"].tolist()
     next_drafts = payload["next_drafts"].tolist()
     kept = payload["kept"].tolist()
     sampling = payload["sampling_rows"].tolist()
@@ -22,7 +23,7 @@ def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[
         lo, hi = plan.qsl[i], plan.qsl[i + 1]
         decode = i < plan.num_decode
         samples = i in sampling
-        has_init = positions[lo] > 0 if hi > lo else False
+        has_init = bool(used_initial_state[i])  # as handed to the GDN kernels
         slots = plan.slots[i]
         if decode:
             offset = used_accepted[i] - 1  # as handed to the GDN kernels

@@ -53,6 +53,8 @@ class StepPlan:
     target_rows: HostBuffer  # TargetRows table [N, F]
     drafter_rows: HostBuffer  # DrafterRows table [N, F]
     slots: list[list[int]]  # per row: the request's GDN slots s_0..s_K (snapshot, for records)
+    preempted: list[str] = field(default_factory=list)  # for records: preempted when this step was scheduled
+    resumed: list[str] = field(default_factory=list)  # for records: readmitted after a preemption
     record: bool = False  # observers want this step's payload
     admission: Admission | None = None
     block_idx: torch.Tensor | None = None  # [m] int64 request slots whose block rows changed
@@ -76,6 +78,7 @@ class PreparedStep:
     recurrent: RecurrentMetadata  # padded per the step's graph shape
     prev_drafts: torch.Tensor  # [n, K] int64, the drafts this step verifies
     used_accepted: torch.Tensor  # [n] int32, accepted counts the GDN kernels were handed (1 for prefill rows)
+    used_initial_state: torch.Tensor  # [n] bool, the has_initial_state the GDN kernels were handed (decodes: True)
 
 
 @dataclass
@@ -195,8 +198,11 @@ class AsyncRunner:
         used_accepted = torch.ones(n, dtype=torch.int32, device=dev)
         if recurrent.decode is not None and recurrent.decode.num_accepted_tokens is not None:
             used_accepted[: plan.num_decode] = recurrent.decode.num_accepted_tokens[: plan.num_decode]
+        used_initial_state = torch.ones(n, dtype=torch.bool, device=dev)
+        if recurrent.prefill is not None:
+            used_initial_state[plan.num_decode: shape.num_reqs] = recurrent.prefill.has_initial_state
         return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, recurrent,
-                            st.draft_tokens[rows.idx].clone(), used_accepted)
+                            st.draft_tokens[rows.idx].clone(), used_accepted, used_initial_state)
 
     def run(self, step: PreparedStep) -> torch.Tensor:
         ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,
@@ -275,6 +281,7 @@ class AsyncRunner:
             fut.payload.update(
                 input_ids=out["input_ids"][:t].cpu(), positions=out["positions"][:t].cpu(),
                 used_accepted=out["used_accepted"][:n].cpu(), prev_drafts=out["prev_drafts"][:n].cpu(),
+                used_initial_state=out["used_initial_state"][:n].cpu(),
                 logits=out["logits"][:t].cpu(), cu=torch.arange(0, t + 1, self.k + 1),
                 sampling_rows=torch.arange(n), kept=out["kept"][:n].cpu(),
                 first_pass_ids=None if first is None else first[:t].cpu(),
@@ -315,6 +322,7 @@ class AsyncRunner:
                 hidden=hidden, attn=step.attn))
         return {"sampled": sampled, "num_valid": num_valid, "input_ids": step.input_ids,
                 "positions": step.positions, "used_accepted": step.used_accepted, "prev_drafts": step.prev_drafts,
+                "used_initial_state": step.used_initial_state,
                 "logits": logits, "kept": kept, "qsl": step.qsl, "idx": rows.idx,
                 "first_pass_ids": None if drafts is None else drafts.first_pass_ids,
                 "chain_ids": None if drafts is None else drafts.chain_ids,
@@ -328,7 +336,7 @@ def _payload(plan: StepPlan, step: PreparedStep, v: Verified, drafts) -> dict:
     t = plan.qsl[-1]
     kept, out = drafts
     payload = {"input_ids": step.input_ids[:t].cpu(), "positions": step.positions[:t].cpu(),
-               "used_accepted": step.used_accepted.cpu(), "prev_drafts": step.prev_drafts.cpu(),
+               "used_accepted": step.used_accepted.cpu(), "used_initial_state": step.used_initial_state.cpu(), "prev_drafts": step.prev_drafts.cpu(),
                "logits": v.logits.cpu(), "cu": v.cu.cpu(), "sampling_rows": v.sampling_rows.cpu(),
                "kept": kept.cpu(), "first_pass_ids": None, "chain_ids": None, "gdn_shapes": step.recurrent.shapes()}
     if out is not None:

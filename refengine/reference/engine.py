@@ -54,7 +54,7 @@ class ReferenceEngine:
             core.recover(fault)
             raise
         core.record(StepRecord(self._steps, result.records, list(sched.preempted), "none", len(sched.rows),
-                               result.gdn_shapes))
+                               result.gdn_shapes, list(sched.resumed)))
         self._steps += 1
         return core.deliver()
 

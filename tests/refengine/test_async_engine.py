@@ -155,3 +155,26 @@ def test_hazard_checker_names_the_buffer(ckpt):
 def test_matrix(ckpt, k, graph_mode, seed):
     compare(ckpt, workload(seed, k), k=k, graph_mode=graph_mode, max_num_seqs=3 + seed % 3,
             max_num_batched_tokens=8 + 4 * k)
+
+
+@pytest.mark.parametrize("engine", ["reference", "async"])
+def test_records_report_preemptions_resumptions_and_the_kernels_initial_state_flags(engine):
+    """Step records carry what happened: preemptions and resumptions, and the has_initial_state the
+    GDN kernels were handed (a resumed request's first chunk starts from zero state again)."""
+    records = []
+    kw = {"graph_mode": "full_and_piecewise", "delay_copies": True} if engine == "async" else {}
+    llm = LLM(engine=engine, num_speculative_tokens=2, block_size=4, num_kv_blocks=24, max_model_len=60,
+              max_num_seqs=6, observer=records.append, **kw)
+    prompts = [[(7 * i + j) % 250 for j in range(5 + 3 * i)] for i in range(6)]
+    llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    preempted = [rid for r in records for rid in r.preempted]
+    resumed = [rid for r in records for rid in r.resumed]
+    assert preempted, "the tiny KV pool should force preemption"
+    assert resumed and set(resumed) <= set(preempted), (preempted, resumed)
+    first_chunks = 0
+    for rec in records:
+        for row in rec.rows:
+            if row.kind == "prefill":
+                assert row.has_initial_state == (row.num_computed_tokens > 0), row
+                first_chunks += row.num_computed_tokens == 0
+    assert first_chunks >= len(prompts) + len(set(resumed)), "resumed requests restart from zero state"
