@@ -9,7 +9,8 @@ Two debugging modes make host/device races visible on CPU:
   ``HazardError`` (naming the buffer) when host code reads or rewrites it.
 - ``delay``: the worker runs nothing until the host waits on an event, so every pending copy lands
   as late as possible and a host buffer rewritten too early is copied with the wrong contents,
-  deterministically.
+  deterministically. On CUDA the stream spins for ``CUDA_COPY_DELAY_CYCLES`` before each
+  asynchronous copy, so a copy from a host buffer lands well after the host has moved on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections import deque
 from collections.abc import Callable
 
 import torch
+
+CUDA_COPY_DELAY_CYCLES = 50_000_000  # ~25-35 ms at H100/A100 clocks: far longer than a host step
 
 
 class DeviceWorkError(RuntimeError):
@@ -112,6 +115,8 @@ class Stream:
         """Asynchronous copy ``src -> dst``; ``host`` is the host-side buffer, pending until the event."""
         if self._cuda_stream is not None:
             with torch.cuda.stream(self._cuda_stream):
+                if self.delay:
+                    torch.cuda._sleep(CUDA_COPY_DELAY_CYCLES)  # the copy lands late, deterministically
                 dst.copy_(src, non_blocking=True)
             event = self.record_event()
         else:

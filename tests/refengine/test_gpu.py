@@ -20,7 +20,7 @@ def test_async_on_cuda_equals_reference_on_cuda(k, graph_mode):
     assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
     assert {r: o.acceptance for r, o in got.items()} == {r: o.acceptance for r, o in ref.items()}
     if graph_mode != "none":
-        assert llm.engine.runner.cuda_graphs._entries, "no CUDA graph was captured"
+        assert llm.engine.runner.step_graphs._entries, "no CUDA graph was captured"
 
 
 def test_cuda_engine_matches_cpu_engine_tokens():
@@ -30,3 +30,16 @@ def test_cuda_engine_matches_cpu_engine_tokens():
     cpu = [o.token_ids for o in LLM(num_speculative_tokens=3).generate(prompts, params)]
     gpu = [o.token_ids for o in LLM(device="cuda", num_speculative_tokens=3).generate(prompts, params)]
     assert gpu == cpu
+
+
+def test_delay_mode_forces_the_shared_host_buffer_race_on_cuda():
+    """With copies delayed on the CUDA stream, a host buffer rewritten while its copy is pending is
+    caught by the hazard checker, deterministically, as on CPU."""
+    from conformance.mutants import get_mutant
+    from refengine.async_engine.stream import HazardError
+
+    llm = LLM(device="cuda", engine="async", graph_mode="full_and_piecewise", num_speculative_tokens=3,
+              delay_copies=True, hazard_check=True)
+    get_mutant("shared-host-buffer").patch(llm.engine)
+    with pytest.raises(HazardError, match="drafter-inputs"):
+        llm.generate(["Once upon a time", "one two three"] * 4, SamplingParams(max_tokens=16))
