@@ -9,7 +9,7 @@ failing scenario and reports how long that took.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -152,6 +152,76 @@ def _prefill_in_decode_graph(engine) -> None:
     graphs.is_uniform_decode = lambda query_lens, is_decode: all(q == 1 + graphs.k for q in query_lens)
 
 
+def _pad_rows_on_a_real_slot(engine) -> None:
+    """Own (contract 6): a FULL step's padding rows point at request slot 0 instead of nowhere."""
+    runner = engine.runner
+    static_tables = runner._static_tables
+
+    def tables_with_real_pads(n_pad):
+        tables = static_tables(n_pad)
+        tables.inert["target"][:, 0] = 0  # the idx column: padding rows now serve request slot 0
+        return tables
+
+    runner._static_tables = tables_with_real_pads
+
+
+def _zero_draft_rows_read_drafts(engine) -> None:
+    """Own (contract 5): every sampling row is verified as if it carried K drafts, zero-draft rows too."""
+    runner = engine.runner
+    verify = runner.verify
+
+    def verify_all_as_k(plan, rows, step, hidden):
+        full = rows.num_drafts.clone()
+        full[:] = runner.k
+        return verify(plan, replace(rows, num_drafts=full), step, hidden)
+
+    runner.verify = verify_all_as_k
+
+
+def _accepted_off_by_one(engine) -> None:
+    """Own (contract 1): the state offset handed to the GDN kernels is one past the live state."""
+    runner = engine.runner
+    prepare = runner.prepare
+
+    def prepare_off_by_one(plan, rows, num_computed):
+        step = prepare(plan, rows, num_computed)
+        decode = step.recurrent.decode
+        if decode is not None and decode.num_accepted_tokens is not None:
+            decode.num_accepted_tokens.add_(1).clamp_(max=runner.k + 1)
+        return step
+
+    runner.prepare = prepare_off_by_one
+
+
+def _resume_without_reset(engine) -> None:
+    """Own (contract 2): a request resumed after preemption keeps the device row of its old slot."""
+    admission = engine._admission
+
+    def admit_fresh_only(admitted):
+        return admission([r for r in admitted if not r.num_preemptions])
+
+    engine._admission = admit_fresh_only
+
+
+def _preempted_keeps_placeholders(engine) -> None:
+    """Own (contract 4): a preempted request keeps its optimistic placeholder tokens."""
+    engine.core.scheduler.on_preempt = lambda req: None
+
+
+def _stop_rule_on_optimistic_count(engine) -> None:
+    """Own (contract 4): the max_tokens stop rule counts the host's optimistic placeholders."""
+    core = engine.core
+    stop_reason = core.stop_reason
+
+    def stop_with_placeholders(req, token):
+        reason = stop_reason(req, token)
+        if reason is None and len(req.output_token_ids) + req.num_output_placeholders >= req.params.max_tokens:
+            return "length"
+        return reason
+
+    core.stop_reason = stop_with_placeholders
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "contract 3: accepted counts keyed by request",
            "GDN state offsets read from a per-row host copy of the accepted counts, stale after rows move",
@@ -174,6 +244,24 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("prefill-in-decode-graph", "own", "contract 6: no decode graph for a batch with a prefill",
            "a batch whose prefill rows happen to have 1+K tokens replays the uniform-decode FULL graph",
            _prefill_in_decode_graph, graph_mode="full", scenarios=("short-prompts-mixed-k3",)),
+    Mutant("pad-rows-on-a-real-slot", "own", "contract 6: padding rows are inert",
+           "a FULL step's padding rows point at request slot 0, so they write its state and tokens",
+           _pad_rows_on_a_real_slot, graph_mode="full", scenarios=("graph-padding-k1", "graph-padding-k0")),
+    Mutant("zero-draft-rows-read-drafts", "own", "contract 5: drafts are what was proposed",
+           "rows that carry no drafts (a finished prefill) are verified against K stale draft columns",
+           _zero_draft_rows_read_drafts, scenarios=("mtp-k3", "chunk-tails-k3")),
+    Mutant("accepted-count-off-by-one", "own", "contract 1: the live state is s_{a-1}",
+           "the GDN kernels read the state slot one past the live one",
+           _accepted_off_by_one, scenarios=("mtp-k3", "scripted-ragged-k3")),
+    Mutant("resume-without-reset", "own", "contract 2: a resumed request starts from zero",
+           "a request readmitted after preemption keeps its request slot's old device row",
+           _resume_without_reset, scenarios=("preemption-k3", "preemption-k0")),
+    Mutant("preempted-keeps-placeholders", "own", "contract 4: optimistic counts never steer recompute",
+           "a preempted request keeps its optimistic placeholders and recomputes a wrong prefix",
+           _preempted_keeps_placeholders, scenarios=("preemption-k3",)),
+    Mutant("stop-rule-on-optimistic-count", "own", "contract 4: host copies are upper bounds only",
+           "the max_tokens stop rule counts optimistic placeholders, so requests stop early",
+           _stop_rule_on_optimistic_count, scenarios=("mtp-k3", "churn-k3")),
 )
 
 
