@@ -246,7 +246,7 @@ MUTANTS: tuple[Mutant, ...] = (
            _prefill_in_decode_graph, graph_mode="full", scenarios=("short-prompts-mixed-k3",)),
     Mutant("pad-rows-on-a-real-slot", "own", "contract 6: padding rows are inert",
            "a FULL step's padding rows point at request slot 0, so they write its state and tokens",
-           _pad_rows_on_a_real_slot, graph_mode="full", scenarios=("graph-padding-k1", "graph-padding-k0")),
+           _pad_rows_on_a_real_slot, graph_mode="full", scenarios=("mtp-k1",)),
     Mutant("zero-draft-rows-read-drafts", "own", "contract 5: drafts are what was proposed",
            "rows that carry no drafts (a finished prefill) are verified against K stale draft columns",
            _zero_draft_rows_read_drafts, scenarios=("mtp-k3", "chunk-tails-k3")),
