@@ -12,24 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from tests.kernels.bench.conftest import gdn_inputs
 
 pytestmark = pytest.mark.gpu
 
 HK, HV, D = 16, 32, 128
-
-
-def _inputs(lens):
-    t, dev = sum(lens), "cuda"
-    q = torch.randn(t, HK, D, device=dev, dtype=torch.bfloat16)
-    k = torch.randn(t, HK, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(t, HV, D, device=dev, dtype=torch.bfloat16)
-    g = F.logsigmoid(torch.randn(t, HV, device=dev) + 2.0)
-    beta = torch.rand(t, HV, device=dev)
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    return q, k, v, g, beta, cu
 
 
 def _for_fla(q, k, v, g, beta):
@@ -60,7 +49,7 @@ def _compare(name, ours_fn, fla_fn, benchmark):
 def test_chunk_prefill_vs_fla(lens, benchmark):
     fla_gdn = pytest.importorskip("fla.ops.gated_delta_rule")
 
-    q, k, v, g, beta, cu = _inputs(lens)
+    q, k, v, g, beta, cu = gdn_inputs(lens, HK, HV, D)
     n = len(lens)
     pool = torch.zeros(n, HV, D, D, device="cuda")
     idx = torch.arange(n, dtype=torch.int32, device="cuda")
@@ -78,7 +67,7 @@ def test_chunk_prefill_vs_fla(lens, benchmark):
 def test_recurrent_vs_fla(rows, tokens, benchmark):
     fla_gdn = pytest.importorskip("fla.ops.gated_delta_rule")
 
-    q, k, v, g, beta, cu = _inputs([tokens] * rows)
+    q, k, v, g, beta, cu = gdn_inputs([tokens] * rows, HK, HV, D)
     pool = torch.randn(rows * tokens, HV, D, D, device="cuda") * 0.1
     if tokens > 1:
         idx = torch.arange(rows * tokens, dtype=torch.int32, device="cuda").view(rows, tokens)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels.conv1d import causal_conv1d_update
 from kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from tests.kernels.bench.conftest import gdn_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -20,23 +20,11 @@ HK, HV, D, WIDTH = 16, 32, 128, 4
 CONV_DIM = 2 * HK * D + HV * D
 
 
-def _gdn_inputs(lens):
-    dev = "cuda"
-    t = sum(lens)
-    q = torch.randn(t, HK, D, device=dev, dtype=torch.bfloat16)
-    k = torch.randn(t, HK, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(t, HV, D, device=dev, dtype=torch.bfloat16)
-    g = F.logsigmoid(torch.randn(t, HV, device=dev) + 2.0)
-    beta = torch.rand(t, HV, device=dev)
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    return q, k, v, g, beta, cu
-
-
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("rows,spec_tokens", [(64, 0), (16, 3)])
 def test_bench_recurrent(cuda_benchmark, backend, rows, spec_tokens):
-    q, k, v, g, beta, cu = _gdn_inputs([spec_tokens + 1] * rows)
+    q, k, v, g, beta, cu = gdn_inputs([spec_tokens + 1] * rows, HK, HV, D)
     pool = torch.zeros(rows * (spec_tokens + 1) + 1, HV, D, D, device="cuda")
     if spec_tokens:
         idx = torch.arange(rows * (spec_tokens + 1), dtype=torch.int32, device="cuda").view(rows, -1)
@@ -50,7 +38,7 @@ def test_bench_recurrent(cuda_benchmark, backend, rows, spec_tokens):
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("lens", [[2048], [512, 1000, 300, 10]], ids=["one-2048", "varlen-4"])
 def test_bench_chunk(cuda_benchmark, backend, lens):
-    q, k, v, g, beta, cu = _gdn_inputs(lens)
+    q, k, v, g, beta, cu = gdn_inputs(lens, HK, HV, D)
     pool = torch.zeros(len(lens), HV, D, D, device="cuda")
     idx = torch.arange(len(lens), dtype=torch.int32, device="cuda")
     has_init = torch.zeros(len(lens), dtype=torch.bool, device="cuda")
