@@ -167,12 +167,13 @@ class AsyncRunner:
     def stage(self, plan: StepPlan) -> None:
         dev, a = self.device, plan.admission
         if a is not None:
-            idx = a.idx.to(dev)
-            self.state.admit(idx, a.token_rows.to(dev), a.num_tokens.to(dev), a.num_prompt.to(dev), a.slots.to(dev))
+            idx = to_device(a.idx, dev)
+            self.state.admit(idx, to_device(a.token_rows, dev), to_device(a.num_tokens, dev),
+                             to_device(a.num_prompt, dev), to_device(a.slots, dev))
             if self.proposer is not None:
                 self.proposer.admit(idx, a.drafter)
         if plan.block_idx is not None:
-            self.state.block_table[plan.block_idx.to(dev)] = plan.block_rows.to(dev)
+            self.state.block_table[to_device(plan.block_idx, dev)] = to_device(plan.block_rows, dev)
 
     def prepare(self, plan: StepPlan, rows: TargetRows, num_computed: torch.Tensor) -> PreparedStep:
         """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4).
@@ -345,9 +346,17 @@ def _payload(plan: StepPlan, step: PreparedStep, v: Verified, drafts) -> dict:
     return payload
 
 
-def _host_index(values: list[int], dev: torch.device) -> torch.Tensor:
-    """A small index tensor from host values, copied without waiting for the device."""
-    t = torch.tensor(values, dtype=torch.int64)
+def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on ``dev`` without making the host wait for the work already queued there.
+
+    A copy from pageable memory blocks the host until the stream reaches it (that is, until the step
+    in flight is done); from pinned memory it is queued like any other work.
+    """
     if dev.type == "cuda":
         return t.pin_memory().to(dev, non_blocking=True)
     return t
+
+
+def _host_index(values: list[int], dev: torch.device) -> torch.Tensor:
+    """A small index tensor from host values, copied without waiting for the device."""
+    return to_device(torch.tensor(values, dtype=torch.int64), dev)

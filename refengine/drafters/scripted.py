@@ -128,8 +128,9 @@ class ScriptedDeviceProposer:
         if not admitted:
             return None
         d, width = self.drafter, self.truth.shape[1]
-        staged = StagedTruth(torch.zeros(len(admitted), width, dtype=torch.int64),
-                             torch.zeros(len(admitted), width, dtype=torch.int32))
+        pin = self.truth.is_cuda
+        staged = StagedTruth(torch.zeros(len(admitted), width, dtype=torch.int64, pin_memory=pin),
+                             torch.zeros(len(admitted), width, dtype=torch.int32, pin_memory=pin))
         for i, req in enumerate(admitted):
             truth = list(d.truth(req))[:width]
             staged.truth[i, : len(truth)] = torch.tensor(truth, dtype=torch.int64)
@@ -138,8 +139,9 @@ class ScriptedDeviceProposer:
 
     def admit(self, idx: torch.Tensor, staged: StagedTruth | None) -> None:
         if staged is not None:
-            self.truth[idx] = staged.truth.to(self.truth.device)
-            self.num_correct[idx] = staged.num_correct.to(self.truth.device)
+            non_blocking = self.truth.is_cuda  # pinned at staging, so the copy does not wait for the device
+            self.truth[idx] = staged.truth.to(self.truth.device, non_blocking=non_blocking)
+            self.num_correct[idx] = staged.num_correct.to(self.truth.device, non_blocking=non_blocking)
 
     def propose(self, d: DraftInputs) -> DraftOutputs:
         return self._drafts_for(d.idx[d.sampling_rows])
