@@ -154,7 +154,8 @@ def _weight_files(root: Path) -> list[Path]:
         return [root / SINGLE_NAME]
     pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES) if root.is_dir() else []
     if pickles:
-        raise CheckpointError(f"only safetensors checkpoints are supported, found {pickles[0]} in {root}")
+        raise CheckpointError(f"only .bin/pickle weights found; convert to safetensors (only safetensors "
+                              f"checkpoints are supported, found {pickles[0]} in {root})")
     raise CheckpointError(f"no {SINGLE_NAME} or {INDEX_NAME} in {root}")
 
 
