@@ -112,7 +112,7 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="refengine bench", description=__doc__)
     p.add_argument("--model", default=None)
     p.add_argument("--num-spec-tokens", type=int, default=3)
@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both engines)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from refengine.tools.errors import SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)

@@ -99,7 +99,7 @@ def format_report(plain: RunResult, spec: RunResult, stats: AcceptanceStats, sam
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="refengine report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
@@ -109,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: the model is tiny, more threads only contend)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.num_spec_tokens < 1:
         print("refengine report: --num-spec-tokens must be >= 1", file=sys.stderr)
         return 2
