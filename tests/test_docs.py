@@ -39,6 +39,9 @@ NOT_RUN = {
     ("python3", "-m"): "creates a virtual environment (set-up, run by .ci/run)",
     (".", ".venv/bin/activate"): "activates the virtual environment (set-up, run by .ci/run)",
 }
+# Repository scripts that need hardware this tier lacks: checked to exist, be executable and read
+# the environment variables the README sets, never run here.
+GPU_ONLY_SCRIPTS = {"ci/gpu_runner.sh": "the GPU runner: needs CUDA"}
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
@@ -152,7 +155,14 @@ def placeholders(tmp_path_factory) -> dict[str, str]:
 
     out = tmp_path_factory.mktemp("docs")
     model = default_model_path()
-    return {"PATH": model, "CKPT": model, "F": str(out / "report.out"), "SCENARIO": "mtp-k3", "ID": "mtp-k3"}
+    return {"PATH": model, "CKPT": model, "F": str(out / "report.out"), "SCENARIO": "mtp-k3", "ID": "mtp-k3",
+            "K": "3"}
+
+
+@pytest.fixture(scope="module")
+def help_texts() -> dict[tuple[str, ...], str]:
+    """``--help`` output per script or module, each asked once."""
+    return {}
 
 
 def _substitute(argv, placeholders) -> list[str]:
@@ -222,14 +232,29 @@ def _check_pytest(cmd: Command, args: list[str], monkeypatch) -> None:
     assert code == 0 and grab.items, f"`{cmd}` collects no tests (exit {code})"
 
 
-def _check_python(cmd: Command, args: list[str]) -> None:
-    script = REPO / args[0]
-    assert script.is_file(), f"{cmd}: no {args[0]}"
-    proc = subprocess.run([sys.executable, str(script), "--help"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
-    for flag in (a for a in args[1:] if a.startswith("--")):
-        assert flag.split("=")[0] in proc.stdout, f"{cmd}: {args[0]} has no {flag}"
+def _check_python(cmd: Command, args: list[str], help_texts) -> None:
+    """``python script.py`` or ``python -m module``: it answers ``--help`` and knows every flag given."""
+    if args[0] == "-m":
+        target, rest = ("-m", args[1]), args[2:]
+    else:
+        assert (REPO / args[0]).is_file(), f"{cmd}: no {args[0]}"
+        target, rest = (args[0],), args[1:]
+    if target not in help_texts:
+        proc = subprocess.run([sys.executable, *target, "--help"], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert proc.returncode == 0, f"{cmd}: --help exits {proc.returncode}: {proc.stderr[-500:]}"
+        help_texts[target] = proc.stdout
+    for flag in (a for a in rest if a.startswith("--")):
+        assert flag.split("=")[0] in help_texts[target], f"{cmd}: {' '.join(target)} has no {flag}"
+
+
+def _check_script(cmd: Command, program: str) -> None:
+    assert program in GPU_ONLY_SCRIPTS, f"{cmd}: no check for {program}; declare it in GPU_ONLY_SCRIPTS"
+    script = REPO / program
+    assert script.is_file() and script.stat().st_mode & 0o111, f"{cmd}: {program} is not an executable file"
+    text = script.read_text()
+    for key, _ in cmd.env:
+        assert re.search(rf"\b{key}\b", text), f"{cmd}: {program} does not read {key}"
 
 
 def _check_pip(cmd: Command, args: list[str]) -> None:
@@ -250,7 +275,7 @@ def _check_pip(cmd: Command, args: list[str]) -> None:
 
 @pytest.mark.filterwarnings("ignore:Benchmarks are automatically disabled")
 @pytest.mark.parametrize("cmd", ALL, ids=[f"{c.readme}:{c}"[:120] for c in ALL])
-def test_command(cmd, placeholders, capsys, monkeypatch):
+def test_command(cmd, placeholders, capsys, monkeypatch, help_texts):
     program, *args = _substitute(cmd.argv, placeholders)
     if (program, args[0] if args else "") in NOT_RUN and program not in ("refengine", "conformance"):
         return  # set-up steps, declared in NOT_RUN with the reason
@@ -261,7 +286,7 @@ def test_command(cmd, placeholders, capsys, monkeypatch):
     elif program == "pytest":
         _check_pytest(cmd, args, monkeypatch)
     elif program in ("python", "python3"):
-        _check_python(cmd, args)
+        _check_python(cmd, args, help_texts)
     elif program == "pip":
         _check_pip(cmd, args)
     elif program == "tox":
@@ -269,6 +294,8 @@ def test_command(cmd, placeholders, capsys, monkeypatch):
         ini.read(REPO / "tox.ini")
         env = args[args.index("-e") + 1]
         assert all(e in ini["tox"]["env_list"] or f"testenv:{e}" in ini for e in env.split(",")), str(cmd)
+    elif "/" in program and (REPO / program).exists():
+        _check_script(cmd, program)
     else:
         pytest.fail(f"{cmd.readme}: no check for `{cmd}`; add one here or declare it in NOT_RUN")
 
