@@ -53,6 +53,9 @@ def broken(tmp_path_factory) -> dict[str, Path]:
     tensors[name].view(-1)[0] = float("nan")
     save_file(tensors, str(nan / "model.safetensors"), metadata={"format": "pt"})
     out["nan"] = nan
+    tokenizer = copy("bad-tokenizer")
+    (tokenizer / "tokenizer.json").write_text("{not json")
+    out["bad-tokenizer"] = tokenizer
     return out
 
 
@@ -61,6 +64,7 @@ CASES = [
     ("no-config", "missing config.json"),
     ("pickled", "only .bin/pickle weights found; convert to safetensors"),
     ("nan", "holds non-finite values"),
+    ("bad-tokenizer", "cannot load its tokenizer"),
 ]
 
 
