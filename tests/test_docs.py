@@ -378,3 +378,19 @@ def test_kernel_signatures_match_the_readme(name, documented):
             assert actual is inspect.Parameter.empty, f"{name}: README gives {arg.arg} no default, it has {actual!r}"
         else:
             assert ast.literal_eval(default) == actual, f"{name}: {arg.arg} defaults to {actual!r}"
+
+
+# ---- conformance/README.md expected-failures example ------------------------------------------------------
+
+
+def test_the_expected_failures_example_names_real_scenarios_and_checks(tmp_path):
+    from conformance.checks import CHECK_NAMES
+    from conformance.expectations import load_expectations, unknown_entries
+    from conformance.workloads import scenario_ids
+
+    text = (REPO / "conformance" / "README.md").read_text()
+    (example,) = [body for info, body in _blocks(text) if info == "toml"]
+    (tmp_path / "example.toml").write_text(example)
+    exp = load_expectations(tmp_path / "example.toml")
+    assert len(exp.entries) == example.count(" = ")
+    assert unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES) == []
