@@ -4,9 +4,17 @@
   python ci/summarize_junit.py reports/tests.xml --write-baseline ci/nightly-baseline.txt
 
 The baseline lists the ids ("<classname>::<name>") of tests known to fail, one per line, "#" for
-comments. Failures are classified: a conformance mismatch or an assertion is a real failure
-("mismatch"); a crashed worker, an out-of-memory or a timeout is "infrastructure" (the only kind
-the nightly may rerun).
+comments. Failures are classified by what failed, never by words in a traceback (an
+infrastructure error's traceback may well contain "AssertionError"):
+
+1. the failure's declared type: the ``type`` attribute conformance's own JUnit writer sets, or a
+   ``failure_type`` property: ConformanceMismatch -> "mismatch", InfrastructureError ->
+   "infrastructure";
+2. else the failure's crash line (the ``message`` attribute's first line, which pytest fills with the
+   exception's type and text): a conformance mismatch or an assertion is a real failure
+   ("mismatch"); an InfrastructureError, out-of-memory, timeout, crashed worker, lost connection
+   or full disk is "infrastructure" (the only kind the nightly may rerun);
+3. anything else is "other" (a real failure, never rerun).
 """
 
 from __future__ import annotations
@@ -20,13 +28,35 @@ from pathlib import Path
 
 MISMATCH, INFRASTRUCTURE, OTHER = "mismatch", "infrastructure", "other"
 FAILING = ("failed", "error")
-# A real verdict about the code under test. Checked first: a mismatch is never infrastructure.
-MISMATCH_PATTERNS = (r"CONFORMANCE MISMATCH", r"ConformanceMismatch", r"AssertionError", r"\bassert\b")
-INFRA_PATTERNS = (
-    r"OutOfMemoryError", r"CUDA out of memory", r"CUDA error", r"NCCL", r"TimeoutError", r"Timeout",
-    r"worker '?gw\d+'? crashed", r"node down", r"ConnectionError", r"BrokenPipeError", r"No space left on device",
-    r"Cannot allocate memory", r"InfrastructureError", r"Killed", r"Fatal Python error",
+# Declared failure types (conformance.report_files writes them as the JUnit ``type`` attribute).
+DECLARED = {"ConformanceMismatch": MISMATCH, "InfrastructureError": INFRASTRUCTURE}
+FAILURE_TYPE_PROPERTY = "failure_type"
+MISMATCH_LINE = re.compile(r"^(?:Failed: )?CONFORMANCE MISMATCH|^assert\b|^AssertionError\b")
+# Exception types (last dotted component) of failures that say nothing about the code under test.
+INFRA_TYPES = frozenset({
+    "InfrastructureError", "OutOfMemoryError", "MemoryError", "TimeoutError", "Timeout", "ConnectionError",
+    "ConnectionResetError", "BrokenPipeError", "NcclError", "DistNetworkError",
+})
+# Crash lines without an exception type of their own (or a generic one) that are infrastructure.
+INFRA_LINE = re.compile(
+    r"CUDA out of memory|CUDA error|NCCL|worker '?gw\d+'? crashed|node down|No space left on device"
+    r"|Cannot allocate memory|Fatal Python error|Killed|Timeout"
 )
+EXCEPTION_TYPE = re.compile(r'^(?:failed on (?:setup|teardown) with ")?([A-Za-z_][\w.]*)(?::|"?$)')
+
+
+def classify(message: str, failure_type: str | None = None) -> str:
+    """mismatch | infrastructure | other, from the declared type or else the crash line."""
+    if failure_type in DECLARED:
+        return DECLARED[failure_type]
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    if MISMATCH_LINE.search(line):
+        return MISMATCH
+    m = EXCEPTION_TYPE.match(line)
+    exc = m.group(1).rsplit(".", 1)[-1] if m else None
+    if exc in INFRA_TYPES or INFRA_LINE.search(line):
+        return INFRASTRUCTURE
+    return MISMATCH if exc == "AssertionError" else OTHER
 
 
 @dataclass
@@ -38,16 +68,13 @@ class Case:
     seconds: float = 0.0
     properties: dict[str, str] = field(default_factory=dict)
 
+    failure_type: str | None = None  # the failure element's ``type`` attribute, when the writer set one
+
     @property
     def kind(self) -> str | None:
         if self.outcome not in FAILING:
             return None
-        blob = f"{self.message}\n{self.text}"
-        if any(re.search(p, blob) for p in MISMATCH_PATTERNS):
-            return MISMATCH
-        if any(re.search(p, blob) for p in INFRA_PATTERNS):
-            return INFRASTRUCTURE
-        return OTHER
+        return classify(self.message or self.text, self.failure_type or self.properties.get(FAILURE_TYPE_PROPERTY))
 
 
 def read_junit(paths: list[str | Path]) -> list[Case]:
@@ -65,6 +92,7 @@ def read_junit(paths: list[str | Path]) -> list[Case]:
                 if tag == "skipped" and "xfail" in (el.get("type") or ""):
                     case.outcome = "xfailed"
                 case.message = el.get("message") or ""
+                case.failure_type = el.get("type")
                 case.text = el.text or ""
                 break
             cases.append(case)

@@ -4,9 +4,53 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
+import os
 from dataclasses import dataclass, field
 
 import torch
+
+
+class ConfigError(ValueError):
+    """A setting of the wrong type or out of range; the message names the field and the value."""
+
+
+def check_int(name: str, value, minimum: int, *, optional: bool = False) -> int | None:
+    """``value`` as an int >= ``minimum`` (None allowed when ``optional``); bools and floats refused."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an int{' or None' if optional else ''}, "
+                          f"got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_device(name: str, value) -> str:
+    """A device this machine has: 'cpu', or 'cuda'/'cuda:N' with CUDA available and N < the device count."""
+    if not isinstance(value, str | torch.device):
+        raise ConfigError(f"{name} must be a device string such as 'cpu' or 'cuda:0', got {value!r}")
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"{name} must be 'cpu', 'cuda' or 'cuda:N', got {value!r}") from None
+    if dev.type == "cpu":
+        return str(dev)
+    if dev.type != "cuda":
+        raise ConfigError(f"{name} must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{name}={value!r} but CUDA is not available on this machine (use device='cpu')")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"{name}={value!r} but this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    return str(dev)
 
 
 class GraphMode(enum.StrEnum):
@@ -28,6 +72,25 @@ class GraphMode(enum.StrEnum):
 
 GRAPH_MODES = tuple(m.value for m in GraphMode)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ENGINES = ("reference", "async")
+
+
+def graph_mode(value) -> GraphMode:
+    """A GraphMode from its name in any case (vLLM spells them "FULL_AND_PIECEWISE")."""
+    if isinstance(value, GraphMode):
+        return value
+    if isinstance(value, str) and value.lower() in GRAPH_MODES:
+        return GraphMode(value.lower())
+    raise ConfigError(f"graph_mode must be one of {GRAPH_MODES} (any case), got {value!r}")
+
+
+def check_dtype(name: str, value) -> str:
+    if value == "auto":
+        raise ConfigError(f"{name}='auto' (the checkpoint's dtype) is resolved by LLM from the checkpoint; "
+                          f"an EngineConfig needs one of {tuple(DTYPES)}")
+    if not isinstance(value, str) or value not in DTYPES:
+        raise ConfigError(f"{name} must be one of {tuple(DTYPES)}, got {value!r}")
+    return value
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -40,10 +103,8 @@ class CacheConfig:
     num_kv_blocks: int | None = None  # None: sized from the scheduler limits
 
     def __post_init__(self):
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        self.block_size = check_int("block_size", self.block_size, 1)
+        self.num_kv_blocks = check_int("num_kv_blocks", self.num_kv_blocks, 1, optional=True)
 
 
 @dataclass(slots=True)
@@ -53,12 +114,9 @@ class SchedulerConfig:
     max_model_len: int = 1024
 
     def __post_init__(self):
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        self.max_num_seqs = check_int("max_num_seqs", self.max_num_seqs, 1)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        self.max_model_len = check_int("max_model_len", self.max_model_len, 2)
 
 
 @dataclass(slots=True)
@@ -67,12 +125,14 @@ class SpeculativeConfig:
     drafter: object = "mtp"  # "mtp", "scripted", or a Drafter instance
 
     def __post_init__(self):
-        if self.num_speculative_tokens < 0:
-            raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        self.num_speculative_tokens = check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
         from refengine.drafters import DRAFTERS
 
-        if isinstance(self.drafter, str) and self.drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {tuple(DRAFTERS)} or a Drafter instance, got {self.drafter!r}")
+        d = self.drafter
+        is_instance = not isinstance(d, str) and all(
+            callable(getattr(d, m, None)) for m in ("check_model", "host_proposer", "device_proposer"))
+        if not is_instance and d not in DRAFTERS:
+            raise ConfigError(f"drafter must be one of {tuple(DRAFTERS)} or a Drafter instance, got {d!r}")
 
     @property
     def enabled(self) -> bool:
@@ -93,23 +153,29 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self):
-        if self.engine not in ("reference", "async"):
-            raise ValueError(f"engine must be 'reference' or 'async', got {self.engine!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.graph_mode not in GRAPH_MODES:
-            raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {self.graph_mode!r}")
-        self.graph_mode = GraphMode(self.graph_mode)
+        if self.model is not None and not isinstance(self.model, str | os.PathLike):
+            raise ConfigError(f"model must be a checkpoint folder path or None, got {self.model!r}")
+        if not isinstance(self.engine, str) or self.engine not in ENGINES:
+            raise ConfigError(f"engine must be 'reference' or 'async', got {self.engine!r}")
+        self.dtype = check_dtype("dtype", self.dtype)
+        self.device = check_device("device", self.device)
+        self.seed = check_int("seed", self.seed, 0)
+        self.graph_mode = graph_mode(self.graph_mode)
+        self.recurrent_prefill_chunked = check_bool("recurrent_prefill_chunked", self.recurrent_prefill_chunked)
+        for name, kind in (("cache", CacheConfig), ("scheduler", SchedulerConfig),
+                           ("speculative", SpeculativeConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
         if self.engine == "reference" and self.graph_mode is not GraphMode.NONE:
-            raise ValueError("graph_mode: the reference engine runs without graphs (graph_mode='none')")
+            raise ConfigError("graph_mode: the reference engine runs without graphs (graph_mode='none')")
         k = self.speculative.num_speculative_tokens
         if self.scheduler.max_num_batched_tokens < 1 + k:
-            raise ValueError(
+            raise ConfigError(
                 f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be >= 1 + "
                 f"num_speculative_tokens ({1 + k}) so a verify row always fits"
             )
         if self.cache.num_kv_blocks is not None and self.cache.num_kv_blocks < self.blocks_per_request:
-            raise ValueError(
+            raise ConfigError(
                 f"num_kv_blocks ({self.cache.num_kv_blocks}) cannot hold one request of max_model_len "
                 f"{self.scheduler.max_model_len}: needs {self.blocks_per_request} blocks of {self.cache.block_size}"
             )

@@ -86,6 +86,9 @@ class EngineCore:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
                 raise EngineError(f"request {request_id!r}: prompt token {t!r} at index {pos} is not an id in "
                                   f"[0, {vocab})")
+        bad_stops = [t for t in params.stop_token_ids if t >= vocab]
+        if bad_stops:
+            raise EngineError(f"request {request_id!r}: stop_token_ids {bad_stops[0]} is not an id in [0, {vocab})")
         max_len = self.config.scheduler.max_model_len
         if len(ids) >= max_len:
             raise EngineError(f"request {request_id!r}: prompt of {len(ids)} tokens leaves no room under "

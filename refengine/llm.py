@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import torch
 
-from refengine.config import DTYPES, CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from refengine.config import (
+    DTYPES,
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    check_bool,
+)
 from refengine.core import EngineError
 from refengine.drafters import ScriptedDrafter
 from refengine.outputs import RequestOutput, StepRecord
@@ -22,26 +31,41 @@ class LLM:
                  device: str = "cpu", seed: int = 0, max_model_len: int | None = None,
                  graph_mode: str = "none", recurrent_prefill_chunked: bool = False,
                  observer: Callable[[StepRecord], None] | None = None, delay_copies: bool = False,
-                 hazard_check: bool = False):
-        from refengine.model.loader import load_model, resolve_dtype, resolve_model_path
+                 hazard_check: bool = False, allow_non_finite_weights: bool = False):
+        """Every setting is checked before anything is loaded: a bad one raises ``ConfigError``
+        naming it. ``dtype="auto"`` takes the checkpoint's dtype. ``allow_non_finite_weights`` loads
+        a checkpoint holding NaN/Inf (debugging only)."""
+        from pathlib import Path
+
+        from refengine.model.loader import load_model, read_config, resolve_dtype, resolve_model_path
         from refengine.tokenizer import load_tokenizer
 
+        if observer is not None and not callable(observer):
+            raise ConfigError(f"observer must be callable or None, got {observer!r}")
+        for name, value in (("delay_copies", delay_copies), ("hazard_check", hazard_check),
+                            ("allow_non_finite_weights", allow_non_finite_weights)):
+            check_bool(name, value)
+        if model is not None and not isinstance(model, str | os.PathLike):
+            raise ConfigError(f"model must be a checkpoint folder path or None, got {model!r}")
         path = resolve_model_path(model) if model is not None else default_model_path()
-        dtype = resolve_dtype(dtype, path)  # "auto": the checkpoint's own dtype
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        torch.manual_seed(seed)
-        net, model_config = load_model(path, dtype=DTYPES[dtype], device=device)
-        if max_model_len is None:
-            max_model_len = min(model_config.max_position_embeddings, 1024)
+        positions = read_config(Path(path)).max_position_embeddings
+        if dtype == "auto":
+            dtype = resolve_dtype(dtype, path)  # the checkpoint's own dtype
         self.config = EngineConfig(
             model=path, engine=engine, dtype=dtype, device=device, seed=seed, graph_mode=graph_mode,
             recurrent_prefill_chunked=recurrent_prefill_chunked,
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=max_model_len),
+                                      max_model_len=min(positions, 1024) if max_model_len is None
+                                      else max_model_len),
             speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter),
         )
+        if self.config.scheduler.max_model_len > positions:
+            raise ConfigError(f"max_model_len={max_model_len!r} exceeds the model's max_position_embeddings "
+                              f"({positions})")
+        torch.manual_seed(seed)
+        net, model_config = load_model(path, dtype=DTYPES[self.config.dtype], device=self.config.device,
+                                       allow_non_finite=allow_non_finite_weights)
         self.tokenizer = load_tokenizer(path)
         spec = self.config.speculative
         if isinstance(spec.drafter, ScriptedDrafter) and spec.drafter.truth is None:

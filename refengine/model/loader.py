@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from refengine.model.config import ModelConfig
 from refengine.model.qwen3_next import Qwen3NextForCausalLM
+from refengine.model.weights_check import check_finite
 
 CONFIG_NAME = "config.json"
 SINGLE_NAME = "model.safetensors"
@@ -92,7 +93,8 @@ def _first_float_dtype(root: Path) -> str | None:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    allow_non_finite: bool = False,
 ) -> tuple[Qwen3NextForCausalLM, ModelConfig]:
     """Build the model from ``path/config.json`` and its safetensors weights (single file or sharded)."""
     root = Path(path)
@@ -108,6 +110,7 @@ def load_model(
     state = {}
     for name, tensor in _to_model_layout(tensors, cfg).items():
         state[name] = tensor.to(device=device, dtype=dtype)
+    check_finite(state, allow_non_finite)  # NaN/Inf weights make every output meaningless
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
@@ -151,7 +154,8 @@ def _weight_files(root: Path) -> list[Path]:
         return [root / SINGLE_NAME]
     pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES) if root.is_dir() else []
     if pickles:
-        raise CheckpointError(f"only safetensors checkpoints are supported, found {pickles[0]} in {root}")
+        raise CheckpointError(f"only .bin/pickle weights found; convert to safetensors (only safetensors "
+                              f"checkpoints are supported, found {pickles[0]} in {root})")
     raise CheckpointError(f"no {SINGLE_NAME} or {INDEX_NAME} in {root}")
 
 

@@ -47,13 +47,30 @@ def _kernel_launches(llm, prompts, params) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def engines(model: str | None, k: int, graph_mode: str, max_num_seqs: int, device: str = "cpu"):
+    """The reference and the async engine on the same checkpoint and settings.
+
+    The async engine's settings are checked before either loads, so a bad graph mode or device
+    is reported before any work; the first load reports a bad checkpoint.
+    """
+    from refengine import LLM
+    from refengine.config import EngineConfig, SchedulerConfig, SpeculativeConfig
+
+    EngineConfig(engine="async", graph_mode=graph_mode, device=device,
+                 scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
+                 speculative=SpeculativeConfig(num_speculative_tokens=k))
+    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs, "device": device}
+    return LLM(engine="reference", **common), LLM(engine="async", graph_mode=graph_mode, **common)
+
+
 def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, max_num_seqs: int,
         device: str = "cpu") -> dict:
-    from refengine import LLM
+    ref, fast = engines(model, k, graph_mode, max_num_seqs, device)
+    return measure(ref, fast, repeat, copies)
 
-    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs, "device": device}
-    ref = LLM(engine="reference", **common)
-    fast = LLM(engine="async", graph_mode=graph_mode, **common)
+
+def measure(ref, fast, repeat: int, copies: int) -> dict:
+    device = fast.config.device
     prompts, params = _workload(ref, copies, seed=0)
     for llm in (ref, fast):  # warm-up
         llm.generate(prompts[:2], params)
@@ -95,7 +112,7 @@ def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, ma
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="refengine bench", description=__doc__)
     p.add_argument("--model", default=None)
     p.add_argument("--num-spec-tokens", type=int, default=3)
@@ -105,10 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both engines)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from refengine.tools.errors import SETUP_ERRORS, report
+
     torch.set_num_threads(args.threads)
-    r = run(args.model, args.num_spec_tokens, args.graph_mode, args.repeat, args.copies, args.max_num_seqs,
-            args.device)
+    try:
+        ref, fast = engines(args.model, args.num_spec_tokens, args.graph_mode, args.max_num_seqs, args.device)
+    except SETUP_ERRORS as e:
+        return report("refengine bench", e)
+    r = measure(ref, fast, args.repeat, args.copies)
     print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_spec_tokens}, "
           f"graph mode {args.graph_mode}, device {args.device}, torch threads {torch.get_num_threads()}")
     for name, tps in r["tokens_per_s"].items():

@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-spec-tokens", type=int, default=0)
     g.add_argument("--drafter", default="mtp", choices=("mtp", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
+    g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from refengine import LLM, SamplingParams
+    from refengine.tools.errors import REQUEST_ERRORS, SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)
     prompts = list(args.prompt) + list(args.prompt_ids)
@@ -55,14 +58,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_spec_tokens,
-                  drafter=args.drafter)
+                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    except SETUP_ERRORS as e:
+        return report("refengine generate", e)
+    try:
         start = time.perf_counter()
         outs = llm.generate(prompts, params)
         elapsed = time.perf_counter() - start
-    except (ValueError, FileNotFoundError, NotImplementedError) as e:
-        print(f"refengine generate: {e}", file=sys.stderr)
-        return 2
+    except REQUEST_ERRORS as e:
+        return report("refengine generate", e)
     for prompt, o in zip(prompts, outs):
         print(f"prompt: {prompt!r}")
         if o.text is not None:

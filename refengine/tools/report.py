@@ -68,12 +68,13 @@ class RunResult:
 
 
 def run_workload(model: str | None = None, num_spec_tokens: int = 0, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 prompts: list[str] | None = None) -> RunResult:
+                 prompts: list[str] | None = None, device: str = "cpu") -> RunResult:
     """Generate the workload (all prompts in one batch) with K = ``num_spec_tokens`` MTP drafts."""
     from refengine.llm import LLM
 
     prompts = [p.text for p in DEFAULT_PROMPTS] if prompts is None else prompts
-    llm = LLM(model=model, num_speculative_tokens=num_spec_tokens, max_num_seqs=max(len(prompts), 1))
+    llm = LLM(model=model, num_speculative_tokens=num_spec_tokens, max_num_seqs=max(len(prompts), 1),
+              device=device)
     start = time.perf_counter()
     outputs = llm.generate(prompts, default_params(max_tokens))
     return RunResult(outputs, time.perf_counter() - start)
@@ -98,7 +99,7 @@ def format_report(plain: RunResult, spec: RunResult, stats: AcceptanceStats, sam
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="refengine report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
@@ -107,20 +108,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=len(DEFAULT_PROMPTS), help="sample continuations to print")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: the model is tiny, more threads only contend)")
-    args = p.parse_args(argv)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.num_spec_tokens < 1:
         print("refengine report: --num-spec-tokens must be >= 1", file=sys.stderr)
         return 2
     import torch
 
     torch.set_num_threads(args.threads)
-    try:
-        run_workload(args.model, 0, 2)  # warm-up: first-call allocations stay out of the timings
-        plain = run_workload(args.model, 0, args.max_tokens)
-        spec = run_workload(args.model, args.num_spec_tokens, args.max_tokens)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"refengine report: {e}", file=sys.stderr)
-        return 2
+    from refengine.tools.errors import SETUP_ERRORS, report
+
+    try:  # a bad checkpoint or device fails the warm-up's engine, before any timing
+        run_workload(args.model, 0, 2, device=args.device)  # first-call allocations stay out of the timings
+        plain = run_workload(args.model, 0, args.max_tokens, device=args.device)
+        spec = run_workload(args.model, args.num_spec_tokens, args.max_tokens, device=args.device)
+    except SETUP_ERRORS as e:
+        return report("refengine report", e)
     print(format_report(plain, spec, acceptance_stats(spec.outputs, args.num_spec_tokens), args.samples))
     return 0
 

@@ -82,7 +82,7 @@ def test_only_infrastructure_failures_are_rerun(ci, tmp_path, monkeypatch):
         return 0
 
     monkeypatch.setattr(nightly, "run", fake_run)
-    merged, notes = nightly.rerun_infrastructure(cases, tmp_path, attempts=2)
+    merged, notes = nightly.rerun_infrastructure(cases, tmp_path, attempts=2, options=["-m", ""])
     rerun_ids = [a for cmd in calls for a in cmd if "::" in a]
     assert "tests/conformance/test_suite.py::test_scenario[churn-k3]" in rerun_ids
     assert not any("mtp-k3" in a for a in rerun_ids)  # a mismatch is never rerun

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from refengine import LLM, SamplingParams
+from refengine import LLM, ConfigError, SamplingParams
 from refengine.core import EngineError
 from refengine.model import CheckpointError
 
@@ -51,7 +51,7 @@ def test_max_tokens_must_be_positive():
     for bad in (0, -3):
         with pytest.raises(ValueError, match="max_tokens must be >= 1"):
             SamplingParams(max_tokens=bad)
-    with pytest.raises(TypeError, match="max_tokens must be an int"):
+    with pytest.raises(ConfigError, match="max_tokens must be an int"):
         SamplingParams(max_tokens=2.0)
 
 

@@ -1,0 +1,148 @@
+"""Every setting is checked where it enters: one ConfigError naming the field and the value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from refengine import LLM, ConfigError, SamplingParams
+from refengine.config import DTYPES, CacheConfig, EngineConfig, GraphMode, SchedulerConfig, SpeculativeConfig
+from refengine.core import EngineError
+
+NO_CUDA = not torch.cuda.is_available()
+
+# (dataclass, field, bad value): one row per bad value; the error must name the field and the value.
+BAD = [
+    (CacheConfig, "block_size", 16.0), (CacheConfig, "block_size", 0), (CacheConfig, "block_size", True),
+    (CacheConfig, "block_size", "16"), (CacheConfig, "num_kv_blocks", 0), (CacheConfig, "num_kv_blocks", 8.5),
+    (SchedulerConfig, "max_num_seqs", 2.5), (SchedulerConfig, "max_num_seqs", 0),
+    (SchedulerConfig, "max_num_seqs", False), (SchedulerConfig, "max_num_batched_tokens", 256.0),
+    (SchedulerConfig, "max_num_batched_tokens", -1), (SchedulerConfig, "max_model_len", 1),
+    (SchedulerConfig, "max_model_len", None), (SchedulerConfig, "max_model_len", 1e3),
+    (SpeculativeConfig, "num_speculative_tokens", -1), (SpeculativeConfig, "num_speculative_tokens", 2.0),
+    (SpeculativeConfig, "num_speculative_tokens", None), (SpeculativeConfig, "drafter", "oracle"),
+    (SpeculativeConfig, "drafter", 3),
+    (EngineConfig, "model", 3), (EngineConfig, "engine", "fast"), (EngineConfig, "engine", None),
+    (EngineConfig, "dtype", "float64"), (EngineConfig, "dtype", torch.float32), (EngineConfig, "dtype", "auto"),
+    (EngineConfig, "device", "tpu"), (EngineConfig, "device", 0), (EngineConfig, "device", "cuda:99"),
+    (EngineConfig, "seed", 1.5), (EngineConfig, "seed", -1), (EngineConfig, "seed", "0"),
+    (EngineConfig, "graph_mode", "sometimes"), (EngineConfig, "graph_mode", 1),
+    (EngineConfig, "recurrent_prefill_chunked", 1), (EngineConfig, "recurrent_prefill_chunked", "no"),
+    (EngineConfig, "cache", {"block_size": 16}), (EngineConfig, "scheduler", None),
+    (EngineConfig, "speculative", 3),
+    (SamplingParams, "max_tokens", 0), (SamplingParams, "max_tokens", 2.0), (SamplingParams, "max_tokens", True),
+    (SamplingParams, "ignore_eos", 1), (SamplingParams, "ignore_eos", None),
+    (SamplingParams, "stop_token_ids", "12"), (SamplingParams, "stop_token_ids", 12),
+    (SamplingParams, "stop_token_ids", [1, 2.5]), (SamplingParams, "stop_token_ids", [-1]),
+    (SamplingParams, "stop_token_ids", [True]),
+    (SamplingParams, "temperature", 0.7), (SamplingParams, "temperature", "0"),
+    (SamplingParams, "top_p", 0.9), (SamplingParams, "top_p", None),
+    (SamplingParams, "top_k", 5), (SamplingParams, "top_k", 1.0), (SamplingParams, "top_k", -2),
+]
+if NO_CUDA:
+    BAD.append((EngineConfig, "device", "cuda"))
+
+GOOD = [
+    (CacheConfig, {"block_size": 1, "num_kv_blocks": None}), (CacheConfig, {"num_kv_blocks": 4096}),
+    (SchedulerConfig, {"max_num_seqs": 1, "max_num_batched_tokens": 1, "max_model_len": 2}),
+    (SpeculativeConfig, {"num_speculative_tokens": 3, "drafter": "scripted"}),
+    (EngineConfig, {"engine": "async", "graph_mode": "FULL_AND_PIECEWISE", "dtype": "bfloat16", "seed": 7,
+                    "device": "cpu", "recurrent_prefill_chunked": True}),
+    (EngineConfig, {"engine": "async", "graph_mode": GraphMode.FULL, "model": "/some/where"}),
+    (EngineConfig, {"engine": "reference", "graph_mode": "None", "device": torch.device("cpu")}),
+    (SamplingParams, {"max_tokens": 1, "ignore_eos": True, "stop_token_ids": None}),
+    (SamplingParams, {"stop_token_ids": [3, 4], "temperature": 0.0, "top_p": 1.0, "top_k": -1}),
+    (SamplingParams, {"stop_token_ids": (5,), "temperature": 0, "top_k": 0}),
+]
+
+
+def _id(row):
+    return f"{row[0].__name__}-{row[1]}-{row[2]!r}"
+
+
+@pytest.mark.parametrize("cls,name,value", BAD, ids=[_id(r) for r in BAD])
+def test_bad_value_names_the_field_and_the_value(cls, name, value):
+    with pytest.raises(ConfigError) as info:
+        cls(**{name: value})
+    message = str(info.value)
+    assert name in message
+    assert repr(value) in message or str(value) in message, message
+
+
+def test_every_field_has_a_bad_row():
+    for cls in (CacheConfig, SchedulerConfig, SpeculativeConfig, EngineConfig, SamplingParams):
+        covered = {name for c, name, _ in BAD if c is cls}
+        assert covered == {f.name for f in dataclasses.fields(cls)}, cls.__name__
+
+
+@pytest.mark.parametrize("cls,kwargs", GOOD, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(GOOD)])
+def test_good_values_pass(cls, kwargs):
+    obj = cls(**kwargs)
+    for name, value in kwargs.items():
+        got = getattr(obj, name)
+        if name == "stop_token_ids":
+            assert got == tuple(value or ())
+        elif name == "graph_mode":
+            assert got is GraphMode(str(value).lower())
+        elif name == "device":
+            assert got == str(value)
+        else:
+            assert got == value and type(got) is type(value) or isinstance(value, int) and got == value
+
+
+def test_vllm_spellings():
+    assert EngineConfig(engine="async", graph_mode="FULL_AND_PIECEWISE").graph_mode is GraphMode.FULL_AND_PIECEWISE
+    assert SamplingParams(temperature=0.0).temperature == 0.0
+    assert SamplingParams(stop_token_ids=None).stop_token_ids == ()
+    with pytest.raises(ConfigError, match="dtype='auto'.*resolved by LLM.*float32"):
+        EngineConfig(dtype="auto")
+
+
+def test_dtype_auto_is_the_checkpoints_dtype():
+    from refengine.model.loader import resolve_dtype
+
+    llm = LLM(dtype="auto")
+    assert llm.config.dtype == resolve_dtype("auto", llm.config.model)
+    assert next(llm.engine.model.parameters()).dtype == DTYPES[llm.config.dtype]
+
+
+def test_config_errors_are_value_errors():
+    assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
+def test_llm_refuses_cuda_without_cuda():
+    with pytest.raises(ConfigError, match="device='cuda' but CUDA is not available"):
+        LLM(device="cuda")
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"max_num_seqs": 2.5}, "max_num_seqs"),
+    ({"block_size": 16.0}, "block_size"),
+    ({"max_model_len": 10**6}, "max_position_embeddings"),
+    ({"observer": "print"}, "observer"),
+    ({"delay_copies": "yes"}, "delay_copies"),
+    ({"hazard_check": 1}, "hazard_check"),
+    ({"allow_non_finite_weights": None}, "allow_non_finite_weights"),
+    ({"model": 5}, "model"),
+])
+def test_llm_settings_name_the_field(kwargs, name):
+    with pytest.raises(ConfigError, match=name):
+        LLM(**kwargs)
+
+
+def test_stop_ids_outside_the_vocabulary_are_refused_by_the_engine():
+    llm = LLM()
+    vocab = llm.model_config.vocab_size
+    with pytest.raises(EngineError, match=f"stop_token_ids {vocab} is not an id"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, stop_token_ids=[1, vocab]))
+    assert not llm.has_unfinished()
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, stop_token_ids=None, temperature=0.0))[0]
+    assert out.finish_reason in ("length", "stop")
+
+
+def test_graph_mode_any_case_through_llm():
+    llm = LLM(engine="async", graph_mode="FULL_AND_PIECEWISE")
+    assert llm.config.graph_mode is GraphMode.FULL_AND_PIECEWISE
