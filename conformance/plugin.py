@@ -235,8 +235,10 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
     if verdict.outcome == "skip":
         pytest.skip(result.skipped)
     if verdict.outcome == "error":
+        node.user_properties.append(("failure_type", "InfrastructureError"))  # read by ci/summarize_junit.py
         raise InfrastructureError(result.error)
     if verdict.outcome == "fail":
+        node.user_properties.append(("failure_type", "ConformanceMismatch"))
         pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND, pytrace=False)
     if verdict.outcome == "xfail":
         pytest.xfail("; ".join(f"{k}: {v}" for k, v in verdict.expected.items()))
