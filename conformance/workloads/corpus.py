@@ -8,6 +8,7 @@ requests, plus a few nightly-only soak scenarios.
 
 from __future__ import annotations
 
+from conformance.workloads.files import regression_defs
 from conformance.workloads.scenario import TIERS, EngineSettings, ScenarioDef
 
 NIGHTLY = ("nightly",)  # scenarios too slow for the default tier
@@ -191,6 +192,7 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         _stop_tokens(3),
         *(_soak(k) for k in (0, 3)),
         _long_prompts(3),
+        *regression_defs(),  # shrunk generated workloads that once failed (conformance/workloads/regressions)
     ]
     ids = [d.id for d in defs]
     if len(set(ids)) != len(ids):
