@@ -190,7 +190,14 @@ def cmd_replay(args, out) -> int:
 
 
 def cmd_fuzz(args, out) -> int:
-    from conformance.fuzz import fuzz
+    try:
+        from conformance.fuzz import fuzz
+    except ModuleNotFoundError as e:
+        if e.name != "hypothesis":
+            raise
+        print("conformance fuzz: needs hypothesis (pip install hypothesis, or the package's [test] extra)",
+              file=sys.stderr)
+        return 2
     from conformance.report_text import LEGEND, format_result
     from conformance.workloads.generate import Limits
 
