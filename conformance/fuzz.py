@@ -15,6 +15,7 @@ smallest failing workload found so far is written out.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -76,6 +77,24 @@ def describe_size(sc: Scenario) -> str:
             + f", graph {sc.graph_mode}")
 
 
+@contextlib.contextmanager
+def _without_source_constants():
+    """Keep generation a function of the seed alone.
+
+    Hypothesis now and then draws a literal constant collected from the source of every module the
+    process has imported so far, so the same seed gave different workloads depending on what else
+    had been imported (another test, a CLI path). For the duration of one search it draws none.
+    """
+    from hypothesis.internal.conjecture import providers
+
+    original = providers.HypothesisProvider._maybe_draw_constant
+    providers.HypothesisProvider._maybe_draw_constant = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        providers.HypothesisProvider._maybe_draw_constant = original
+
+
 def explore(strategy, judge: Callable[[Scenario], tuple[tuple[str, ...], object, str | None]], *, seed: int,
             max_examples: int, budget_seconds: float | None = None, shrink: bool = True,
             shrink_seconds: float = 300.0, progress: Callable[[Example], None] | None = None) -> Search:
@@ -120,7 +139,8 @@ def explore(strategy, judge: Callable[[Scenario], tuple[tuple[str, ...], object,
                     suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                     verbosity=Verbosity.quiet)(fixed_seed(seed)(given(strategy)(run_one)))
     try:
-        test()
+        with _without_source_constants():
+            test()
     except _Failed:
         pass
     except _BudgetSpent:

@@ -71,6 +71,20 @@ def test_generation_is_deterministic_for_a_seed():
     assert first != [sc.to_dict() for sc in _generated(8, 40)]
 
 
+def test_generation_does_not_depend_on_what_the_process_imported():
+    import json
+    import subprocess
+    import sys
+
+    import refengine.config  # noqa: F401  (more modules loaded here than in the child)
+
+    code = ("import json; from conformance.fuzz import explore; from conformance.workloads.generate import scenarios; "
+            "seen = []; explore(scenarios(260), lambda sc: (seen.append(sc.to_dict()), ((), None, None))[1], seed=5, "
+            "max_examples=60); print(json.dumps(seen))")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(child) == json.loads(json.dumps([sc.to_dict() for sc in _generated(5, 60)]))
+
+
 def test_generated_workloads_cover_the_triggers():
     seen = _generated(0, 250)
     lengths = {(sc.k, len(r.prompt)) for sc in seen for r in sc.requests}
