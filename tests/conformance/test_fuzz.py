@@ -137,7 +137,7 @@ def test_default_fuzz_budget_catches_a_mutant(tmp_path):
 def test_a_planted_failure_shrinks_to_a_minimal_replayable_file(tmp_path):
     case = Selection(engine=PLANTED).open_case()
     report = fuzz(case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path,
-                  limits=Limits(max_requests=3, max_new_tokens=6, max_prompt=8, max_arrival=4))
+                  limits=Limits(max_requests=3, max_new_tokens=4, max_prompt=6, max_arrival=2, max_k=2))
     assert report.failed and report.search.check == "tokens" and report.reproduced
     shrunk = read_scenario_file(report.file, VOCAB)
     assert len(report.search.first.requests) > 1  # it was found on a bigger workload
