@@ -28,6 +28,7 @@ from conformance.workloads.files import read_scenario_file, write_scenario_file
 from conformance.workloads.generate import Limits, scenarios
 
 ERROR_CHECK = "error"  # pseudo-check name when the run broke (the reference engine failed)
+KNOWN = "known"  # what a judge reports for a failure that is a known bug: counted, not pursued
 
 
 class _BudgetSpent(BaseException):
@@ -59,6 +60,7 @@ class Search:
 
     examples: int = 0
     skipped: int = 0
+    known: int = 0  # workloads whose failure was a known, already reported bug (counted as passing)
     seconds: float = 0.0
     check: str | None = None  # the failing check that was shrunk for
     first: Scenario | None = None  # the first workload it failed on
@@ -120,6 +122,9 @@ def explore(strategy, judge: Callable[[Scenario], tuple[tuple[str, ...], object,
         failing, payload, skipped = judge(scenario)
         search.examples += 1
         search.skipped += skipped is not None
+        if failing and failing[0] == KNOWN:
+            search.known += 1
+            failing = ()
         phase = "generate" if search.check is None else "shrink"
         if search.check is None and failing:
             search.check, search.first = failing[0], scenario
@@ -183,9 +188,12 @@ def can_abort(case: Case) -> bool:
 
 def fuzz(case: Case, *, seed: int = 0, max_examples: int = 20, budget_seconds: float | None = None,
          out_dir: str | Path = ".", limits: Limits | None = None, shrink: bool = True, shrink_seconds: float = 300.0,
-         aborts: bool | None = None, progress: Callable[[Example], None] | None = None) -> FuzzReport:
+         aborts: bool | None = None, progress: Callable[[Example], None] | None = None,
+         known: Callable[[ScenarioResult], str | None] | None = None) -> FuzzReport:
     """Fuzz ``case``'s engine against the reference; on a failure write the shrunk workload to
-    ``out_dir/fuzz-s<seed>-<check>.json``. ``aborts``: draw aborts (default: when both engines can)."""
+    ``out_dir/fuzz-s<seed>-<check>.json``. ``aborts``: draw aborts (default: when both engines can).
+    ``known(result)``: a reason when a failing result is a known bug already reported elsewhere; such
+    workloads are counted (``search.known``) and the search goes on past them."""
     facts = case.facts
     if aborts is None:
         aborts = can_abort(case)
@@ -196,6 +204,8 @@ def fuzz(case: Case, *, seed: int = 0, max_examples: int = 20, budget_seconds: f
     def judge(scenario: Scenario):
         result, _ = run_scenario(scenario, case)
         failing = tuple(c.check for c in result.failures) or ((ERROR_CHECK,) if result.error else ())
+        if failing and known is not None and known(result):
+            failing = (KNOWN,)
         return failing, result, result.skipped
 
     search = explore(strategy, judge, seed=seed, max_examples=max_examples, budget_seconds=budget_seconds,
