@@ -1,12 +1,15 @@
 """``conformance``: run the conformance suite against an engine from the command line.
 
   conformance list [--tier T]                   scenario ids, one line each
-  conformance run [--engine E] [--tier T] [--scenario ID ...] [--model PATH]
+  conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
                   [--report-json F] [--junit-xml F] [--xfail-file F]
-  conformance replay ID [--request R] [--engine E] [--model PATH]
+  conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH]
+  conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR]
+  conformance mutate [--mutant ID ...]
 
 Exit status: 0 when every check passed (or failed as listed in --xfail-file), 1 when a check
-failed or a run broke, 2 for usage errors (unknown engine, scenario or model).
+failed or a run broke (fuzz: a generated workload failed a check), 2 for usage errors (unknown
+engine, scenario, scenario file or model).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from conformance.engines import BUILTIN_ENGINES, UnknownEngine
 from conformance.env import describe, environment
 from conformance.expectations import ExpectationError, judge
 from conformance.workloads import TIERS, UnknownScenario, scenario_defs, scenario_ids
+from conformance.workloads.files import read_scenario_file
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -43,14 +47,35 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--scenario", action="append", default=[], metavar="ID", help="run only this scenario "
                      "(repeatable; default: the whole tier)")
+    run.add_argument("--scenario-file", action="append", default=[], metavar="FILE", help="run the workload in "
+                     "this scenario file, e.g. one written by `conformance fuzz` (repeatable; with no --scenario, "
+                     "only the files run)")
     run.add_argument("--report-json", metavar="FILE", help="write every result as JSON")
     run.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report")
     run.add_argument("--xfail-file", metavar="FILE", help="expected failures (TOML) that do not fail the run")
     run.add_argument("-v", "--verbose", action="store_true", help="print every check, passing ones included")
-    rp = sub.add_parser("replay", help="rerun one scenario and print one request step by step")
-    rp.add_argument("scenario", metavar="ID")
-    rp.add_argument("--request", default=None, help="request id to print step by step")
+    rp = sub.add_parser("replay", help="rerun one scenario and print its steps (or one request's) step by step")
+    rp.add_argument("scenario", metavar="ID", nargs="?", default=None)
+    rp.add_argument("--scenario-file", metavar="FILE", default=None, help="replay the workload in this file")
+    rp.add_argument("--request", default=None, help="request id to print step by step (default: every step of "
+                    "the scenario, all requests)")
     _common(rp)
+    fz = sub.add_parser("fuzz", help="run generated workloads until a check fails, then shrink and write it out")
+    _common(fz)
+    fz.add_argument("--seed", type=int, default=0, help="generation seed: the same seed gives the same workloads")
+    fz.add_argument("--examples", type=int, default=100, help="most workloads to generate (default 100)")
+    fz.add_argument("--budget-seconds", type=float, default=None, help="stop generating after this long "
+                    "(then the number of workloads depends on the machine)")
+    fz.add_argument("--shrink-seconds", type=float, default=300.0, help="time limit for shrinking a failure "
+                    "(default 300)")
+    fz.add_argument("--out", default=".", metavar="DIR", help="where the shrunk failing workload is written "
+                    "(default: the current directory)")
+    fz.add_argument("--max-requests", type=int, default=6, help="most requests per workload (default 6)")
+    fz.add_argument("--max-prompt", type=int, default=40, help="longest prompt without a max_model_len (default 40)")
+    fz.add_argument("--max-new-tokens", type=int, default=12, help="most max_tokens per request (default 12)")
+    fz.add_argument("--no-aborts", action="store_true", help="generate no aborts")
+    fz.add_argument("--no-shrink", action="store_true", help="write the first failing workload as found")
+    fz.add_argument("-q", "--quiet", action="store_true", help="no line per workload")
     mu = sub.add_parser("mutate", help="run the suite against every mutant and print the mutation score")
     mu.add_argument("--mutant", action="append", default=[], metavar="ID", help="only this mutant (repeatable)")
     mu.add_argument("--model", default=None, help="checkpoint folder (default: the embedded default model)")
@@ -86,18 +111,20 @@ def cmd_run(args, out) -> int:
     from conformance.report_text import LEGEND, format_result, format_summary, status_line
 
     sel = _selection(args)
-    ids = args.scenario or scenario_ids(sel.tier)
+    ids = args.scenario or ([] if args.scenario_file else scenario_ids(sel.tier))
     for sid in ids:
         if sid not in scenario_ids(sel.tier):
             raise UnknownScenario(f"scenario {sid!r} is not in tier {sel.tier!r}; `conformance list` shows the ids")
     case = sel.open_case()
+    files = {str(f): read_scenario_file(f, case.facts.vocab_size, sel.tier) for f in args.scenario_file}
+    ids = [*ids, *files]
     expectations = sel.expectations() if args.xfail_file else None
     env = environment()
     print(f"conformance: engine under test {sel.engine}, reference engine as oracle, model {case.facts.label}, "
           f"tier {sel.tier}, {len(ids)} scenarios; {describe(env)}", file=out, flush=True)
     start, results, bad = time.perf_counter(), [], 0
     for i, sid in enumerate(ids, 1):
-        result, _ = run_scenario(sid, case)
+        result, _ = run_scenario(files[sid], case, scenario_file=sid) if sid in files else run_scenario(sid, case)
         results.append(result)
         print(status_line(result, i, len(ids), time.perf_counter() - start), file=out, flush=True)
         verdict = judge(result, expectations) if expectations else None
@@ -110,6 +137,7 @@ def cmd_run(args, out) -> int:
             continue
         if not result.ok or args.verbose:
             print(format_result(result, show_passing=args.verbose), file=out, flush=True)
+        _warn(result, out)
         bad += not result.ok
     elapsed = time.perf_counter() - start
     if bad:
@@ -123,25 +151,104 @@ def cmd_run(args, out) -> int:
     return 1 if bad else 0
 
 
+def _warn(result, out) -> None:
+    """Warnings a check attached to an otherwise clean result (e.g. a trigger not exercised)."""
+    for c in result.checks:
+        if c.details.get("warning"):
+            print(f"  warning: {c.details['warning']}", file=out, flush=True)
+
+
 def cmd_replay(args, out) -> int:
     from conformance.harness import run_scenario
-    from conformance.report_text import LEGEND, format_request_detail, format_result
+    from conformance.report_text import LEGEND, format_request_detail, format_result, format_step_table
 
     sel = _selection(args)
-    if args.scenario not in scenario_ids(sel.tier):
+    if (args.scenario is None) == (args.scenario_file is None):
+        raise ValueError("name a scenario id or a --scenario-file (exactly one)")
+    if args.scenario is not None and args.scenario not in scenario_ids(sel.tier):
         raise UnknownScenario(f"scenario {args.scenario!r} is not in tier {sel.tier!r}")
-    result, traces = run_scenario(args.scenario, sel.open_case())
+    case = sel.open_case()
+    if args.scenario_file is not None:
+        scenario = read_scenario_file(args.scenario_file, case.facts.vocab_size, sel.tier)
+        result, traces = run_scenario(scenario, case, scenario_file=args.scenario_file)
+    else:
+        result, traces = run_scenario(args.scenario, case)
     print(format_result(result, show_passing=True), file=out)
+    _warn(result, out)
     if args.request is not None:
         if "reference" in traces and args.request not in traces["reference"].requests:
             known = ", ".join(sorted(traces["reference"].requests))
-            print(f"conformance replay: no request {args.request!r} in {args.scenario} (requests: {known})",
+            print(f"conformance replay: no request {args.request!r} in {result.scenario_id} (requests: {known})",
                   file=sys.stderr)
             return 2
         print("\n" + format_request_detail(args.request, traces), file=out)
+    elif traces:
+        print("\n" + format_step_table(traces), file=out)
     if not result.ok:
         print("\n" + LEGEND, file=out)
     return 0 if result.ok else 1
+
+
+def cmd_fuzz(args, out) -> int:
+    try:
+        from conformance.fuzz import fuzz
+    except ModuleNotFoundError as e:
+        if e.name != "hypothesis":
+            raise
+        print("conformance fuzz: needs hypothesis (pip install hypothesis, or the package's [test] extra)",
+              file=sys.stderr)
+        return 2
+    from conformance.report_text import LEGEND, format_result
+    from conformance.workloads.generate import Limits
+
+    sel = _selection(args)
+    case = sel.open_case()
+    budget = f"{args.examples} workloads" + (f" or {args.budget_seconds:g} s" if args.budget_seconds else "")
+    print(f"conformance fuzz: engine under test {sel.engine}, reference engine as oracle, model {case.facts.label}, "
+          f"seed {args.seed}, at most {budget}", file=out, flush=True)
+    shrinking = []
+
+    def progress(e):
+        if e.phase == "shrink" and not shrinking:
+            shrinking.append(True)
+            print(f"shrinking: '{e.failing[0] if e.failing else '?'}' failed; looking for a smaller workload on which "
+                  "it still fails", file=out, flush=True)
+        if args.quiet and not e.target_failed:
+            return
+        verdict = ("SKIP " + e.skipped) if e.skipped else ("FAIL " + ", ".join(e.failing) if e.failing else "pass")
+        print(f"[{e.index:>4}] {e.phase:<8} {e.size}: {verdict} ({e.seconds:.1f} s)", file=out, flush=True)
+
+    report = fuzz(case, seed=args.seed, max_examples=args.examples, budget_seconds=args.budget_seconds,
+                  out_dir=args.out, limits=Limits(max_requests=args.max_requests, max_new_tokens=args.max_new_tokens,
+                                max_prompt=args.max_prompt), shrink=not args.no_shrink, shrink_seconds=args.shrink_seconds,
+                  aborts=False if args.no_aborts else None, progress=progress)
+    s = report.search
+    print(f"\n{s.examples} workloads in {s.seconds:.1f} s ({s.skipped} skipped); stopped by "
+          f"{'a failure' if report.failed else s.stopped}", file=out)
+    if not report.failed:
+        print(f"no check failed (seed {args.seed})", file=out)
+        return 0
+    print(f"check '{s.check}' failed on a generated workload ({describe_first(s)}); shrunk over {s.shrinks} "
+          f"smaller failing workloads to: {describe_last(s)}" if not args.no_shrink else
+          f"check '{s.check}' failed on a generated workload ({describe_first(s)}); not shrunk", file=out)
+    print(format_result(report.result), file=out)
+    if not report.reproduced:
+        print(f"warning: replaying the written file did not fail '{s.check}' again (the failure depends on "
+              "something the file does not capture)", file=out)
+    print(f"\nshrunk workload written to {report.file}\nreplay: {report.replay}\n\n{LEGEND}", file=out)
+    return 1
+
+
+def describe_first(search) -> str:
+    from conformance.fuzz import describe_size
+
+    return describe_size(search.first)
+
+
+def describe_last(search) -> str:
+    from conformance.fuzz import describe_size
+
+    return describe_size(search.smallest)
 
 
 def cmd_mutate(args, out) -> int:
@@ -170,7 +277,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
     try:
-        commands = {"list": cmd_list, "run": cmd_run, "replay": cmd_replay, "mutate": cmd_mutate}
+        commands = {"list": cmd_list, "run": cmd_run, "replay": cmd_replay, "fuzz": cmd_fuzz, "mutate": cmd_mutate}
         return commands[args.command](args, out)
     except (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError, KeyError) as e:
         print(f"conformance {args.command}: {e}", file=sys.stderr)

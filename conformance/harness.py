@@ -8,23 +8,33 @@ import traceback
 from dataclasses import dataclass
 
 from conformance import checks
-from conformance.engines import EngineAdapter, RunSpec, reference_adapter
+from conformance.engines import EngineAdapter, RunSpec, load_engine, reference_adapter
 from conformance.model import ModelFacts
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
 from conformance.workloads import EngineSettings, Scenario, get_def, seed_of
 
 REFERENCE_LABEL = "reference"
-PLAIN_LABEL = "plain greedy (K=0)"
+PLAIN_LABEL = "plain greedy (K=0, no aborts)"
 
 
 class NoProgress(RuntimeError):
     pass
 
 
+class AbortsUnsupported(RuntimeError):
+    """The scenario aborts requests, but the engine instance has no ``abort``."""
+
+
 def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, *, label: str,
                  settings: EngineSettings | None = None, device: str = "cpu") -> Trace:
     """Feed the scenario's requests at their arrival steps and record everything the engine reports.
+
+    Before the engine's step ``s`` the harness adds every request arriving at ``s``, then aborts every
+    request whose ``abort_step`` is ``s`` or earlier and whose output has not come back yet, through
+    the instance's optional ``abort(request_id) -> RequestOutput | None`` (None: the request had already
+    finished inside the engine and a later ``step()`` returns it). An instance without ``abort`` cannot
+    run a scenario with aborts: ``AbortsUnsupported`` is raised (the scenario is then skipped).
 
     An exception from the engine ends the run; it is recorded in ``trace.error`` (the "runs" check
     reports it) rather than raised.
@@ -37,10 +47,19 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
     recorder = Recorder(label, scenario.id)
     torch.manual_seed(seed_of(scenario.id) % (1 << 31))
     pending = sorted(scenario.requests, key=lambda r: (r.arrival_step, r.request_id))
+    aborts = sorted((r.abort_step, r.request_id) for r in scenario.requests if r.abort_step is not None)
     limit = 1000 + 20 * sum(len(r.prompt) + r.max_tokens for r in scenario.requests)
-    step = nxt = 0
+    step = nxt = next_abort = 0
+    added: set[str] = set()
     try:
         engine = adapter.start(RunSpec(facts.path, settings, facts.vocab_size, recorder.on_step, device))
+    except Exception:  # noqa: BLE001 - see below
+        recorder.trace.error = traceback.format_exc()
+        return recorder.finish(settings.k > 0)
+    if aborts and not callable(getattr(engine, "abort", None)):
+        raise AbortsUnsupported(f"{adapter.name}: the engine instance has no abort(request_id), and this "
+                                f"scenario aborts {len(aborts)} request(s)")
+    try:
         while nxt < len(pending) or engine.has_unfinished():
             if not engine.has_unfinished() and pending[nxt].arrival_step > step:
                 step = pending[nxt].arrival_step  # idle until the next arrival
@@ -48,13 +67,23 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
                 r = pending[nxt]
                 prompt = r.prompt if isinstance(r.prompt, str) else list(r.prompt)
                 engine.add_request(r.request_id, prompt, SamplingParams(r.max_tokens, r.ignore_eos, r.stop_token_ids))
+                added.add(r.request_id)
                 nxt += 1
+            while next_abort < len(aborts) and aborts[next_abort][0] <= step:
+                rid = aborts[next_abort][1]
+                next_abort += 1
+                if rid in added and rid not in recorder.trace.requests:
+                    recorder.on_abort(rid, step, engine.abort(rid))
+            if not engine.has_unfinished() and nxt < len(pending):
+                continue  # every live request was aborted: idle until the next arrival
             for out in engine.step():
                 recorder.on_output(out)
             step += 1
             if step > limit:
                 raise NoProgress(f"no completion after {limit} steps")
         recorder.trace.pools_empty = engine.pools_empty() if adapter.supports("pools") else None
+        slots = getattr(engine, "request_slots_in_use", None)
+        recorder.trace.request_slots_in_use = None if slots is None else slots()
     except Exception:  # noqa: BLE001 - the engine under test may fail in any way; the report shows how
         recorder.trace.error = traceback.format_exc()
     recorder.trace.num_engine_steps = step
@@ -72,16 +101,32 @@ class Case:
     tier: str = "default"
     device: str = "cpu"
 
-    def replay_command(self, scenario_id: str, request_id: str | None = None) -> str:
-        cmd = ["conformance", "replay", scenario_id]
+    def replay_command(self, scenario_id: str, request_id: str | None = None,
+                       scenario_file: str | None = None) -> str:
+        cmd = ["conformance", "replay"]
+        cmd += ["--scenario-file", scenario_file] if scenario_file is not None else [scenario_id]
         if request_id is not None:
             cmd += ["--request", request_id]
-        cmd += ["--engine", self.engine, "--tier", self.tier]
+        cmd += ["--engine", self.engine]
+        if scenario_file is None:
+            cmd += ["--tier", self.tier]
         if self.model_arg is not None:
             cmd += ["--model", self.facts.path]
         if self.device != "cpu":
             cmd += ["--device", self.device]
         return shlex.join(cmd)
+
+    def adapter_for(self, scenario: Scenario) -> EngineAdapter:
+        """The adapter to run ``scenario`` with: an engine selected as plain ``async`` runs in the
+        scenario's graph mode when it names one; every other selection runs as given."""
+        if self.engine == "async" and scenario.graph_mode is not None:
+            return load_engine(f"async:{scenario.graph_mode}")
+        return self.adapter
+
+    @property
+    def default_model(self) -> bool:
+        """Running on the shipped default model, where every scenario's triggers must be hit."""
+        return self.model_arg is None
 
 
 def skip_reason(scenario: Scenario, case: Case) -> str | None:
@@ -92,49 +137,88 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
         return f"the engine under test does not support the {s.drafter} drafter"
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
         return "text prompts need a model with a tokenizer"
+    bad = [t for r in scenario.requests if not isinstance(r.prompt, str) for t in (*r.prompt, *r.stop_token_ids)
+           if not 0 <= t < facts.vocab_size]
+    if bad:
+        return f"token id {bad[0]} is outside the model's vocabulary [0, {facts.vocab_size})"
     return None
 
 
-def run_scenario(scenario_id: str, case: Case) -> tuple[ScenarioResult, dict[str, Trace]]:
-    """Run one scenario; returns its result and the traces ("reference", "test", maybe "plain")."""
+def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None = None,
+                 ) -> tuple[ScenarioResult, dict[str, Trace]]:
+    """Run one scenario (an id of the corpus, or a materialised Scenario); returns its result and the
+    traces ("reference", "test", and "plain" when the scenario speculates or aborts).
+
+    "plain" is the reference engine on the same workload with K=0 and no aborts: the output
+    speculation must not change, and the continuation an aborted request's output is a prefix of.
+    """
     start = time.perf_counter()
-    scenario = get_def(scenario_id).materialize(case.tier, case.facts.vocab_size)
+    if isinstance(scenario, str):
+        scenario = get_def(scenario).materialize(case.tier, case.facts.vocab_size)
     result = ScenarioResult(scenario.id, scenario.description, case.tier, case.engine, case.facts.label,
-                            scenario.settings.describe(), replay=case.replay_command(scenario.id))
+                            describe_settings(scenario),
+                            replay=case.replay_command(scenario.id, scenario_file=scenario_file))
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)
     if result.skipped is None:
-        ref_side = reference_adapter()
-        traces["reference"] = run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, device=case.device)
+        try:
+            traces = run_traces(scenario, case)
+        except AbortsUnsupported as e:
+            result.skipped = f"aborts cannot run: {e}"
+    if result.skipped is None:
         if traces["reference"].error is not None:
             result.error = "the reference engine failed on this workload:\n" + traces["reference"].error
+        elif "plain" in traces and traces["plain"].error is not None:
+            result.error = "the reference engine failed on the plain (K=0, no aborts) workload:\n" + \
+                traces["plain"].error
         else:
-            label = "reference (under test)" if case.engine == "reference" else case.engine
-            traces["test"] = run_workload(case.adapter, scenario, case.facts, label=label, device=case.device)
-            if scenario.k:
-                traces["plain"] = run_workload(ref_side, scenario, case.facts, label=PLAIN_LABEL,
-                                               settings=scenario.settings.plain(), device=case.device)
-            result.checks = evaluate(scenario, traces, case)
+            result.checks = evaluate(scenario, traces, case, scenario_file)
     result.duration_s = time.perf_counter() - start
     return result, traces
 
 
-def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case) -> list[CheckResult]:
+def describe_settings(scenario: Scenario) -> str:
+    text = scenario.settings.describe()
+    if scenario.graph_mode is not None:
+        text += f" graph_mode={scenario.graph_mode} (for async)"
+    if scenario.aborted:
+        text += f" aborts={len(scenario.aborted)}"
+    return text
+
+
+def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
+    ref_side = reference_adapter()
+    traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, device=case.device)}
+    if traces["reference"].error is not None:
+        return traces
+    label = "reference (under test)" if case.engine == "reference" else case.engine
+    traces["test"] = run_workload(case.adapter_for(scenario), scenario, case.facts, label=label, device=case.device)
+    if scenario.k or scenario.aborted:
+        traces["plain"] = run_workload(ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
+                                       settings=scenario.settings.plain(), device=case.device)
+    return traces
+
+
+def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
+             scenario_file: str | None = None) -> list[CheckResult]:
     ref, test, plain = traces["reference"], traces["test"], traces.get("plain")
     batch_invariant = case.adapter.supports("batch_invariant")
+    aborted = set(scenario.aborted)
     runs = [
         ("runs", lambda: checks.check_runs(test, [r.request_id for r in scenario.requests])),
-        ("tokens", lambda: checks.check_tokens(ref, test)),
-        ("acceptance", lambda: checks.check_acceptance(ref, test)),
+        ("tokens", lambda: checks.check_tokens(ref, test, skip=aborted)),
+        ("acceptance", lambda: checks.check_acceptance(ref, test, aborted=aborted)),
+        ("request-outputs", lambda: checks.check_request_outputs(ref, test, scenario.k)),
+        ("aborts", lambda: checks.check_aborts(scenario, ref, test, plain)),
         ("logits-digests", lambda: checks.check_logits_digests(ref, test) if batch_invariant
          else CheckResult("logits-digests", NA, "the engine under test is not batch-invariant")),
-        ("spec-lossless", lambda: checks.check_spec_lossless(plain, test)),
+        ("spec-lossless", lambda: checks.check_spec_lossless(plain if scenario.k else None, test, skip=aborted)),
         ("full-graph-metadata", lambda: checks.check_full_graph_metadata(test)),
         ("new-prompt-prefill", lambda: checks.check_new_prompt_prefill(test)),
         ("id-range", lambda: checks.check_id_range(test, case.facts.vocab_size)),
         ("state-slots", lambda: checks.check_state_slots(test)),
         ("pools-empty", lambda: checks.check_pools_empty(test)),
-        ("workload-triggers", lambda: checks.check_triggers(scenario, ref)),
+        ("workload-triggers", lambda: checks.check_triggers(scenario, ref, strict=case.default_model)),
     ]
     results = []
     for name, fn in runs:
@@ -143,6 +227,6 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case) -> list[C
             continue
         result = fn()
         if result.failed and result.request_id is not None and name != "workload-triggers":
-            result.details["replay"] = case.replay_command(scenario.id, result.request_id)
+            result.details["replay"] = case.replay_command(scenario.id, result.request_id, scenario_file)
         results.append(result)
     return results

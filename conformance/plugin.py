@@ -43,6 +43,10 @@ class StaleExpectationWarning(UserWarning):
     """An expected failure that no longer fails."""
 
 
+class NotExercisedWarning(UserWarning):
+    """A scenario ran and agreed, but did not hit a trigger it exists for (on a user's checkpoint)."""
+
+
 class InfrastructureError(RuntimeError):
     """The harness or the reference engine broke: no verdict about the engine under test."""
 
@@ -225,6 +229,9 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
             if c.details.get(key) is not None:
                 node.user_properties.append((f"first_divergence_{key}", c.details[key]))
         node.user_properties.append(("replay", c.details.get("replay", result.replay)))
+    for c in result.checks:
+        if c.details.get("warning"):
+            warnings.warn(NotExercisedWarning(c.details["warning"]), stacklevel=1)
     verdict = judge(result, expectations)
     result.expected = verdict.expected
     node.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict())))

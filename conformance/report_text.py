@@ -122,3 +122,31 @@ def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
                 lines.append(f"  {step.index:>4}  {r.kind:<8} {r.num_computed_tokens:>8}  {r.query_len:>5}  "
                              f"{slot:>9}  {step.graph_mode:<5}  {r.draft_token_ids} -> {out}")
     return "\n".join(lines)
+
+
+def format_step_table(traces: dict[str, Trace], max_steps: int | None = None) -> str:
+    """Every engine's steps, one line per row: what ran in which step, and what the requests returned."""
+    lines = []
+    for trace in traces.values():
+        lines.append(f"== {trace.engine} ==" + (" (engine error)" if trace.error else ""))
+        lines.append("  step  graph  request  kind     computed  query  slot(off)  drafts -> output")
+        steps = trace.steps if max_steps is None else trace.steps[:max_steps]
+        for step in steps:
+            mark = f"  preempted {', '.join(step.preempted)}" if step.preempted else ""
+            if not step.rows:
+                lines.append(f"  {step.index:>4}  {step.graph_mode:<5}  (no rows){mark}")
+            for i, r in enumerate(step.rows):
+                slot = "zero" if r.state_slot_read is None else f"{r.state_slot_read}({r.state_offset})"
+                out = "(partial prefill)" if r.output_token_ids is None else str(r.output_token_ids)
+                head = f"  {step.index:>4}  {step.graph_mode:<5}" if i == 0 else " " * 13
+                lines.append(f"{head}  {r.request_id:<7}  {r.kind:<8} {r.num_computed_tokens:>8}  {r.query_len:>5}  "
+                             f"{slot:>9}  {r.draft_token_ids} -> {out}" + (mark if i == 0 else ""))
+        if max_steps is not None and len(trace.steps) > max_steps:
+            lines.append(f"  ... {len(trace.steps) - max_steps} more steps")
+        for rid, abort in sorted(trace.aborts.items()):
+            lines.append(f"  aborted {rid} before engine step {abort.step} (after {abort.records_before} step records)"
+                         + ("" if abort.returned else "; it had already finished"))
+        for rid, req in sorted(trace.requests.items()):
+            lines.append(f"  {rid}: {len(req.token_ids)} tokens, finish {req.finish_reason}, acceptance "
+                         f"{acceptance_history(req.acceptance)}, preemptions {req.num_preemptions}")
+    return "\n".join(lines)

@@ -59,10 +59,24 @@ class RequestTrace:
     finish_reason: str | None
     acceptance: list[tuple[int, int]]  # (drafted, accepted) per verify step, as the engine reported it
     num_preemptions: int = 0
+    num_draft_tokens: int | None = None  # the public counters, as reported (None: the output lacks the field)
+    num_accepted_tokens: int | None = None
+    text: str | None = None
     verify_steps: list[VerifyStep] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)  # engine step that produced each output token
     token_kinds: list[str] = field(default_factory=list)  # kind of the row ("prefill"/"decode") that produced it
     logits: list[tuple[int, int, str]] = field(default_factory=list)  # (position, rows, digest) per sampling row
+
+
+@dataclass
+class AbortTrace:
+    """When the harness aborted a request: before engine step ``step`` (the harness's count), after
+    ``records_before`` step records had been delivered; ``returned``: abort() gave back an output
+    (False: the engine said the request had already finished; its output comes from a later step)."""
+
+    step: int
+    records_before: int
+    returned: bool
 
 
 @dataclass
@@ -72,8 +86,11 @@ class Trace:
     requests: dict[str, RequestTrace] = field(default_factory=dict)
     steps: list[StepTrace] = field(default_factory=list)
     pools_empty: bool | None = None  # None: the engine cannot tell
+    request_slots_in_use: int | None = None  # None: the engine cannot tell
     error: str | None = None  # the engine raised (traceback text) or made no progress
     num_engine_steps: int = 0
+    aborts: dict[str, AbortTrace] = field(default_factory=dict)
+    duplicate_outputs: list[str] = field(default_factory=list)  # requests handed back more than once
 
     def rows_of(self, request_id: str) -> list[RowTrace]:
         return [r for s in self.steps for r in s.rows if r.request_id == request_id]
@@ -90,8 +107,9 @@ class Trace:
                 **r, "acceptance": [tuple(a) for a in r["acceptance"]],
                 "verify_steps": [VerifyStep(**v) for v in r["verify_steps"]],
                 "logits": [tuple(x) for x in r["logits"]]})
-        rest = {f.name: d[f.name] for f in fields(cls) if f.name not in ("steps", "requests")}
-        return cls(**rest, steps=steps, requests=requests)
+        aborts = {rid: AbortTrace(**a) for rid, a in d.get("aborts", {}).items()}
+        rest = {f.name: d[f.name] for f in fields(cls) if f.name not in ("steps", "requests", "aborts") and f.name in d}
+        return cls(**rest, steps=steps, requests=requests, aborts=aborts)
 
 
 class Recorder:
@@ -120,10 +138,21 @@ class Recorder:
             preempted=list(getattr(record, "preempted", [])), rows=rows))
 
     def on_output(self, out) -> None:
+        if out.request_id in self.trace.requests:
+            self.trace.duplicate_outputs.append(out.request_id)
         self.trace.requests[out.request_id] = RequestTrace(
             request_id=out.request_id, prompt_token_ids=_ints(out.prompt_token_ids), token_ids=_ints(out.token_ids),
             finish_reason=out.finish_reason, acceptance=[(int(d), int(a)) for d, a in out.acceptance],
-            num_preemptions=int(getattr(out, "num_preemptions", 0)))
+            num_preemptions=int(getattr(out, "num_preemptions", 0)),
+            num_draft_tokens=_opt_int(getattr(out, "num_draft_tokens", None)),
+            num_accepted_tokens=_opt_int(getattr(out, "num_accepted_tokens", None)),
+            text=getattr(out, "text", None))
+
+    def on_abort(self, request_id: str, step: int, out) -> None:
+        """The harness aborted ``request_id`` before engine step ``step``; ``out``: what abort() returned."""
+        self.trace.aborts[request_id] = AbortTrace(step, len(self.trace.steps), out is not None)
+        if out is not None:
+            self.on_output(out)
 
     def finish(self, spec_enabled: bool) -> Trace:
         """Derive per-request verify steps, token steps and logits digests from the rows."""
@@ -155,3 +184,7 @@ def _derive(req: RequestTrace, rows: list[RowTrace], spec_enabled: bool) -> None
 
 def _ints(values) -> list[int]:
     return [int(v) for v in values]
+
+
+def _opt_int(value) -> int | None:
+    return None if value is None else int(value)

@@ -65,12 +65,19 @@ def _missing(name: str, reference: Trace, test: Trace) -> CheckResult | None:
     return None
 
 
-def check_tokens(reference: Trace, test: Trace, name: str = "tokens") -> CheckResult:
-    """Every request's output tokens and finish reason are identical."""
+def check_tokens(reference: Trace, test: Trace, name: str = "tokens", skip: set[str] | frozenset = frozenset(),
+                 ) -> CheckResult:
+    """Every request's output tokens and finish reason are identical.
+
+    Requests in ``skip`` (the ones the workload aborts) are left out: how much of an aborted request
+    ran depends on when the abort reached each engine, so the "aborts" check judges them instead.
+    """
     if (missing := _missing(name, reference, test)) is not None:
         return missing
     diverged = []
     for rid in sorted(reference.requests):
+        if rid in skip:
+            continue
         ref, got = reference.requests[rid], test.requests[rid]
         pos = first_difference(ref.token_ids, got.token_ids)
         if pos is None and ref.finish_reason != got.finish_reason:
@@ -79,8 +86,11 @@ def check_tokens(reference: Trace, test: Trace, name: str = "tokens") -> CheckRe
             step = got.token_steps[pos] if pos < len(got.token_steps) else 1 << 30
             diverged.append((step, rid, pos))
     if not diverged:
-        total = sum(len(r.token_ids) for r in reference.requests.values())
-        return passed(name, f"{len(reference.requests)} requests, {total} tokens identical")
+        compared = [r for rid, r in reference.requests.items() if rid not in skip]
+        total = sum(len(r.token_ids) for r in compared)
+        left_out = len(reference.requests) - len(compared)
+        return passed(name, f"{len(compared)} requests, {total} tokens identical"
+                      + (f" ({left_out} aborted, judged by 'aborts')" if left_out else ""))
     _, rid, pos = min(diverged)
     ref, got = reference.requests[rid], test.requests[rid]
     la, lb, _ = _labels(reference, test)
@@ -97,7 +107,8 @@ def check_tokens(reference: Trace, test: Trace, name: str = "tokens") -> CheckRe
     ]
     if len(diverged) > 1:
         others = ", ".join(r for _, r, _ in sorted(diverged)[1:9])
-        lines.append(f"  {len(diverged)} of {len(reference.requests)} requests diverge; the others: {others}")
+        lines.append(f"  {len(diverged)} of {len(reference.requests) - len(skip & reference.requests.keys())} "
+                     f"requests diverge; the others: {others}")
     summary = f"request {rid}: first divergence at output position {pos}" + (
         f" (verify step {v_got})" if v_got is not None else "")
     return failed(name, summary, "\n".join(lines), rid, position=pos, verify_step=v_got,
@@ -120,13 +131,14 @@ def _verifies_by_position(trace: Trace, rid: str) -> dict[int, tuple[tuple[int, 
             for r in trace.rows_of(rid) if r.kind == "decode" and r.num_accepted is not None}
 
 
-def check_acceptance(reference: Trace, test: Trace) -> CheckResult:
+def check_acceptance(reference: Trace, test: Trace, aborted: set[str] | frozenset = frozenset()) -> CheckResult:
     """Per request, per verify step: the same drafts, the same number drafted and accepted.
 
     Requests neither engine preempted must have identical histories, step for step. A preemption
     replaces a verify step by a re-prefill, and the engines may preempt at different points, so
     for preempted requests the verify steps are matched by position: wherever both engines verified
-    at the same position, the drafts and the accepted count must agree.
+    at the same position, the drafts and the accepted count must agree. Aborted requests (``aborted``)
+    are matched by position too: each engine's history ends wherever the abort reached it.
     """
     name = "acceptance"
     if (missing := _missing(name, reference, test)) is not None:
@@ -153,7 +165,7 @@ def check_acceptance(reference: Trace, test: Trace) -> CheckResult:
                     summary = f"request {rid}: at position {pos} accepted {ga} of {len(gd)}, expected {ra}"
                 return failed(name, summary, "\n".join(lines), rid, position=pos,
                               reference=[len(rd), ra], test=[len(gd), ga])
-        if ref_req.num_preemptions or got_req.num_preemptions:
+        if ref_req.num_preemptions or got_req.num_preemptions or rid in aborted:
             continue
         ref, got = ref_req.acceptance, got_req.acceptance
         v = first_difference(ref, got)
@@ -201,12 +213,84 @@ def check_logits_digests(reference: Trace, test: Trace) -> CheckResult:
     return passed(name, f"{compared} logits digests identical")
 
 
-def check_spec_lossless(plain: Trace | None, test: Trace) -> CheckResult:
-    """Speculative output equals plain greedy output (the same workload run with K=0)."""
+def check_spec_lossless(plain: Trace | None, test: Trace, skip: set[str] | frozenset = frozenset()) -> CheckResult:
+    """Speculative output equals plain greedy output (the same workload run with K=0).
+
+    Aborted requests (``skip``) are left to the "aborts" check, which holds them to the same plain run.
+    """
     if plain is None:
         return not_applicable("spec-lossless", "K=0: no speculation to compare")
-    result = check_tokens(plain, test, name="spec-lossless")
+    result = check_tokens(plain, test, name="spec-lossless", skip=skip)
     if result.failed:
         result.report = ("speculative decoding changed the output: the engine under test differs from plain "
                          "greedy decoding (K=0, reference engine)\n" + result.report)
     return result
+
+
+def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
+    """The public ``RequestOutput`` fields that no other check compares, and the counters' meaning.
+
+    Every public field is compared exactly once across the checks, so one bug fails one check:
+    ``token_ids`` and ``finish_reason`` by "tokens"; ``acceptance`` by "acceptance"; the rest here:
+
+    - per engine, for every request: ``num_draft_tokens`` and ``num_accepted_tokens`` are the sums of
+      its ``acceptance`` history, and every verify step drafted at most K tokens and accepted at most
+      what it drafted. With the "acceptance" check (identical histories for requests neither engine
+      preempted or aborted), the counters are then equal across the engines wherever they must be;
+    - across the engines: ``prompt_token_ids`` are equal, and so is ``text`` wherever both engines
+      report one and the tokens agree (differing tokens are the "tokens" check's failure).
+
+    Not compared across engines: ``num_preemptions`` (an engine that schedules a step ahead uses the
+    KV pool differently and may preempt other requests, or at other points), nor the counters of
+    preempted or aborted requests (a preemption replaces verify steps by a re-prefill; an abort ends
+    each engine's history wherever it reached that engine); those stay held to the per-engine rules.
+    """
+    name = "request-outputs"
+    if (missing := _missing(name, reference, test)) is not None:
+        return missing
+    for trace in (reference, test):
+        for rid in sorted(trace.requests):
+            problem = _counter_problem(trace.requests[rid], k)
+            if problem:
+                req = trace.requests[rid]
+                return failed(name, f"request {rid}: {trace.engine} reports {problem}",
+                              f"request {rid} in {trace.engine}: {problem}\n"
+                              f"  num_draft_tokens={req.num_draft_tokens}, num_accepted_tokens="
+                              f"{req.num_accepted_tokens}\n  acceptance: {acceptance_history(req.acceptance)}",
+                              rid, engine=trace.engine, field="counters")
+    texts = 0
+    for rid in sorted(reference.requests):
+        ref, got = reference.requests[rid], test.requests[rid]
+        fields = ["prompt_token_ids"]
+        if ref.text is not None and got.text is not None and ref.token_ids == got.token_ids:
+            fields.append("text")
+            texts += 1
+        for f in fields:
+            a, b = getattr(ref, f), getattr(got, f)
+            if a != b:
+                la, lb, _ = _labels(reference, test)
+                return failed(name, f"request {rid}: {f} is {_short(b)} in {test.engine}, {_short(a)} in "
+                              f"{reference.engine}",
+                              f"request {rid}: the public field {f} differs\n  {la} : {_short(a, 200)}\n"
+                              f"  {lb} : {_short(b, 200)}", rid, field=f)
+    counted = sum(r.num_draft_tokens is not None for t in (reference, test) for r in t.requests.values())
+    return passed(name, f"{len(reference.requests)} requests: prompts{' and texts' if texts else ''} agree, "
+                  f"{counted} outputs' draft counters match their acceptance histories")
+
+
+def _counter_problem(req: RequestTrace, k: int) -> str | None:
+    drafted = sum(d for d, _ in req.acceptance)
+    accepted = sum(a for _, a in req.acceptance)
+    if req.num_draft_tokens is not None and req.num_draft_tokens != drafted:
+        return f"num_draft_tokens={req.num_draft_tokens}, but its acceptance history drafted {drafted}"
+    if req.num_accepted_tokens is not None and req.num_accepted_tokens != accepted:
+        return f"num_accepted_tokens={req.num_accepted_tokens}, but its acceptance history accepted {accepted}"
+    for i, (d, a) in enumerate(req.acceptance):
+        if not 0 <= a <= d <= k:
+            return f"verify step {i} drafted {d} and accepted {a} (each must be within 0 <= accepted <= drafted <= K={k})"
+    return None
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

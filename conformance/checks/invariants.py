@@ -14,6 +14,11 @@ TRACEBACK_LINES = 30  # last lines of an engine traceback shown in the report (d
 
 def check_runs(test: Trace, expected_requests: list[str]) -> CheckResult:
     """The engine finished every request without raising."""
+    if test.duplicate_outputs:
+        rid = test.duplicate_outputs[0]
+        return failed("runs", f"request {rid} was handed back twice", f"{test.engine} returned an output for "
+                      f"request(s) {', '.join(sorted(set(test.duplicate_outputs)))} more than once (an aborted "
+                      "request must not come back from a later step)", rid)
     if test.error is not None:
         last = test.error.strip().splitlines()[-1] if test.error.strip() else "error"
         lines = test.error.rstrip().splitlines()
@@ -141,12 +146,25 @@ def check_state_slots(test: Trace) -> CheckResult:
 
 
 def check_pools_empty(test: Trace) -> CheckResult:
-    """Once every request finished, no KV block and no state slot is still allocated."""
-    if test.pools_empty is None:
+    """Once every request finished, no KV block, state slot or request slot is still allocated.
+
+    The request-slot figure is optional: an engine instance that can report it offers
+    ``request_slots_in_use() -> int`` (the harness records it as ``trace.request_slots_in_use``).
+    """
+    slots = test.request_slots_in_use
+    if test.pools_empty is None and slots is None:
         return not_applicable("pools-empty", "the engine cannot report its pools")
-    if not test.pools_empty:
-        return failed("pools-empty", "KV blocks or state slots are still allocated after every request finished")
-    return passed("pools-empty", "KV-block and state-slot pools empty at the end")
+    problems = []
+    if test.pools_empty is False:
+        problems.append("KV blocks or state slots are still allocated")
+    if slots:
+        problems.append(f"{slots} request slot(s) are still in use")
+    if problems:
+        return failed("pools-empty", " and ".join(problems) + " after every request finished")
+    covered = ["KV-block and state-slot pools"] if test.pools_empty is not None else []
+    if slots is not None:
+        covered.append("request slots")
+    return passed("pools-empty", " and ".join(covered) + " empty at the end")
 
 
 def _indent(text: str, by: str = "    ") -> str:

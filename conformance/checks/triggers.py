@@ -84,7 +84,16 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
 })
 
 
-def check_triggers(scenario: Scenario, reference: Trace) -> CheckResult:
+def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True) -> CheckResult:
+    """Did the reference run hit the scenario's triggers? This judges the workload, not the engine.
+
+    ``strict`` (the shipped default model): a missed trigger fails, since the corpus is tuned to that
+    model and a miss means a scenario stopped testing what it exists for. On any other checkpoint the
+    model decides what it generates (a stop token may never come up mid-window, acceptance may never
+    reach 0), so a miss is reported as "not exercised": not applicable, with a warning naming the
+    scenario and the triggers (``details["warning"]``), never a pass and never a failure of an engine
+    that agrees with the reference.
+    """
     name = "workload-triggers"
     if not scenario.triggers:
         return not_applicable(name, "the scenario names no triggers")
@@ -92,6 +101,13 @@ def check_triggers(scenario: Scenario, reference: Trace) -> CheckResult:
     if unknown:
         return failed(name, f"unknown trigger(s) {unknown}; known: {sorted(TRIGGERS)}")
     missed = [t for t in scenario.triggers if not TRIGGERS[t][1](scenario, reference)]
+    if missed and not strict:
+        what = "; ".join(f"{t} ({TRIGGERS[t][0]})" for t in missed)
+        result = not_applicable(name, f"not exercised on this model: {', '.join(missed)}")
+        result.details.update(not_exercised=missed, warning=(
+            f"scenario {scenario.id}: trigger(s) not exercised on this model: {what}; the scenario still ran "
+            "and its other checks hold, but it did not test what it exists for"))
+        return result
     if missed:
         what = "; ".join(f"{t}: expected that {TRIGGERS[t][0]}" for t in missed)
         return failed(name, f"the reference run never hit {', '.join(missed)}",

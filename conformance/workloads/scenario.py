@@ -71,6 +71,15 @@ class RequestSpec:
     arrival_step: int = 0  # added just before the engine's step with this index
     ignore_eos: bool = True
     stop_token_ids: tuple[int, ...] = ()
+    # Aborted just before the engine's step with this index (as for arrivals), unless its output came
+    # back earlier. None: never aborted. An abort at the arrival step cancels it before it is scheduled;
+    # one step after a step that scheduled it, it is aborted while that step is in flight (async engines).
+    abort_step: int | None = None
+
+    def __post_init__(self):
+        if self.abort_step is not None and self.abort_step < self.arrival_step:
+            raise ValueError(f"request {self.request_id}: abort_step {self.abort_step} comes before its "
+                             f"arrival_step {self.arrival_step}")
 
 
 @dataclass(frozen=True)
@@ -83,10 +92,22 @@ class Scenario:
     settings: EngineSettings
     requests: tuple[RequestSpec, ...]
     triggers: tuple[str, ...] = ()  # what the reference run must exercise (checked by "workload-triggers")
+    # The graph mode an async engine named without one ("async") runs this scenario in; None: the
+    # engine's own. Generated scenarios draw it; the reference engine always runs without graphs.
+    graph_mode: str | None = None
 
     @property
     def k(self) -> int:
         return self.settings.k
+
+    @property
+    def aborted(self) -> tuple[str, ...]:
+        """Ids of the requests the workload aborts (if they have not finished by then)."""
+        return tuple(r.request_id for r in self.requests if r.abort_step is not None)
+
+    def without_aborts(self) -> Scenario:
+        """The same workload with every request left to finish: what an aborted request is a prefix of."""
+        return replace(self, requests=tuple(replace(r, abort_step=None) for r in self.requests))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,6 +150,7 @@ class ScenarioDef:
     triggers: tuple[str, ...] = ()
     tiers: tuple[str, ...] = TIERS
     tags: tuple[str, ...] = field(default=())
+    graph_mode: str | None = None  # see Scenario.graph_mode
 
     def materialize(self, tier: str, vocab_size: int) -> Scenario:
         if tier not in self.tiers:
@@ -140,4 +162,5 @@ class ScenarioDef:
         ids = [r.request_id for r in b.requests]
         if len(set(ids)) != len(ids):
             raise ValueError(f"scenario {self.id!r} has duplicate request ids")
-        return Scenario(self.id, self.description, tier, self.settings, tuple(b.requests), self.triggers)
+        return Scenario(self.id, self.description, tier, self.settings, tuple(b.requests), self.triggers,
+                        self.graph_mode)

@@ -30,7 +30,8 @@ def test_real_traces_pass_every_check(run):
     statuses = {c.check: c.status for c in result.checks}
     assert set(statuses) == set(checks.CHECK_NAMES)
     assert statuses["full-graph-metadata"] == NA  # the reference engine runs no graphs
-    assert all(s == PASS for name, s in statuses.items() if name != "full-graph-metadata")
+    assert statuses["aborts"] == NA  # the workload aborts nothing
+    assert all(s == PASS for name, s in statuses.items() if name not in ("full-graph-metadata", "aborts"))
 
 
 def test_flipped_token_reports_first_divergence(traces):
@@ -159,6 +160,64 @@ def test_workload_that_stops_hitting_its_trigger_fails(traces):
         step.rows = [r for r in step.rows if r.num_computed_tokens > 0] or step.rows[:1]
     result = checks.check_triggers(scenario, traces["reference"])
     assert result.failed and "mixed-batch" in result.details["missed"]
+
+
+def test_missed_trigger_on_a_users_checkpoint_is_not_exercised_not_failed(traces):
+    scenario = get_def(SCENARIO).materialize("default", 256)
+    for step in traces["reference"].steps:
+        step.rows = [r for r in step.rows if r.num_computed_tokens > 0] or step.rows[:1]
+    result = checks.check_triggers(scenario, traces["reference"], strict=False)
+    assert result.status == NA and "mixed-batch" in result.details["not_exercised"]
+    assert SCENARIO in result.details["warning"] and "not exercised" in result.summary
+    assert checks.check_triggers(scenario, traces["test"], strict=False).status == PASS
+
+
+def test_public_counters_must_match_their_history_and_prompts_the_reference(traces):
+    assert checks.check_request_outputs(traces["reference"], traces["test"], 3).status == PASS
+    rid = next(r for r, q in sorted(traces["test"].requests.items()) if q.acceptance)
+    req = traces["test"].requests[rid]
+    req.num_accepted_tokens += 1  # the counter no longer describes the history
+    result = checks.check_request_outputs(traces["reference"], traces["test"], 3)
+    assert result.failed and result.request_id == rid and "num_accepted_tokens" in result.summary
+    req.num_accepted_tokens -= 1
+    req.num_draft_tokens -= 1
+    assert "num_draft_tokens" in checks.check_request_outputs(traces["reference"], traces["test"], 3).summary
+    req.num_draft_tokens += 1
+    req.prompt_token_ids = req.prompt_token_ids[:-1]
+    assert checks.check_request_outputs(traces["reference"], traces["test"], 3).details["field"] == "prompt_token_ids"
+
+
+def test_text_is_compared_where_the_tokens_agree(traces):
+    rid = min(traces["test"].requests)
+    traces["reference"].requests[rid].text, traces["test"].requests[rid].text = "abc", "abd"
+    result = checks.check_request_outputs(traces["reference"], traces["test"], 3)
+    assert result.failed and result.details["field"] == "text"
+    traces["test"].requests[rid].token_ids.append(1)  # differing tokens: the "tokens" check's failure
+    assert checks.check_request_outputs(traces["reference"], traces["test"], 3).status == PASS
+
+
+def test_a_verify_step_drafting_more_than_k_fails_request_outputs(traces):
+    req = next(q for _, q in sorted(traces["test"].requests.items()) if q.acceptance)
+    req.acceptance[0] = (4, 0)
+    req.num_draft_tokens = sum(d for d, _ in req.acceptance)
+    result = checks.check_request_outputs(traces["reference"], traces["test"], 3)
+    assert result.failed and "K=3" in result.summary
+
+
+def test_request_slots_left_in_use_fail_pools_empty(traces):
+    traces["test"].request_slots_in_use = 0
+    assert "request slots" in checks.check_pools_empty(traces["test"]).summary
+    traces["test"].request_slots_in_use = 2
+    result = checks.check_pools_empty(traces["test"])
+    assert result.failed and "2 request slot(s)" in result.summary
+    traces["test"].pools_empty, traces["test"].request_slots_in_use = None, None
+    assert checks.check_pools_empty(traces["test"]).status == NA
+
+
+def test_an_output_handed_back_twice_fails_runs(traces):
+    traces["test"].duplicate_outputs.append("r01")
+    result = checks.check_runs(traces["test"], list(traces["reference"].requests))
+    assert result.failed and result.request_id == "r01"
 
 
 def test_helpers():

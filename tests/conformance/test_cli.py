@@ -97,3 +97,26 @@ def test_xfail_file_turns_listed_failures_into_expected_ones(tiny_checkpoint, tm
                         "--xfail-file", str(xfails))
     assert code == 0, out
     assert "expected failure" in out and "short-prompts-k3/acceptance no longer fail" in out
+
+
+def test_replay_without_request_prints_every_step_of_the_scenario(tiny_checkpoint):
+    code, out = run_cli("replay", "churn-k1", "--engine", "reference", "--model", tiny_checkpoint)
+    assert code == 0
+    table = out[out.index("== reference =="):]
+    assert "step  graph  request  kind" in table and "== reference (under test) ==" in table
+    assert sum(f"  r{i:02d}      prefill" in table for i in range(8)) == 8  # every request's rows, not one
+    assert "r07: " in table and "finish length" in table
+
+
+def test_scenario_files_run_and_bad_ones_are_usage_errors(tiny_checkpoint, tmp_path):
+    from conformance.workloads import load_scenario
+    from conformance.workloads.files import write_scenario_file
+
+    path = write_scenario_file(tmp_path / "s.json", load_scenario("short-prompts-k1", "default", 256), 256)
+    code, out = run_cli("run", "--scenario-file", str(path), "--engine", "reference", "--model", tiny_checkpoint)
+    assert code == 0 and "[1/1] PASS  short-prompts-k1" in out
+    code, out = run_cli("run", "--scenario-file", str(path), "--engine", CORRUPT, "--model", tiny_checkpoint)
+    assert code == 1 and f"conformance replay --scenario-file {path} --request" in out
+    (tmp_path / "bad.json").write_text('{"format": "something-else"}')
+    assert run_cli("run", "--scenario-file", str(tmp_path / "bad.json"), "--model", tiny_checkpoint)[0] == 2
+    assert run_cli("replay", "--engine", "reference", "--model", tiny_checkpoint)[0] == 2  # neither id nor file

@@ -1,0 +1,119 @@
+"""Scenario files: one materialised workload as JSON, for replays and the regression corpus.
+
+A shrunk failing workload from ``conformance fuzz`` is written as such a file; ``conformance run
+--scenario-file F`` and ``conformance replay --scenario-file F`` run it, and every file in
+``conformance/workloads/regressions/`` joins both tiers of the corpus under its ``id``.
+
+Format (``"format": "conformance-scenario/1"``)::
+
+    {"format": "conformance-scenario/1", "id": "...", "description": "...",
+     "settings": {EngineSettings fields}, "graph_mode": null | "none" | "piecewise" | "full" | ...,
+     "vocab_size": 260,                      # the vocabulary the token ids were drawn for
+     "requests": [{"request_id": "r00", "prompt": [ids], "max_tokens": 8, "arrival_step": 0,
+                   "ignore_eos": true, "stop_token_ids": [], "abort_step": null}, ...],
+     "origin": {...}}                        # where it came from (seed, failing check): informational
+
+Token ids are exact when the model's vocabulary is the file's; on a smaller vocabulary they are
+taken modulo its size (the workload keeps its shape: lengths, arrivals, aborts, budgets).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from conformance.workloads.scenario import TIERS, EngineSettings, RequestSpec, Scenario, ScenarioDef
+
+FORMAT = "conformance-scenario/1"
+GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
+REGRESSIONS_DIR = Path(__file__).with_name("regressions")
+
+
+class ScenarioFileError(ValueError):
+    pass
+
+
+def scenario_to_dict(scenario: Scenario, vocab_size: int, origin: dict | None = None) -> dict:
+    return {
+        "format": FORMAT,
+        "id": scenario.id,
+        "description": scenario.description,
+        "settings": asdict(scenario.settings),
+        "graph_mode": scenario.graph_mode,
+        "vocab_size": vocab_size,
+        "requests": [{**asdict(r), "prompt": list(r.prompt), "stop_token_ids": list(r.stop_token_ids)}
+                     for r in scenario.requests],
+        "origin": origin or {},
+    }
+
+
+def write_scenario_file(path: str | Path, scenario: Scenario, vocab_size: int, origin: dict | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(scenario_to_dict(scenario, vocab_size, origin), indent=1) + "\n")
+    return path
+
+
+def scenario_from_dict(d: dict, vocab_size: int | None = None, tier: str = "default", source: str = "") -> Scenario:
+    """A Scenario from a file's contents; ``vocab_size``: the model's (ids modulo it when smaller)."""
+    where = f"{source}: " if source else ""
+    if d.get("format") != FORMAT:
+        raise ScenarioFileError(f"{where}not a scenario file (format {d.get('format')!r}, expected {FORMAT!r})")
+    try:
+        known = {f.name for f in fields(EngineSettings)}
+        unknown = set(d["settings"]) - known
+        if unknown:
+            raise ScenarioFileError(f"{where}unknown settings {sorted(unknown)}")
+        settings = EngineSettings(**d["settings"])
+        graph_mode = d.get("graph_mode")
+        if graph_mode is not None and graph_mode not in GRAPH_MODES:
+            raise ScenarioFileError(f"{where}graph_mode must be null or one of {GRAPH_MODES}, got {graph_mode!r}")
+        file_vocab = int(d["vocab_size"])
+        remap = vocab_size is not None and vocab_size < file_vocab
+        requests = []
+        for r in d["requests"]:
+            prompt = r["prompt"]
+            if not isinstance(prompt, str):
+                prompt = tuple(int(t) % vocab_size if remap else int(t) for t in prompt)
+            stops = tuple(int(t) % vocab_size if remap else int(t) for t in r.get("stop_token_ids", ()))
+            requests.append(RequestSpec(str(r["request_id"]), prompt, int(r["max_tokens"]),
+                                        int(r.get("arrival_step", 0)), bool(r.get("ignore_eos", True)), stops,
+                                        None if r.get("abort_step") is None else int(r["abort_step"])))
+    except (KeyError, TypeError) as e:
+        raise ScenarioFileError(f"{where}malformed scenario file: {type(e).__name__}: {e}") from None
+    if not requests:
+        raise ScenarioFileError(f"{where}the scenario has no requests")
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ScenarioFileError(f"{where}duplicate request ids")
+    description = str(d.get("description", ""))
+    if remap:
+        description += f" (token ids taken modulo {vocab_size}: drawn for a vocabulary of {file_vocab})"
+    return Scenario(str(d["id"]), description, tier, settings, tuple(requests), tuple(d.get("triggers", ())),
+                    graph_mode)
+
+
+def read_scenario_file(path: str | Path, vocab_size: int | None = None, tier: str = "default") -> Scenario:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ScenarioFileError(f"{path}: not JSON: {e}") from None
+    return scenario_from_dict(data, vocab_size, tier, str(path))
+
+
+def regression_defs(directory: Path = REGRESSIONS_DIR) -> list[ScenarioDef]:
+    """One ScenarioDef per file of the regression corpus (both tiers, the same requests in each)."""
+    defs = []
+    for path in sorted(directory.glob("*.json")):
+        data = json.loads(path.read_text())
+        probe = scenario_from_dict(data, source=str(path))  # validate now, not at the first run
+
+        def build(b, data=data, path=path):
+            sc = scenario_from_dict(data, b.vocab_size, b.tier, str(path))
+            b.requests.extend(sc.requests)
+
+        defs.append(ScenarioDef(probe.id, probe.description or f"regression from {path.name}", probe.settings, build,
+                                probe.triggers, TIERS, ("regression",), probe.graph_mode))
+    return defs
