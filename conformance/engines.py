@@ -88,6 +88,9 @@ class LLMInstance:
     def pools_empty(self) -> bool:
         return self.llm.engine.pools_empty()
 
+    def request_slots_in_use(self) -> int:
+        return self.llm.engine.occupancy().request_slots_used
+
 
 class RefEngineAdapter:
     """refengine's engines: ``LLM(engine="reference")`` or ``LLM(engine="async", graph_mode=...)``.

@@ -186,10 +186,16 @@ class EngineConfig:
         return self.speculative.num_speculative_tokens
 
     @property
+    def kv_positions_per_request(self) -> int:
+        """KV positions one request can ever write: up to ``max_model_len`` committed tokens, then a
+        verify row of 1+K past the last one (work in flight when it finished) and the drafter's K-1
+        chained positions: position ``max_model_len + 2K`` at most."""
+        return self.scheduler.max_model_len + 2 * self.speculative.num_speculative_tokens + 1
+
+    @property
     def blocks_per_request(self) -> int:
-        """Blocks one request may need at most: max_model_len plus the verify overshoot and lookahead."""
-        k = self.speculative.num_speculative_tokens
-        return math.ceil((self.scheduler.max_model_len + 2 * k) / self.cache.block_size)
+        """Blocks one request may need at most (the width of a block table row)."""
+        return math.ceil(self.kv_positions_per_request / self.cache.block_size)
 
     @property
     def num_kv_blocks(self) -> int:

@@ -103,8 +103,14 @@ class EngineCore:
         self.scheduler.add(req)
         return req
 
-    def abort(self, request_id: str) -> RequestOutput:
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a live request now (reason ``abort``, the tokens committed so far); its pools are freed.
+
+        None when the request already finished and its output waits for the next ``step()``.
+        """
         req = self.requests.get(request_id)
+        if req is None and any(r.request_id == request_id for r in self._ready):
+            return None
         if req is None:
             raise EngineError(f"abort: no live request with id {request_id!r}")
         self.scheduler.finish(req, "abort")

@@ -126,7 +126,9 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         return self.engine.step()
 
-    def abort(self, request_id: str) -> RequestOutput:
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Output of the aborted request (finish reason ``abort``); None when it had already finished
+        and its output comes with the next ``step()``."""
         return self.engine.core.abort(request_id)
 
     def has_unfinished(self) -> bool:

@@ -69,6 +69,8 @@ class Scheduler:
         self.block_size = config.cache.block_size
         self.num_slots_per_request = 1 + config.speculative.num_speculative_tokens
         self.lookahead = config.num_lookahead_tokens
+        # The async engine's optimistic counts can run past what a request ever writes; never reserve beyond it.
+        self.max_kv_positions = config.kv_positions_per_request
         self.kv_pool = KVBlockPool(config.num_kv_blocks)
         self.slot_pool = StateSlotPool(config.num_state_slots)
         self.waiting: deque[Request] = deque()
@@ -124,7 +126,7 @@ class Scheduler:
         return out
 
     def _blocks_needed(self, req: Request, num_new: int) -> int:
-        total = req.num_computed_tokens + num_new + self.lookahead
+        total = min(req.num_computed_tokens + num_new + self.lookahead, self.max_kv_positions)
         return max(math.ceil(total / self.block_size) - len(req.block_ids), 0)
 
     def _reserve_blocks(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:

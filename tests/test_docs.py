@@ -34,6 +34,7 @@ NOT_RUN = {
     ("conformance", "run"): "a conformance run takes minutes; its flags are parsed here, the run is tests/conformance",
     ("conformance", "replay"): "replays a whole scenario; flags parsed here, replay is tested in tests/conformance",
     ("conformance", "mutate"): "runs the suite once per mutant (slow); tests/conformance/test_mutants.py runs it",
+    ("conformance", "fuzz"): "searches generated workloads (minutes); tests/conformance/test_fuzz.py runs it",
     ("refengine", "report"): "times the default workload three times; tests/refengine/test_default_model.py",
     ("refengine", "bench"): "times both engines; tests/refengine/test_bench.py runs bench.run",
     ("python3", "-m"): "creates a virtual environment (set-up, run by .ci/run)",
@@ -156,7 +157,7 @@ def placeholders(tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("docs")
     model = default_model_path()
     return {"PATH": model, "CKPT": model, "F": str(out / "report.out"), "SCENARIO": "mtp-k3", "ID": "mtp-k3",
-            "K": "3"}
+            "K": "3", "N": "1", "S": "5", "E": "async", "DIR": str(out / "fuzz")}
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,11 @@ import dataclasses
 
 import pytest
 
-from conformance.engines import RefEngineAdapter, _LLMInstance
+from conformance.engines import LLMInstance, RefEngineAdapter
 from conformance.harness import run_scenario
 from conformance.results import FAIL, NA, PASS
 from conformance.session import Selection
 from conformance.workloads import EngineSettings, RequestSpec, Scenario
-
-
-@pytest.fixture
-def abortable(monkeypatch):
-    """refengine's instance wrapper with ``abort(request_id) -> RequestOutput | None`` (if it lacks one)."""
-    if not hasattr(_LLMInstance, "abort"):
-        monkeypatch.setattr(_LLMInstance, "abort", lambda self, rid: self.llm.abort(rid), raising=False)
 
 
 def _scenario(k: int, graph_mode: str | None = None) -> Scenario:
@@ -31,7 +24,7 @@ def _scenario(k: int, graph_mode: str | None = None) -> Scenario:
 
 
 @pytest.mark.parametrize("engine,k", [("async:full_and_piecewise", 3), ("async:none", 0), ("reference", 3)])
-def test_aborted_requests_are_prefixes_of_their_unaborted_output(abortable, engine, k):
+def test_aborted_requests_are_prefixes_of_their_unaborted_output(engine, k):
     case = Selection(engine=engine).open_case()
     result, traces = run_scenario(_scenario(k), case)
     statuses = {c.check: c for c in result.checks}
@@ -53,7 +46,7 @@ class _BadAbortAdapter(RefEngineAdapter):
     """The reference engine whose abort hands back one token more than it committed (a wrong one)."""
 
     def start(self, spec):
-        inner = _LLMInstance(self.build(spec))
+        inner = LLMInstance(self.build(spec))
 
         class Instance:
             def __getattr__(self, name):
@@ -66,7 +59,7 @@ class _BadAbortAdapter(RefEngineAdapter):
         return Instance()
 
 
-def test_an_aborted_output_that_is_no_prefix_fails_aborts(abortable):
+def test_an_aborted_output_that_is_no_prefix_fails_aborts():
     from conformance.harness import Case
     from conformance.model import describe_model
 
@@ -79,12 +72,12 @@ def test_an_aborted_output_that_is_no_prefix_fails_aborts(abortable):
 
 
 def test_scenarios_with_aborts_are_skipped_for_an_engine_that_cannot_abort(monkeypatch):
-    monkeypatch.delattr(_LLMInstance, "abort", raising=False)
+    monkeypatch.delattr(LLMInstance, "abort", raising=False)
     result, _ = run_scenario(_scenario(0), Selection(engine="reference").open_case())
     assert result.skipped and "abort" in result.skipped and not result.checks
 
 
-def test_a_workload_without_aborts_has_nothing_for_the_aborts_check(abortable):
+def test_a_workload_without_aborts_has_nothing_for_the_aborts_check():
     sc = _scenario(0).without_aborts()
     result, traces = run_scenario(sc, Selection(engine="reference").open_case())
     assert {c.check: c.status for c in result.checks}["aborts"] == NA and "plain" not in traces

@@ -11,7 +11,6 @@ import math
 import pytest
 
 from conformance.cli import main
-from conformance.engines import _LLMInstance
 from conformance.fuzz import explore, fuzz
 from conformance.session import Selection
 from conformance.workloads.files import read_scenario_file
@@ -24,17 +23,6 @@ PLANTED = "tests.conformance.planted_engine:factory"
 DEFAULT_BUDGET = 10  # workloads per default-tier fuzz run
 DEFAULT_LIMITS = Limits(max_requests=4, max_new_tokens=8, max_prompt=16, max_arrival=6)
 NIGHTLY_BUDGET = 300
-# A bug the fuzzer found in the async engine, not fixed yet (the engine side of issue 14): with K > 0, a
-# request that runs into max_model_len needs one KV block more than the block table holds, and the step
-# raises in _stage_blocks. Its shrunk workload: conformance/workloads/regressions/pending/.
-KNOWN_BUG = ("runs", "_stage_blocks")
-
-
-@pytest.fixture
-def abortable(monkeypatch):
-    """refengine's instance wrapper with ``abort(request_id) -> RequestOutput | None`` (if it lacks one)."""
-    if not hasattr(_LLMInstance, "abort"):
-        monkeypatch.setattr(_LLMInstance, "abort", lambda self, rid: self.llm.abort(rid), raising=False)
 
 
 def _generated(seed: int, n: int, **kw) -> list:
@@ -110,19 +98,10 @@ def test_generated_workloads_cover_the_triggers():
     assert not any(r.abort_step is not None for sc in _generated(0, 50, aborts=False) for r in sc.requests)
 
 
-def _known_bug(result) -> str | None:
-    """The pending block-table bug: a 'runs' failure raised in _stage_blocks (and nothing else failing)."""
-    failing = list(result.failures)
-    if len(failing) == 1 and failing[0].check == KNOWN_BUG[0] and KNOWN_BUG[1] in failing[0].details.get(
-            "traceback", ""):
-        return "async block table one block short at max_model_len"
-    return None
-
-
-def test_default_fuzz_budget_passes_on_the_async_engine(abortable, tmp_path):
+def test_default_fuzz_budget_passes_on_the_async_engine(tmp_path):
     """The default tier's fuzz run: a fixed seed and budget, every graph mode drawn, aborts included."""
     report = fuzz(Selection(engine="async").open_case(), seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path,
-                  limits=DEFAULT_LIMITS, shrink=False, known=_known_bug)
+                  limits=DEFAULT_LIMITS, shrink=False)
     assert not report.failed, f"{report.search.check} failed; replay: {report.replay}"
     assert report.search.examples == DEFAULT_BUDGET and report.search.skipped == 0
 
@@ -174,10 +153,10 @@ def test_fuzz_command_exits_0_when_nothing_fails(tmp_path):
 
 @pytest.mark.nightly
 @pytest.mark.parametrize("engine", ["async", "async:full"])
-def test_nightly_fuzz_budget(abortable, tmp_path, engine):
+def test_nightly_fuzz_budget(tmp_path, engine):
     limits = Limits(max_requests=8, max_arrival=20, max_new_tokens=24, max_prompt=64)
     report = fuzz(Selection(engine=engine).open_case(), seed=1, max_examples=NIGHTLY_BUDGET, out_dir=tmp_path,
-                  limits=limits, shrink_seconds=120, known=_known_bug)
+                  limits=limits, shrink_seconds=120)
     assert not report.failed, f"{report.search.check} failed; replay: {report.replay}"
 
 
@@ -197,17 +176,6 @@ def test_regression_files_are_in_both_tiers_and_pending_ones_are_not():
     assert ids and ids <= set(scenario_ids("default")) and ids <= set(scenario_ids("nightly"))
     pending = {read_scenario_file(p).id for p in (REGRESSIONS_DIR / "pending").glob("*.json")}
     assert not pending & set(scenario_ids("nightly"))
-
-
-@pytest.mark.xfail(strict=True, reason="the async engine's block table is one block short at max_model_len with "
-                   "K > 0 (engine side); when this passes, move the file into regressions/")
-def test_pending_regression_block_table_at_max_model_len():
-    from conformance.harness import run_scenario
-    from conformance.workloads.files import REGRESSIONS_DIR
-
-    sc = read_scenario_file(REGRESSIONS_DIR / "pending" / "async-block-table-at-max-model-len.json", VOCAB)
-    result, _ = run_scenario(sc, Selection(engine="async").open_case())
-    assert result.ok, [c.summary for c in result.failures]
 
 
 def test_known_bugs_are_counted_and_the_search_goes_on(tmp_path):
