@@ -127,7 +127,7 @@ def test_shared_state_slot_fails(traces):
 def test_pools_left_allocated_fail(traces):
     traces["test"].pools_empty = False
     assert checks.check_pools_empty(traces["test"]).failed
-    traces["test"].pools_empty = None
+    traces["test"].pools_empty, traces["test"].request_slots_in_use = None, None
     assert checks.check_pools_empty(traces["test"]).status == NA
 
 
