@@ -34,6 +34,31 @@ def resolve_model(model: str | None) -> tuple[str, str]:
     return str(path.resolve()), str(path.resolve())
 
 
+class UnusableSetup(ValueError):
+    """The checkpoint or the device cannot run at all: reported once, before any scenario runs."""
+
+
+def preflight(model: str | None, device: str = "cpu") -> ModelFacts:
+    """Describe the checkpoint and prove it loads on ``device`` (weights, config, tokenizer), so a
+    broken checkpoint or an unusable device is one clear error instead of a failure per scenario."""
+    from refengine.config import check_device
+
+    check_device("device", device)
+    try:
+        facts = describe_model(model)
+        from refengine.model.loader import load_model
+        from refengine.tokenizer import load_tokenizer
+
+        load_model(facts.path, device=device)
+        load_tokenizer(facts.path)
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        where = "the embedded default model" if model is None else repr(model)
+        raise UnusableSetup(f"checkpoint {where} cannot be used: {type(e).__name__}: {e}") from e
+    return facts
+
+
 def describe_model(model: str | None) -> ModelFacts:
     from refengine.model.loader import read_config
     from refengine.tokenizer import TOKENIZER_FILES

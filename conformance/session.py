@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from conformance.engines import EngineAdapter, UnknownEngine, load_engine
 from conformance.expectations import Expectations, expectations_file_for, load_expectations
 from conformance.harness import Case
-from conformance.model import describe_model
+from conformance.model import preflight
 from conformance.mutants import MutantAdapter, get_mutant
 from conformance.workloads import TIERS
 
@@ -51,7 +51,7 @@ class Selection:
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
         adapter = resolve_engine(self.engine)
-        facts = describe_model(self.model)
+        facts = preflight(self.model, self.device)
         return Case(self.engine, adapter, facts, self.model, self.tier, self.device)
 
     def expectations(self) -> Expectations:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from conformance.harness import Case, run_scenario
-from conformance.model import describe_model
+from conformance.model import preflight
 from conformance.mutants import MUTANTS, Mutant, MutantAdapter
 from conformance.workloads import scenario_ids
 
@@ -32,7 +32,7 @@ def scenario_order(mutant: Mutant, tier: str) -> list[str]:
 def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device: str = "cpu",
                preferred_only: bool = False) -> MutantResult:
     """Run scenarios (the mutant's preferred ones first) until one fails."""
-    facts = describe_model(model)
+    facts = preflight(model, device)
     case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device)
     start = time.perf_counter()
     order = scenario_order(mutant, tier)

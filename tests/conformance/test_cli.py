@@ -120,3 +120,42 @@ def test_scenario_files_run_and_bad_ones_are_usage_errors(tiny_checkpoint, tmp_p
     (tmp_path / "bad.json").write_text('{"format": "something-else"}')
     assert run_cli("run", "--scenario-file", str(tmp_path / "bad.json"), "--model", tiny_checkpoint)[0] == 2
     assert run_cli("replay", "--engine", "reference", "--model", tiny_checkpoint)[0] == 2  # neither id nor file
+
+
+def _broken_checkpoints(src, root):
+    """A truncated weights file, NaN weights and an unreadable tokenizer, each beside a good config."""
+    import safetensors.torch
+
+    made = {}
+    for name in ("truncated", "nan", "tokenizer"):
+        shutil.copytree(src, root / name)
+        made[name] = root / name
+    data = (made["truncated"] / "model.safetensors").read_bytes()
+    (made["truncated"] / "model.safetensors").write_bytes(data[: len(data) // 2])
+    tensors = safetensors.torch.load_file(str(made["nan"] / "model.safetensors"))
+    first = min(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[first] = tensors[first].clone()
+    tensors[first].view(-1)[0] = float("nan")
+    safetensors.torch.save_file(tensors, str(made["nan"] / "model.safetensors"), metadata={"format": "pt"})
+    (made["tokenizer"] / "tokenizer.json").write_text("{ not json")
+    return made
+
+
+@pytest.mark.parametrize("kind", ["truncated", "nan", "tokenizer"])
+def test_a_broken_checkpoint_is_one_error_up_front(kind, tmp_path, capsys):
+    """Not a traceback per scenario: one line naming the checkpoint and the problem, exit 2."""
+    from refengine.llm import default_model_path
+
+    broken = _broken_checkpoints(default_model_path(), tmp_path)[kind]
+    assert main(["run", "--model", str(broken)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(broken) in err[0] and "Traceback" not in err[0], err
+
+
+def test_an_unusable_device_is_one_error_up_front(capsys):
+    import torch
+
+    device = f"cuda:{torch.cuda.device_count() + 3}"
+    assert main(["run", "--device", device], out=io.StringIO()) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and device in err[0], err
