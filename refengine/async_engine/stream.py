@@ -71,6 +71,7 @@ class Stream:
         self._done_seq = 0
         self._released_seq = 0 if delay else float("inf")
         self._error: BaseException | None = None
+        self._discarded_through = 0  # CPU: queued work up to this sequence number is skipped (see _raise_if_failed)
         self._queue: deque = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -158,7 +159,7 @@ class Stream:
                 seq, fn = self._queue.popleft()
             start = time.perf_counter()
             try:
-                if self._error is None:
+                if self._error is None and seq > self._discarded_through:
                     fn()
             except BaseException as e:  # noqa: BLE001 - surfaced on the host at the next wait or submit
                 self._error = e
@@ -177,7 +178,10 @@ class Stream:
             self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
+        """Called with the lock held. Work queued before the host learns of a failure depended on the
+        failed work: none of it runs, also after the error is reported (only later submissions do)."""
         if self._error is not None:
+            self._discarded_through = self._seq  # before the error is cleared: the worker reads both unlocked
             err, self._error = self._error, None
             raise DeviceWorkError(f"device work failed: {err!r}") from err
 
