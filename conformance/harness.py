@@ -201,31 +201,15 @@ def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
 
 def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
              scenario_file: str | None = None) -> list[CheckResult]:
-    ref, test, plain = traces["reference"], traces["test"], traces.get("plain")
-    batch_invariant = case.adapter.supports("batch_invariant")
-    aborted = set(scenario.aborted)
-    runs = [
-        ("runs", lambda: checks.check_runs(test, [r.request_id for r in scenario.requests])),
-        ("tokens", lambda: checks.check_tokens(ref, test, skip=aborted)),
-        ("acceptance", lambda: checks.check_acceptance(ref, test, aborted=aborted)),
-        ("request-outputs", lambda: checks.check_request_outputs(ref, test, scenario.k)),
-        ("aborts", lambda: checks.check_aborts(scenario, ref, test, plain)),
-        ("logits-digests", lambda: checks.check_logits_digests(ref, test) if batch_invariant
-         else CheckResult("logits-digests", NA, "the engine under test is not batch-invariant")),
-        ("spec-lossless", lambda: checks.check_spec_lossless(plain if scenario.k else None, test, skip=aborted)),
-        ("full-graph-metadata", lambda: checks.check_full_graph_metadata(test)),
-        ("new-prompt-prefill", lambda: checks.check_new_prompt_prefill(test)),
-        ("id-range", lambda: checks.check_id_range(test, case.facts.vocab_size)),
-        ("state-slots", lambda: checks.check_state_slots(test)),
-        ("pools-empty", lambda: checks.check_pools_empty(test)),
-        ("workload-triggers", lambda: checks.check_triggers(scenario, ref, strict=case.default_model)),
-    ]
+    inputs = checks.CheckInputs(scenario, traces["reference"], traces["test"], traces.get("plain"),
+                                case.facts.vocab_size, case.adapter.supports("batch_invariant"), case.default_model)
+    test = inputs.test
     results = []
-    for name, fn in runs:
+    for name, check in checks.CHECKS:
         if test.error is not None and name not in ("runs", "workload-triggers"):
             results.append(CheckResult(name, NA, "the engine under test did not finish the workload"))
             continue
-        result = fn()
+        result = check(inputs)
         if result.failed and result.request_id is not None and name != "workload-triggers":
             result.details["replay"] = case.replay_command(scenario.id, result.request_id, scenario_file)
         results.append(result)

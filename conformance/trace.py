@@ -30,6 +30,7 @@ class RowTrace:
     logits_digest: str | None
     drafter_input_ids: list[int]
     next_draft_token_ids: list[int]
+    logits_finite: bool | None = None  # None: not reported (or nothing sampled)
 
 
 @dataclass
@@ -130,6 +131,7 @@ class Recorder:
             logits_digest=getattr(r, "logits_digest", None),
             drafter_input_ids=_ints(getattr(r, "drafter_input_ids", [])),
             next_draft_token_ids=_ints(getattr(r, "next_draft_token_ids", [])),
+            logits_finite=getattr(r, "logits_finite", None),
         ) for r in record.rows]
         shapes = {k: [int(x) for x in v] for k, v in sorted(dict(getattr(record, "gdn_metadata_shapes", {})).items())}
         self.trace.steps.append(StepTrace(

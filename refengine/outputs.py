@@ -38,6 +38,7 @@ class RowRecord:
     output_token_ids: list[int] | None  # verifier output (valid tokens), None for a partial prefill
     num_accepted: int | None  # accepted drafts, None for a partial prefill
     logits_digest: str | None = None  # hash of the verify logits' bytes (bitwise comparison across engines)
+    logits_finite: bool | None = None  # every verify logit of the row is finite (None: nothing sampled)
     drafter_input_ids: list[int] = field(default_factory=list)  # every id the drafter was fed for this row
     next_draft_token_ids: list[int] = field(default_factory=list)  # drafts proposed for the next step
 

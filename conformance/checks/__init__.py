@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from conformance.checks.aborts import check_aborts
 from conformance.checks.compare import (
     acceptance_history,
@@ -21,17 +25,74 @@ from conformance.checks.invariants import (
     check_runs,
     check_state_slots,
 )
+from conformance.checks.sanity import check_degenerate_run
 from conformance.checks.triggers import TRIGGERS, check_triggers
+from conformance.results import NA, CheckResult
 
-# Every check name, in report order; expectation files use them as "<scenario-id>/<check>".
-CHECK_NAMES = (
-    "runs", "tokens", "acceptance", "request-outputs", "aborts", "logits-digests", "spec-lossless",
-    "full-graph-metadata", "new-prompt-prefill", "id-range", "state-slots", "pools-empty", "workload-triggers",
+
+@dataclass(frozen=True)
+class CheckInputs:
+    """What a check may look at for one scenario: its traces and the run's facts."""
+
+    scenario: Any  # conformance.workloads.Scenario
+    ref: Any  # Trace of the reference engine
+    test: Any  # Trace of the engine under test
+    plain: Any  # Trace of the plain (K=0, no aborts) reference run, or None
+    vocab_size: int
+    batch_invariant: bool  # the engine under test claims bitwise batch invariance
+    strict_triggers: bool  # the shipped model: a trigger it cannot produce is a failure, not a warning
+
+    @property
+    def aborted(self) -> set[str]:
+        return set(self.scenario.aborted)
+
+
+def _logits_digests(c: CheckInputs) -> CheckResult:
+    if not c.batch_invariant:
+        return CheckResult("logits-digests", NA, "the engine under test is not batch-invariant")
+    return check_logits_digests(c.ref, c.test)
+
+
+# Every check, in report order: (name, function of CheckInputs). Expectation files name them as
+# "<scenario-id>/<check>". A new check is one function and one line here.
+CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
+    ("runs", lambda c: check_runs(c.test, [r.request_id for r in c.scenario.requests])),
+    ("tokens", lambda c: check_tokens(c.ref, c.test, skip=c.aborted)),
+    ("acceptance", lambda c: check_acceptance(c.ref, c.test, aborted=c.aborted)),
+    ("request-outputs", lambda c: check_request_outputs(c.ref, c.test, c.scenario.k)),
+    ("aborts", lambda c: check_aborts(c.scenario, c.ref, c.test, c.plain)),
+    ("logits-digests", _logits_digests),
+    ("spec-lossless", lambda c: check_spec_lossless(c.plain if c.scenario.k else None, c.test, skip=c.aborted)),
+    ("full-graph-metadata", lambda c: check_full_graph_metadata(c.test)),
+    ("new-prompt-prefill", lambda c: check_new_prompt_prefill(c.test)),
+    ("id-range", lambda c: check_id_range(c.test, c.vocab_size)),
+    ("state-slots", lambda c: check_state_slots(c.test)),
+    ("pools-empty", lambda c: check_pools_empty(c.test)),
+    ("degenerate-run", lambda c: check_degenerate_run(c.ref, c.test)),
+    ("workload-triggers", lambda c: check_triggers(c.scenario, c.ref, strict=c.strict_triggers)),
 )
+CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
 __all__ = [
-    "CHECK_NAMES", "TRIGGERS", "acceptance_history", "check_aborts", "check_acceptance",
-    "check_full_graph_metadata", "check_id_range", "check_logits_digests", "check_new_prompt_prefill",
-    "check_pools_empty", "check_request_outputs", "check_runs", "check_spec_lossless", "check_state_slots",
-    "check_tokens", "check_triggers", "first_difference", "token_window",
+    "CHECKS",
+    "CHECK_NAMES",
+    "TRIGGERS",
+    "CheckInputs",
+    "acceptance_history",
+    "check_aborts",
+    "check_acceptance",
+    "check_degenerate_run",
+    "check_full_graph_metadata",
+    "check_id_range",
+    "check_logits_digests",
+    "check_new_prompt_prefill",
+    "check_pools_empty",
+    "check_request_outputs",
+    "check_runs",
+    "check_spec_lossless",
+    "check_state_slots",
+    "check_tokens",
+    "check_triggers",
+    "first_difference",
+    "token_window",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from refengine.outputs import RowRecord, logits_digest
 
 
@@ -41,6 +43,7 @@ def build_records(plan, tokens: list[list[int]], payload: dict, k: int) -> list[
             rec.output_token_ids = tokens[i]
             rec.num_accepted = len(tokens[i]) - 1
             rec.logits_digest = logits_digest(logits[cu[j]: cu[j + 1]])
+            rec.logits_finite = bool(torch.isfinite(logits[cu[j]: cu[j + 1]]).all())
             if k:
                 rec.next_draft_token_ids = next_drafts[i]
         if first_pass is not None:

@@ -141,7 +141,7 @@ class ReferenceRunner:
             if v is not None:
                 rec.output_token_ids = v
                 rec.num_accepted = len(v) - 1
-                rec.logits_digest = d
+                rec.logits_digest, rec.logits_finite = d if d is not None else (None, None)
         return StepResult(valid, records, hidden, query_start, computed, recurrent.shapes())
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
@@ -167,10 +167,11 @@ class ReferenceRunner:
             torch.tensor(cu, dtype=torch.int32, device=dev),
         )
         tokens, num_valid = tokens.tolist(), num_valid.tolist()
+        finite = [bool(torch.isfinite(logits[cu[j]: cu[j + 1]]).all()) for j in range(len(sampling))]
         for j, i in enumerate(sampling):
             out[i] = tokens[j][: num_valid[j]]
             if digests is not None:
-                digests[i] = logits_digest(logits[cu[j]: cu[j + 1]])
+                digests[i] = (logits_digest(logits[cu[j]: cu[j + 1]]), finite[j])
         return out
 
     # ---- drafting (after the engine committed the step) -----------------------------------------

@@ -227,3 +227,22 @@ def test_helpers():
     assert checks.token_window(list(range(20)), 10, width=2) == "... 8 9 [10] 11 12 ..."
     assert checks.token_window([1, 2], 2) == "1 2 [end]"
     assert checks.acceptance_history([(3, 1), (3, 3)], mark=1) == "3/1 [3/3]"
+
+
+def test_a_degenerate_model_fails_even_when_both_engines_agree(traces):
+    """NaN or constant weights make both engines emit one token forever: that is no pass."""
+    ref, test = traces["reference"], traces["test"]
+    assert checks.check_degenerate_run(ref, test).status == PASS
+    assert any(row.logits_finite for s in ref.steps for row in s.rows), "records carry the finite-logits flag"
+    for trace in (ref, test):
+        for req in trace.requests.values():
+            req.token_ids = [0] * max(len(req.token_ids), 4)
+    result = checks.check_degenerate_run(ref, test)
+    assert result.failed and "only token 0" in result.summary
+
+
+def test_non_finite_logits_fail(traces):
+    row = next(r for s in traces["test"].steps for r in s.rows if r.logits_finite is not None)
+    row.logits_finite = False
+    result = checks.check_degenerate_run(traces["reference"], traces["test"])
+    assert result.failed and "non-finite logits" in result.summary and result.request_id == row.request_id

@@ -171,3 +171,24 @@ def test_unrecoverable_fault_refuses_every_later_call():
             llm.step()
     with pytest.raises(EngineFaulted, match="InjectedFault\\('injected into _process'\\)"):
         llm.step()
+
+
+def test_work_queued_behind_a_device_failure_never_runs():
+    """Work submitted before the host learned of a failure depended on the failed work: it is dropped,
+    also after the error is reported, and only later submissions run (CPU stream, copies delayed)."""
+    from refengine.async_engine.stream import DeviceWorkError, Stream
+
+    stream, ran = Stream("cpu", delay=True), []
+    try:
+        stream.submit(lambda: 1 / 0)
+        failed_at = stream.record_event()
+        stream.submit(lambda: ran.append("depends on the failed work"))
+        with pytest.raises(DeviceWorkError, match="ZeroDivisionError"):
+            failed_at.wait()
+        stream.synchronize()
+        assert ran == []
+        stream.submit(lambda: ran.append("submitted after the report"))
+        stream.synchronize()
+        assert ran == ["submitted after the report"]
+    finally:
+        stream.close()
