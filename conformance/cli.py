@@ -265,12 +265,13 @@ def cmd_mutate(args, out) -> int:
     model = session.pick(args.model, session.ENV_MODEL, None)
 
     def progress(result, i, n):
-        verdict = f"caught by {result.scenario}" if result.caught else "MISSED"
+        verdict = (f"caught by {result.scenario}" if result.caught
+                   else f"not tried: {result.untried}" if result.untried else "MISSED")
         print(f"[{i}/{n}] {result.mutant.id}: {verdict} in {result.seconds:.1f} s", file=out, flush=True)
 
     results = run_mutants(model, args.tier, args.mutant or None, progress=progress)
     print("\n" + format_score(results), file=out)
-    return 0 if all(r.caught for r in results) else 1
+    return 0 if all(r.caught or r.untried for r in results) else 1
 
 
 def main(argv: list[str] | None = None, out=None) -> int:

@@ -11,6 +11,8 @@ from conformance.model import preflight
 from conformance.mutants import MUTANTS, Mutant, MutantAdapter
 from conformance.workloads import scenario_ids
 
+FUZZ_BUDGET = 10  # generated workloads tried on a mutant the hand-written tier missed
+
 
 @dataclass
 class MutantResult:
@@ -21,6 +23,8 @@ class MutantResult:
     checks: tuple[str, ...] = ()  # the checks that failed there
     summary: str = ""  # the first failing check's one-line summary
     replay: str = ""
+    untried: str | None = None  # why no scenario could exercise it on this model (e.g. it needs MTP)
+    by_fuzz: bool = False  # caught by the fixed fuzz budget, after the hand-written tier missed it
 
 
 def scenario_order(mutant: Mutant, tier: str) -> list[str]:
@@ -38,27 +42,58 @@ def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device:
     order = scenario_order(mutant, tier)
     if preferred_only:
         order = [s for s in order if s in mutant.scenarios]
+    skipped: dict[str, str] = {}
     for sid in order:
         result, _ = run_scenario(sid, case)
         if result.error is not None:
             raise RuntimeError(f"mutant {mutant.id}: scenario {sid} could not run: {result.error}")
+        if result.skipped:
+            skipped[sid] = result.skipped
         if result.failures:
             first = result.failures[0]
             return MutantResult(mutant, True, time.perf_counter() - start, sid,
                                 tuple(c.check for c in result.failures), first.summary,
                                 first.details.get("replay", result.replay))
-    return MutantResult(mutant, False, time.perf_counter() - start)
+    missed = MutantResult(mutant, False, time.perf_counter() - start)
+    aimed = [s for s in mutant.scenarios if s in order]
+    if aimed and all(s in skipped for s in aimed):  # the scenarios written for it cannot run on this model
+        missed.untried = "; ".join(sorted({f"{skipped[s]}" for s in aimed})) + f" ({', '.join(aimed)} skipped)"
+    return missed
+
+
+def fuzz_mutant(mutant: Mutant, model: str | None, device: str = "cpu", *, seed: int = 0,
+                examples: int = FUZZ_BUDGET, out_dir: str | None = None) -> MutantResult:
+    """A fixed budget of generated workloads (no shrinking) against the mutant."""
+    import tempfile
+
+    from conformance.fuzz import fuzz
+
+    facts = preflight(model, device)
+    case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, "default", device)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = fuzz(case, seed=seed, max_examples=examples, out_dir=out_dir or tmp, shrink=False)
+    if not report.failed:
+        return MutantResult(mutant, False, time.perf_counter() - start)
+    return MutantResult(mutant, True, time.perf_counter() - start, f"fuzz seed {seed}", (report.search.check,),
+                        f"a generated workload failed {report.search.check}", report.replay or "", by_fuzz=True)
 
 
 def run_mutants(model: str | None, tier: str = "default", only: list[str] | None = None, device: str = "cpu",
-                progress: Callable[[MutantResult, int, int], None] | None = None) -> list[MutantResult]:
+                progress: Callable[[MutantResult, int, int], None] | None = None,
+                fuzz_budget: int = FUZZ_BUDGET) -> list[MutantResult]:
+    """Each mutant through the hand-written tier (its own scenarios first), then, when that missed it,
+    through ``fuzz_budget`` generated workloads."""
     chosen = [m for m in MUTANTS if not only or m.id in only]
     unknown = set(only or ()) - {m.id for m in MUTANTS}
     if unknown:
         raise KeyError(f"unknown mutants: {', '.join(sorted(unknown))}")
     results = []
     for i, m in enumerate(chosen, 1):
-        results.append(run_mutant(m, model, tier, device))
+        result = run_mutant(m, model, tier, device)
+        if not result.caught and not result.untried and fuzz_budget:
+            result = fuzz_mutant(m, model, device, examples=fuzz_budget)
+        results.append(result)
         if progress is not None:
             progress(results[-1], i, len(chosen))
     return results
@@ -70,11 +105,16 @@ def format_score(results: list[MutantResult]) -> str:
         m = r.mutant
         if r.caught:
             lines.append(f"  CAUGHT  {m.id:28s} {r.seconds:5.1f}s  by {r.scenario} [{', '.join(r.checks)}]")
+        elif r.untried:
+            lines.append(f"  UNTRIED {m.id:28s} {r.seconds:5.1f}s  {r.untried}")
         else:
-            lines.append(f"  MISSED  {m.id:28s} {r.seconds:5.1f}s  no scenario failed")
+            lines.append(f"  MISSED  {m.id:28s} {r.seconds:5.1f}s  no scenario and no generated workload failed")
         lines.append(f"          {m.origin}; breaks {m.contract}: {m.description}")
         if r.caught:
             lines.append(f"          first failure: {r.summary}")
     caught = sum(r.caught for r in results)
-    lines.append(f"mutation score: {caught}/{len(results)} caught")
+    tried = [r for r in results if not r.untried]
+    lines.append(f"mutation score: {caught}/{len(tried)} caught" + (
+        f"; {len(results) - len(tried)} could not be tried on this model: "
+        + ", ".join(r.mutant.id for r in results if r.untried) if len(tried) < len(results) else ""))
     return "\n".join(lines)

@@ -42,3 +42,20 @@ def test_mutants_are_instance_patches(model):
     clean = RefEngineAdapter("async", "full_and_piecewise").start(spec)
     assert mutated.llm.engine.is_decode is not clean.llm.engine.is_decode
     assert type(clean.llm.engine).is_decode is not mutated.llm.engine.is_decode
+
+
+def test_a_mutant_the_model_cannot_exercise_is_named_untried(tmp_path_factory):
+    """On a checkpoint without an MTP head the MTP drafter's mutant cannot be tried: said, not scored."""
+    from conformance.mutants.run import run_mutants
+
+    plain = str(write_checkpoint(tmp_path_factory.mktemp("no-mtp") / "m", "qwen35-moe-no-mtp"))
+    [result] = run_mutants(plain, "default", ["optimistic-backup-token"], fuzz_budget=0)
+    assert not result.caught and "MTP" in result.untried and "mtp-k3" in result.untried
+    assert "could not be tried on this model: optimistic-backup-token" in format_score([result])
+
+
+def test_the_fuzz_budget_catches_a_mutant_on_its_own():
+    from conformance.mutants.run import fuzz_mutant
+
+    result = fuzz_mutant(get_mutant("stale-accepted-counts"), None)
+    assert result.caught and result.by_fuzz and result.checks
