@@ -174,6 +174,11 @@ class EngineCore:
     def record(self, record: StepRecord) -> None:
         self._records.append(record)
 
+    @property
+    def has_undelivered(self) -> bool:
+        """Finished outputs (or records) the caller has not received yet: ``step()`` still has work."""
+        return bool(self._ready or self._records)
+
     def deliver(self) -> list[RequestOutput]:
         """End of a step: show the records to the observers, then hand out the finished outputs.
 

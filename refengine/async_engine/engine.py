@@ -123,7 +123,7 @@ class AsyncEngine:
         req.num_staged_blocks = 0
 
     def has_unfinished(self) -> bool:
-        return self.core.scheduler.has_unfinished() or self._inflight is not None
+        return self.core.scheduler.has_unfinished() or self._inflight is not None or self.core.has_undelivered
 
     def close(self) -> None:
         self._finalizer()

@@ -35,7 +35,7 @@ class ReferenceEngine:
         self._steps = 0
 
     def has_unfinished(self) -> bool:
-        return self.core.scheduler.has_unfinished()
+        return self.core.scheduler.has_unfinished() or self.core.has_undelivered
 
     def step(self) -> list[RequestOutput]:
         core = self.core

@@ -192,3 +192,27 @@ def test_work_queued_behind_a_device_failure_never_runs():
         assert ran == ["submitted after the report"]
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("engine", ["reference", "async"])
+def test_an_observer_fault_on_the_last_step_keeps_the_output(engine):
+    """The step that finished the last request raises in its observer: the engine still has work (the
+    undelivered output) and the next step hands it over."""
+    seen, fired = [], []
+
+    def observe(record):
+        seen.extend(t for row in record.rows for t in (row.output_token_ids or []))
+        if len(seen) >= 5 and not fired:
+            fired.append(True)
+            raise InjectedFault("injected into the last step's observer")
+
+    llm = LLM(engine=engine, observer=observe)
+    llm.add_request("only", [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    outs = []
+    with pytest.raises(InjectedFault):
+        while llm.has_unfinished():
+            outs += llm.step()
+    assert fired and not outs and llm.has_unfinished(), "the finished output must still be pending"
+    while llm.has_unfinished():
+        outs += llm.step()
+    assert [o.request_id for o in outs] == ["only"] and len(outs[0].token_ids) == 5
