@@ -167,11 +167,11 @@ class ReferenceRunner:
             torch.tensor(cu, dtype=torch.int32, device=dev),
         )
         tokens, num_valid = tokens.tolist(), num_valid.tolist()
-        finite = [bool(torch.isfinite(logits[cu[j]: cu[j + 1]]).all()) for j in range(len(sampling))]
         for j, i in enumerate(sampling):
             out[i] = tokens[j][: num_valid[j]]
             if digests is not None:
-                digests[i] = (logits_digest(logits[cu[j]: cu[j + 1]]), finite[j])
+                row_logits = logits[cu[j]: cu[j + 1]]
+                digests[i] = (logits_digest(row_logits), bool(torch.isfinite(row_logits).all()))
         return out
 
     # ---- drafting (after the engine committed the step) -----------------------------------------
