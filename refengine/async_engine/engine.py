@@ -108,7 +108,8 @@ class AsyncEngine:
             check_inputs=hazard_check))
         self.runner = AsyncRunner(model, self.caches, self.state, self.stream, self.builder, proposer,
                                   block_size=c.cache.block_size, num_spec_tokens=k,
-                                  recurrent_prefill_chunked=c.recurrent_prefill_chunked)
+                                  recurrent_prefill_chunked=c.recurrent_prefill_chunked,
+                                  vocab_size=model_config.vocab_size, check_inputs=hazard_check)
         self.stats = AsyncStats()
         self._inflight: StepFuture | None = None
         self._plans = 0

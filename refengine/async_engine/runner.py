@@ -114,7 +114,8 @@ class StepFuture:
 
 class AsyncRunner:
     def __init__(self, model, caches, state, stream: Stream, builder: MetadataBuilder, proposer,
-                 *, block_size: int, num_spec_tokens: int, recurrent_prefill_chunked: bool):
+                 *, block_size: int, num_spec_tokens: int, recurrent_prefill_chunked: bool,
+                 vocab_size: int, check_inputs: bool = False):
         self.model = model
         self.caches = caches
         self.state = state
@@ -127,8 +128,8 @@ class AsyncRunner:
         self.device = stream.device
         self.step_graphs = StepGraphs(self.device)  # FULL steps: one graph per padded request count
         self._static: dict[int, StaticTables] = {}  # padded requests -> a FULL step's input tables
-        self.check_inputs = proposer is not None and getattr(proposer, "ctx", None) is not None \
-            and proposer.ctx.check_inputs
+        self.check_inputs = check_inputs  # debug mode: read drafter ids back and refuse bad ones
+        self.vocab_size = vocab_size
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
         n = len(plan.rows)
@@ -274,7 +275,7 @@ class AsyncRunner:
         t = n * (self.k + 1)
         if self.check_inputs and out["first_pass_ids"] is not None:
             check_vocab_ids(out["first_pass_ids"][:t], out["qsl"], out["idx"], out["positions"][:t],
-                            self.proposer.ctx.vocab_size)
+                            self.vocab_size)
         fut.sampled.copy_(out["sampled"][:n], non_blocking=True)
         fut.num_valid.copy_(out["num_valid"][:n], non_blocking=True)
         if plan.record:
