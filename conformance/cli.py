@@ -2,26 +2,28 @@
 
   conformance list [--tier T]                   scenario ids, one line each
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
-                  [--report-json F] [--junit-xml F] [--xfail-file F]
+                  [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
   conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH]
   conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR]
   conformance mutate [--mutant ID ...]
 
-Exit status: 0 when every check passed (or failed as listed in --xfail-file), 1 when a check
+Exit status: 0 when every check passed (or failed as an expectations file lists), 1 when a check
 failed or a run broke (fuzz: a generated workload failed a check), 2 for usage errors (unknown
-engine, scenario, scenario file or model).
+engine, scenario, scenario file or model) and for a checkpoint or device that cannot be used.
+
+``conformance run`` is the pytest suite (``pytest --pyargs conformance.suite``) run in-process:
+the same expectations (the engine's packaged file unless --xfail-file names one; stale entries warn,
+or fail with --strict-expectations), the same outcomes and the same JUnit ids (pytest's own writer).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from conformance import session
 from conformance.engines import BUILTIN_ENGINES, UnknownEngine
-from conformance.env import describe, environment
-from conformance.expectations import ExpectationError, judge
+from conformance.expectations import ExpectationError
 from conformance.workloads import TIERS, UnknownScenario, scenario_defs, scenario_ids
 from conformance.workloads.files import read_scenario_file
 
@@ -52,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "only the files run)")
     run.add_argument("--report-json", metavar="FILE", help="write every result as JSON")
     run.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report")
-    run.add_argument("--xfail-file", metavar="FILE", help="expected failures (TOML) that do not fail the run")
+    run.add_argument("--xfail-file", metavar="FILE", help="expected failures (TOML) that do not fail the run "
+                     "(default: the engine's packaged file in conformance/expectations/, if it has one)")
+    run.add_argument("--strict-expectations", action="store_true", help="a listed expected failure that passes "
+                     "fails its scenario (default: a warning)")
     run.add_argument("-v", "--verbose", action="store_true", help="print every check, passing ones included")
     rp = sub.add_parser("replay", help="rerun one scenario and print its steps (or one request's) step by step")
     rp.add_argument("scenario", metavar="ID", nargs="?", default=None)
@@ -106,49 +111,20 @@ def cmd_list(args, out) -> int:
 
 
 def cmd_run(args, out) -> int:
-    from conformance.harness import run_scenario
-    from conformance.report_files import build_json, build_junit, write_json, write_junit
-    from conformance.report_text import LEGEND, format_result, format_summary, status_line
+    """The shipped pytest suite, run in-process with this command's options (conformance.runner)."""
+    from conformance.model import describe_model
+    from conformance.runner import run_suite
+    from refengine.config import check_device
 
     sel = _selection(args)
-    ids = args.scenario or ([] if args.scenario_file else scenario_ids(sel.tier))
-    for sid in ids:
-        if sid not in scenario_ids(sel.tier):
-            raise UnknownScenario(f"scenario {sid!r} is not in tier {sel.tier!r}; `conformance list` shows the ids")
-    case = sel.open_case()
-    files = {str(f): read_scenario_file(f, case.facts.vocab_size, sel.tier) for f in args.scenario_file}
-    ids = [*ids, *files]
-    expectations = sel.expectations() if args.xfail_file else None
-    env = environment()
-    print(f"conformance: engine under test {sel.engine}, reference engine as oracle, model {case.facts.label}, "
-          f"tier {sel.tier}, {len(ids)} scenarios; {describe(env)}", file=out, flush=True)
-    start, results, bad = time.perf_counter(), [], 0
-    for i, sid in enumerate(ids, 1):
-        result, _ = run_scenario(files[sid], case, scenario_file=sid) if sid in files else run_scenario(sid, case)
-        results.append(result)
-        print(status_line(result, i, len(ids), time.perf_counter() - start), file=out, flush=True)
-        verdict = judge(result, expectations) if expectations else None
-        if verdict:
-            result.expected = verdict.expected
-        if verdict and verdict.stale:
-            print(f"  warning: {verdict.stale_message(expectations.source)}", file=out)
-        if verdict and verdict.outcome == "xfail":
-            print(f"  expected failure(s): {verdict.expected}", file=out)
-            continue
-        if not result.ok or args.verbose:
-            print(format_result(result, show_passing=args.verbose), file=out, flush=True)
-        _warn(result, out)
-        bad += not result.ok
-    elapsed = time.perf_counter() - start
-    if bad:
-        print("\n" + LEGEND, file=out)
-    print("\n" + format_summary(results, elapsed), file=out)
-    meta = {"engine": sel.engine, "tier": sel.tier, "model": case.facts.label, "environment": env, "elapsed": elapsed}
-    if args.report_json:
-        write_json(args.report_json, build_json(results, **meta))
-    if args.junit_xml:
-        write_junit(args.junit_xml, build_junit(results, **meta))
-    return 1 if bad else 0
+    session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
+    check_device("device", sel.device)
+    facts = describe_model(sel.model)  # the folder and its config; the weights load once, inside the run
+    session.select_scenarios(sel.tier, args.scenario, args.scenario_file)
+    sel.expectations()  # ExpectationError for an unreadable file
+    return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
+                     strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
+                     report_json=args.report_json, verbose=args.verbose, model_label=facts.label)
 
 
 def _warn(result, out) -> None:

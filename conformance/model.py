@@ -44,8 +44,8 @@ def preflight(model: str | None, device: str = "cpu") -> ModelFacts:
     from refengine.config import check_device
 
     check_device("device", device)
+    facts = describe_model(model)
     try:
-        facts = describe_model(model)
         from refengine.model.loader import load_model
         from refengine.tokenizer import load_tokenizer
 
@@ -54,19 +54,29 @@ def preflight(model: str | None, device: str = "cpu") -> ModelFacts:
     except FileNotFoundError:
         raise
     except Exception as e:
-        where = "the embedded default model" if model is None else repr(model)
-        raise UnusableSetup(f"checkpoint {where} cannot be used: {type(e).__name__}: {e}") from e
+        raise UnusableSetup(f"checkpoint {_where(model)} cannot be used: {type(e).__name__}: {e}") from e
     return facts
 
 
+def _where(model: str | None) -> str:
+    return "the embedded default model" if model is None else repr(model)
+
+
 def describe_model(model: str | None) -> ModelFacts:
+    """The checkpoint's facts from its config and weight index, without loading any weight
+    (FileNotFoundError: no checkpoint there; UnusableSetup: one that cannot be read)."""
     from refengine.model.loader import read_config
     from refengine.tokenizer import TOKENIZER_FILES
 
     folder, label = resolve_model(model)
     root = Path(folder)
-    cfg = read_config(root)
-    names = _tensor_names(root)
+    try:
+        cfg = read_config(root)
+        names = _tensor_names(root)
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        raise UnusableSetup(f"checkpoint {_where(model)} cannot be used: {type(e).__name__}: {e}") from e
     return ModelFacts(folder, label, cfg.vocab_size, tuple(cfg.eos_token_ids),
                       any(n.startswith("mtp.") for n in names), any((root / f).is_file() for f in TOKENIZER_FILES))
 

@@ -10,12 +10,23 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
   --conformance-model PATH   checkpoint (else $CONFORMANCE_MODEL, else ``conformance_default_model``,
                              None = the embedded default model)
   --conformance-xfail-file F expected failures (TOML); default: conformance/expectations/<engine>.toml
+  --conformance-strict-expectations   a listed expected failure that passes fails the scenario
+  --conformance-scenario ID  only this scenario (repeatable; default: the whole tier)
+  --conformance-scenario-file F   also (or, with no --conformance-scenario, only) this workload file
   --conformance-gpus IDS     spread xdist workers over these GPUs ("all" or "0,1,2"), round robin
 
 Worker count and GPU pinning are the only things it changes outside its own fixtures, and only when
 asked: when the shipped suite is named on the command line (``conformance.suite``) or
 ``--conformance-gpus`` is given. Any other pytest run in an environment where the package is
 installed (another project's tests) keeps xdist's own ``-n auto`` and its ``CUDA_VISIBLE_DEVICES``.
+
+``conformance run`` is this same suite run in-process (conformance.cli): the expectations, the strict
+mode, the pass / fail / xfail / error outcomes and the JUnit ids are the ones defined here. A
+scenario's test id is ``conformance/suite/test_conformance.py::test_scenario[<id>]`` (JUnit
+``conformance.suite.test_conformance`` / ``test_scenario[<id>]``) wherever pytest's rootdir is. An
+infrastructure failure (the reference engine or the harness broke) is a setup *error* of that test,
+a failed check a test *failure*. A checkpoint or device that cannot be used at all ends the run
+before any scenario, with one line and exit status 4 (pytest's usage error).
 """
 
 from __future__ import annotations
@@ -24,17 +35,22 @@ import json
 import os
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 
-from conformance import session
+from conformance import session as settings  # (hooks take a parameter named session)
 from conformance.checks import CHECK_NAMES
 from conformance.env import describe, environment
 from conformance.expectations import judge, unknown_entries
 from conformance.results import ScenarioResult
-from conformance.workloads import TIERS, scenario_ids
+from conformance.workloads import TIERS, UnknownScenario, scenario_ids
+
+SUITE_PATH = "conformance/suite/test_conformance.py"  # the shipped suite's test ids start with this
+SUITE_FILE = Path(__file__).resolve().parent / "suite" / "test_conformance.py"
 
 RESULT_PROPERTY = "conformance_result"  # carries a ScenarioResult from the worker to the controller
+TEST_ID_PROPERTY = "conformance_test_id"  # carries a shipped test's rootdir-independent id to the controller
 GPU_IDS_ENV = "CONFORMANCE_GPU_IDS"  # exported by the xdist controller, read by each worker
 _EXPORTED_GPU_IDS = pytest.StashKey[bool]()
 
@@ -65,6 +81,11 @@ def pytest_addoption(parser):
                 help="fail (not just warn) when a listed expected failure passes")
     g.addoption("--conformance-report-json", default=None, metavar="FILE", help="write all results as JSON")
     g.addoption("--conformance-threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)")
+    g.addoption("--conformance-scenario", action="append", default=[], metavar="ID",
+                help="run only this scenario of the tier (repeatable; default: every scenario of the tier)")
+    g.addoption("--conformance-scenario-file", action="append", default=[], metavar="FILE",
+                help="run the workload in this scenario file, e.g. one written by `conformance fuzz` (repeatable; "
+                "with no --conformance-scenario, only the files run)")
     g.addoption("--conformance-gpus", default=None, metavar="IDS",
                 help="pin xdist workers round robin to these GPUs: 'all' (every visible GPU) or a comma list "
                 "of ids; several workers share each GPU")
@@ -136,6 +157,11 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a conformance-suite scenario test (conformance.suite)")
+    if config.getoption("conformance_scenario") or config.getoption("conformance_scenario_file"):
+        try:  # a mistyped id or a broken file: one usage error now, not a collection error later
+            selected_scenarios(config)
+        except (UnknownScenario, ValueError) as e:
+            raise pytest.UsageError(f"conformance: {e}") from None
     is_worker = hasattr(config, "workerinput")
     if not is_worker:
         config.pluginmanager.register(ResultCollector(config), "conformance-results")
@@ -147,22 +173,53 @@ def pytest_configure(config):
         config.stash[_EXPORTED_GPU_IDS] = True
 
 
+def pytest_sessionstart(session):
+    """Under xdist, the controller proves the checkpoint and device usable before any worker starts,
+    so a broken checkpoint is one usage error, not an error per scenario (a model that only a
+    conftest's ``conformance_default_model`` names is known inside the workers alone)."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or not _is_active(config):
+        return
+    _preflight_or_usage_error(config)
+
+
+def _preflight_or_usage_error(config) -> None:
+    from conformance.model import UnusableSetup, preflight
+
+    opt = config.getoption
+    model = settings.pick(opt("conformance_model"), settings.ENV_MODEL, None)
+    device = settings.pick(opt("conformance_device"), settings.ENV_DEVICE, None)
+    if model is None and device is None:
+        return  # nothing named explicitly: the workers' fixtures decide
+    try:
+        preflight(model, device or "cpu")
+    except (UnusableSetup, FileNotFoundError, ValueError) as e:
+        raise pytest.UsageError(f"conformance: {e}") from None
+
+
 def pytest_unconfigure(config):
     if config.stash.get(_EXPORTED_GPU_IDS, False):
         os.environ.pop(GPU_IDS_ENV, None)
 
 
 def pytest_report_header(config):
-    engine = config.getoption("conformance_engine") or os.environ.get(session.ENV_ENGINE)
-    engine = engine or f"{session.DEFAULT_ENGINE} (suite default; a conftest may choose another)"
-    model = config.getoption("conformance_model") or os.environ.get(session.ENV_MODEL) or "default"
+    engine = config.getoption("conformance_engine") or os.environ.get(settings.ENV_ENGINE)
+    engine = engine or f"{settings.DEFAULT_ENGINE} (suite default; a conftest may choose another)"
+    model = config.getoption("conformance_model") or os.environ.get(settings.ENV_MODEL) or "default"
     tier = config.getoption("conformance_tier") or "default"
     return f"conformance: engine {engine}, tier {tier}, model {model}; {describe(environment(probe_device=False))}"
 
 
+def selected_scenarios(config) -> list[str]:
+    """The scenario ids and scenario-file paths this run parametrises over."""
+    return settings.select_scenarios(config.getoption("conformance_tier") or "default",
+                                    config.getoption("conformance_scenario"),
+                                    config.getoption("conformance_scenario_file"))
+
+
 def pytest_generate_tests(metafunc):
     if "conformance_scenario" in metafunc.fixturenames:
-        ids = scenario_ids(metafunc.config.getoption("conformance_tier") or "default")
+        ids = selected_scenarios(metafunc.config)
         metafunc.parametrize("conformance_scenario", ids, ids=ids)
 
 
@@ -170,13 +227,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "conformance_scenario" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.conformance)
+            _canonical_id(item)
+
+
+def _canonical_id(item) -> None:
+    """Give the shipped suite's tests one id wherever pytest's rootdir is (``pytest --pyargs`` from any
+    folder, ``conformance run``): the reports (JUnit, the short summary, baselines) then name a
+    scenario the same way everywhere. The controller puts the id on the reports (ResultCollector);
+    a module of the user's that re-exports the test keeps its own id."""
+    if getattr(item, "path", None) is None or Path(item.path).resolve() != SUITE_FILE:
+        return
+    wanted = f"{SUITE_PATH}::{item.name}"
+    if item.nodeid != wanted:
+        item.user_properties.append((TEST_ID_PROPERTY, wanted))
 
 
 # ---- fixtures -------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def conformance_default_engine() -> str:
     """Engine under test when neither the option nor the environment names one (override in a conftest)."""
-    return session.DEFAULT_ENGINE
+    return settings.DEFAULT_ENGINE
 
 
 @pytest.fixture(scope="session")
@@ -188,26 +258,66 @@ def conformance_default_model() -> str | None:
 @pytest.fixture(scope="session")
 def conformance_selection(pytestconfig, conformance_default_engine, conformance_default_model):
     opt = pytestconfig.getoption
-    return session.Selection(
-        engine=session.pick(opt("conformance_engine"), session.ENV_ENGINE, conformance_default_engine),
-        model=session.pick(opt("conformance_model"), session.ENV_MODEL, conformance_default_model),
+    return settings.Selection(
+        engine=settings.pick(opt("conformance_engine"), settings.ENV_ENGINE, conformance_default_engine),
+        model=settings.pick(opt("conformance_model"), settings.ENV_MODEL, conformance_default_model),
         tier=opt("conformance_tier") or "default",
-        device=session.pick(opt("conformance_device"), session.ENV_DEVICE, "cpu"),
+        device=settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
         xfail_file=opt("conformance_xfail_file"))
 
 
 @pytest.fixture(scope="session")
 def conformance_case(pytestconfig, conformance_selection):
+    """The engine adapter and the checkpoint's facts, opened once. An engine that cannot be loaded, or
+    a checkpoint or device that cannot be used, ends the whole run here: one line, no traceback, no
+    error per scenario."""
+    from conformance.engines import UnknownEngine
+    from conformance.model import UnusableSetup
+
     if conformance_selection.device == "cpu":
         import torch
 
         torch.set_num_threads(pytestconfig.getoption("conformance_threads"))
-    return conformance_selection.open_case()
+    try:
+        return conformance_selection.open_case()
+    except (UnknownEngine, UnusableSetup, FileNotFoundError) as e:
+        if hasattr(pytestconfig, "workerinput"):  # xdist cannot end a run from a worker: one line per test
+            pytest.fail(f"conformance: {e}", pytrace=False)
+        pytest.exit(f"conformance: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.fixture
+def conformance_result(request, conformance_scenario, conformance_case) -> ScenarioResult:
+    """One scenario run through the reference engine and the engine under test, every check applied.
+
+    When the reference engine or the harness breaks there is no verdict about the engine under
+    test: the test errors in setup with an InfrastructureError (JUnit ``<error>``, never a failure).
+    """
+    from conformance.harness import run_scenario
+    from conformance.workloads.files import read_scenario_file
+
+    if conformance_scenario in request.config.getoption("conformance_scenario_file"):
+        scenario = read_scenario_file(conformance_scenario, conformance_case.facts.vocab_size, conformance_case.tier)
+        result, _ = run_scenario(scenario, conformance_case, scenario_file=conformance_scenario)
+    else:
+        result, _ = run_scenario(conformance_scenario, conformance_case)
+    if result.error:
+        _record(request.node, result)
+        request.node.user_properties.append(("failure_type", INFRASTRUCTURE))
+        raise InfrastructureError(result.error)
+    return result
 
 
 @pytest.fixture(scope="session")
-def conformance_expectations(conformance_selection):
-    exp = conformance_selection.expectations()
+def conformance_expectations(pytestconfig, conformance_selection):
+    from conformance.expectations import ExpectationError
+
+    try:
+        exp = conformance_selection.expectations()
+    except ExpectationError as e:
+        if hasattr(pytestconfig, "workerinput"):
+            pytest.fail(f"conformance: {e}", pytrace=False)
+        pytest.exit(f"conformance: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
     typos = unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES)
     if typos:
         warnings.warn(StaleExpectationWarning(f"{exp.source}: entries name no scenario or check: {', '.join(typos)}"),
@@ -215,12 +325,11 @@ def conformance_expectations(conformance_selection):
     return exp
 
 
-def conclude(request, result: ScenarioResult, expectations) -> None:
-    """Turn a scenario result into the pytest outcome: pass, fail, xfail, skip, or error."""
-    __tracebackhide__ = True
-    from conformance.report_text import LEGEND, format_result
+MISMATCH, INFRASTRUCTURE = "ConformanceMismatch", "InfrastructureError"  # the ``failure_type`` property
 
-    node = request.node
+
+def _record(node, result: ScenarioResult) -> None:
+    """The JUnit properties of a scenario test, and the result for the controller's reports."""
     env = environment()
     node.user_properties += [("engine", result.engine), ("torch", env["torch"]), ("triton", env["triton"]),
                              ("cuda", env["cuda"]), ("device", env["device"])]
@@ -229,12 +338,21 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
             if c.details.get(key) is not None:
                 node.user_properties.append((f"first_divergence_{key}", c.details[key]))
         node.user_properties.append(("replay", c.details.get("replay", result.replay)))
+    node.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict())))
+
+
+def conclude(request, result: ScenarioResult, expectations) -> None:
+    """Turn a scenario result into the pytest outcome: pass, fail, xfail, skip, or error."""
+    __tracebackhide__ = True
+    from conformance.report_text import LEGEND, format_result
+
+    node = request.node
     for c in result.checks:
         if c.details.get("warning"):
             warnings.warn(NotExercisedWarning(c.details["warning"]), stacklevel=1)
     verdict = judge(result, expectations)
     result.expected = verdict.expected
-    node.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict())))
+    _record(node, result)
     if verdict.stale:
         if request.config.getoption("conformance_strict_expectations"):
             pytest.fail(verdict.stale_message(expectations.source), pytrace=False)
@@ -242,10 +360,10 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
     if verdict.outcome == "skip":
         pytest.skip(result.skipped)
     if verdict.outcome == "error":
-        node.user_properties.append(("failure_type", "InfrastructureError"))  # read by ci/summarize_junit.py
+        node.user_properties.append(("failure_type", INFRASTRUCTURE))  # read by ci/summarize_junit.py
         raise InfrastructureError(result.error)
     if verdict.outcome == "fail":
-        node.user_properties.append(("failure_type", "ConformanceMismatch"))
+        node.user_properties.append(("failure_type", MISMATCH))
         pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND, pytrace=False)
     if verdict.outcome == "xfail":
         pytest.xfail("; ".join(f"{k}: {v}" for k, v in verdict.expected.items()))
@@ -257,7 +375,11 @@ class ResultCollector:
 
     def __init__(self, config):
         self.config = config
-        self.results: list[ScenarioResult] = []
+        self.by_node: dict[str, ScenarioResult] = {}  # test id -> its scenario's result, in finishing order
+
+    @property
+    def results(self) -> list[ScenarioResult]:
+        return list(self.by_node.values())
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report):
@@ -265,9 +387,11 @@ class ResultCollector:
         if not props:
             return
         blobs = [v for k, v in props if k == RESULT_PROPERTY]
-        report.user_properties = [(k, v) for k, v in props if k != RESULT_PROPERTY]  # keep JUnit readable
-        if blobs and report.when == "call":
-            self.results.append(ScenarioResult.from_dict(json.loads(blobs[-1])))
+        report.nodeid = next((v for k, v in props if k == TEST_ID_PROPERTY), report.nodeid)
+        ours = (RESULT_PROPERTY, TEST_ID_PROPERTY)
+        report.user_properties = [(k, v) for k, v in props if k not in ours]  # keep JUnit readable
+        if blobs and report.when in ("setup", "call"):  # setup: an infrastructure error
+            self.by_node[report.nodeid] = ScenarioResult.from_dict(json.loads(blobs[-1]))
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.results:

@@ -10,7 +10,7 @@ from conformance.expectations import Expectations, expectations_file_for, load_e
 from conformance.harness import Case
 from conformance.model import preflight
 from conformance.mutants import MutantAdapter, get_mutant
-from conformance.workloads import TIERS
+from conformance.workloads import TIERS, UnknownScenario, scenario_ids
 
 DEFAULT_ENGINE = "async"  # the engine under test unless --engine / CONFORMANCE_ENGINE says otherwise
 ENV_ENGINE = "CONFORMANCE_ENGINE"
@@ -57,3 +57,21 @@ class Selection:
     def expectations(self) -> Expectations:
         path = self.xfail_file or expectations_file_for(self.engine)
         return load_expectations(path) if path else Expectations()
+
+
+def select_scenarios(tier: str, wanted: list[str], files: list[str]) -> list[str]:
+    """What a run parametrises over: the ``wanted`` ids of ``tier`` (default: all of them, unless only
+    scenario files are named), then the ``files``. Raises UnknownScenario for an id not in the tier
+    and ScenarioFileError (a ValueError) for a file that is missing or not a scenario file."""
+    from conformance.workloads.files import ScenarioFileError, read_scenario_file
+
+    known = scenario_ids(tier)
+    unknown = [sid for sid in wanted if sid not in known]
+    if unknown:
+        raise UnknownScenario(f"scenario {unknown[0]!r} is not in tier {tier!r}; `conformance list` shows the ids")
+    for f in files:
+        try:
+            read_scenario_file(f, None, tier)  # the format; the vocabulary is checked once the model is known
+        except OSError as e:
+            raise ScenarioFileError(f"cannot read scenario file {f}: {e.strerror or e}") from None
+    return [*(wanted or ([] if files else known)), *files]

@@ -13,6 +13,7 @@ import pytest
 
 from conformance.cli import main
 from conformance.workloads import scenario_ids
+from tests.conformance.test_plugin import REPO
 
 CORRUPT = "tests.conformance.corrupt_engine:factory"
 
@@ -51,8 +52,89 @@ def test_corrupted_engine_fails_with_divergence_and_replay(tiny_checkpoint, tmp_
     assert "diverges at output position 2" in out
     assert "replay: conformance replay short-prompts-k3 --request r" in out and f"--engine {CORRUPT}" in out
     assert "How to read a failure" in out
-    failure = ET.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase[@name='tokens']/failure")
-    assert failure is not None and "diverges" in failure.text
+    case = ET.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase[@name='test_scenario[short-prompts-k3]']")
+    assert case.get("classname") == "conformance.suite.test_conformance"
+    failure = case.find("failure")
+    assert failure is not None and "diverges" in failure.text and "[FAIL] tokens" in failure.text
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["failure_type"] == "ConformanceMismatch" and props["first_divergence_position"] == "2"
+
+
+def _junit(path) -> dict[tuple[str, str], tuple[str, str | None]]:
+    """(classname, name) -> (outcome element or "passed", failure_type property) of every testcase."""
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        tag = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        out[(case.get("classname"), case.get("name"))] = (tag, props.get("failure_type"))
+    return out
+
+
+def test_cli_and_pytest_give_the_same_ids_and_outcomes(tiny_checkpoint, tmp_path):
+    """One route: the CLI's JUnit is pytest's, with the ids a ``pytest --pyargs`` run from any folder gives."""
+    from tests.conformance.test_plugin import run_suite
+
+    picked = ["short-prompts-k3", "graph-padding-k0"]
+    code, out = run_cli("run", "--engine", CORRUPT, "--model", tiny_checkpoint, "--scenario", picked[0],
+                        "--scenario", picked[1], "--junit-xml", str(tmp_path / "cli.xml"))
+    assert code == 1, out
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_suite(elsewhere, "--conformance-engine", CORRUPT, "--conformance-model", tiny_checkpoint,
+                     "--conformance-scenario", picked[0], "--conformance-scenario", picked[1],
+                     "--junitxml", str(tmp_path / "py.xml"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cli, py = _junit(tmp_path / "cli.xml"), _junit(tmp_path / "py.xml")
+    assert cli == py
+    assert set(cli) == {("conformance.suite.test_conformance", f"test_scenario[{s}]") for s in picked}
+    assert set(cli.values()) == {("failure", "ConformanceMismatch")}
+
+
+def test_the_cli_uses_the_packaged_expectations_and_strict_mode(tiny_checkpoint, tmp_path, monkeypatch):
+    """No --xfail-file: the engine's packaged file applies, its stale entries warn, and fail when strict."""
+    import conformance.session
+
+    packaged = tmp_path / "packaged.toml"
+    packaged.write_text('[expected-failures]\n"short-prompts-k1/tokens" = "fixed since"\n')
+    monkeypatch.setattr(conformance.session, "expectations_file_for", lambda engine: packaged)
+    argv = ["run", "--engine", "reference", "--scenario", "short-prompts-k1", "--model", tiny_checkpoint]
+    code, out = run_cli(*argv)
+    assert code == 0, out
+    assert "warning: stale expected failure(s) in" in out and "short-prompts-k1/tokens no longer fail" in out
+    code, out = run_cli(*argv, "--strict-expectations", "--junit-xml", str(tmp_path / "s.xml"))
+    assert code == 1, out
+    assert "stale expected failure" in out
+    assert list(_junit(tmp_path / "s.xml").values()) == [("failure", None)]
+
+
+class _BrokenReference:
+    name = "broken-reference"
+
+    def supports(self, feature):
+        return True
+
+    def start(self, spec):
+        raise RuntimeError("reference engine out of order (planted)")
+
+
+def test_an_infrastructure_failure_is_an_error_not_a_mismatch(tiny_checkpoint, tmp_path, monkeypatch):
+    """The reference engine breaking says nothing about the engine under test: JUnit <error>, classified
+    as infrastructure by ci/summarize_junit.py (whatever its traceback holds)."""
+    import conformance.harness
+
+    sys.path.insert(0, str(REPO / "ci"))
+    try:
+        import summarize_junit
+    finally:
+        sys.path.remove(str(REPO / "ci"))
+    monkeypatch.setattr(conformance.harness, "reference_adapter", _BrokenReference)
+    code, out = run_cli("run", "--engine", "reference", "--scenario", "short-prompts-k1", "--model", tiny_checkpoint,
+                        "--junit-xml", str(tmp_path / "e.xml"))
+    assert code == 1
+    assert "ERROR short-prompts-k1" in out and "reference engine out of order (planted)" in out
+    assert list(_junit(tmp_path / "e.xml").values()) == [("error", "InfrastructureError")]
+    (case,) = summarize_junit.read_junit([tmp_path / "e.xml"])
+    assert case.outcome == "error" and case.kind == summarize_junit.INFRASTRUCTURE
 
 
 def test_replay_prints_the_request_step_by_step(tiny_checkpoint):

@@ -1,0 +1,158 @@
+"""``conformance run``: the shipped pytest suite, run in-process, printed the conformance way.
+
+There is one route to a verdict. The command line builds the pytest arguments of the suite
+(``pytest --pyargs conformance.suite --conformance-...``) and runs them in this process, so the
+expectations (packaged defaults, stale-entry warnings, strict mode), the pass / fail / xfail /
+error outcomes, the infrastructure-vs-mismatch classification and the JUnit XML (pytest's own
+writer, ``--junitxml``) are the plugin's. What this module adds is only the printing: a status
+line per scenario, the failure reports, warnings and the summary, instead of pytest's terminal.
+
+The run is isolated from the folder it is started in: no ini file, no conftest outside the
+package, no ``PYTEST_ADDOPTS``, no other installed pytest plugin, no cache.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import conformance
+from conformance import session
+from conformance.env import describe, environment
+from conformance.plugin import NotExercisedWarning, StaleExpectationWarning
+
+# pytest's exit status -> the command's: 2 for usage errors and for a setup that cannot run at all.
+EXIT_STATUS = {pytest.ExitCode.OK: 0, pytest.ExitCode.TESTS_FAILED: 1, pytest.ExitCode.USAGE_ERROR: 2,
+               pytest.ExitCode.NO_TESTS_COLLECTED: 2, pytest.ExitCode.INTERRUPTED: 130}
+
+
+def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), strict: bool = False, threads: int = 1,
+               junit_xml: str | None = None, report_json: str | None = None) -> list[str]:
+    """The pytest command line of a ``conformance run`` (what ``pytest`` would be given by hand)."""
+    root = Path(conformance.__file__).resolve().parent
+    args = ["--pyargs", "conformance.suite", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+            "-c", os.devnull, "--rootdir", str(root.parent), "--confcutdir", str(root), "-o", "addopts=",
+            "--conformance-engine", sel.engine, "--conformance-tier", sel.tier, "--conformance-device", sel.device,
+            "--conformance-threads", str(threads)]
+    if sel.model is not None:
+        args += ["--conformance-model", sel.model]
+    if sel.xfail_file is not None:
+        args += ["--conformance-xfail-file", sel.xfail_file]
+    if strict:
+        args.append("--conformance-strict-expectations")
+    for sid in scenarios:
+        args += ["--conformance-scenario", sid]
+    for f in scenario_files:
+        args += ["--conformance-scenario-file", str(f)]
+    if junit_xml:
+        args += ["--junitxml", str(junit_xml)]
+    if report_json:
+        args += ["--conformance-report-json", str(report_json)]
+    return args
+
+
+def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label: str | None = None,
+              **options) -> int:
+    """Run the suite for ``sel`` in this process, printing to ``out``; returns the command's exit status."""
+    printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model")
+    with _isolated_environment():
+        code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
+    if printer.setup_error is not None:
+        print(f"conformance run: {printer.setup_error}", file=sys.stderr)
+    return EXIT_STATUS.get(code, 1)
+
+
+@contextmanager
+def _isolated_environment():
+    """No PYTEST_ADDOPTS and no automatically loaded plugins for the in-process run (restored after)."""
+    saved = {k: os.environ.get(k) for k in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
+    os.environ.pop("PYTEST_ADDOPTS", None)
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class RunPrinter:
+    """A pytest plugin of the in-process run: prints what ``conformance run`` shows."""
+
+    def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str):
+        self.out, self.sel, self.verbose, self.model_label = out, sel, verbose, model_label
+        self.total = self.done = self.failed = 0
+        self.start = time.perf_counter()
+        self.setup_error: str | None = None  # the one line a run that could not start ends with
+
+    def _print(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def pytest_collection_finish(self, session):
+        self.total = len(session.items)
+        self._print(f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
+                    f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}")
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.failed += 1
+            self._print(f"could not collect {report.nodeid or 'the suite'}:\n{report.longreprtext}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report):
+        if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+            return
+        from conformance.report_text import format_result, status_line
+
+        self.done += 1
+        result = self._results.get(report.nodeid)
+        elapsed = time.perf_counter() - self.start
+        if result is None:  # the test broke before the scenario ran (e.g. a fixture of the harness)
+            self.failed += report.failed
+            self._print(f"[{self.done}/{self.total}] ERROR {report.nodeid}\n{report.longreprtext}")
+            return
+        self._print(status_line(result, self.done, self.total, elapsed))
+        if hasattr(report, "wasxfail"):
+            self._print(f"  expected failure(s): {result.expected}")
+            return
+        if report.failed:
+            self.failed += 1
+            if result.ok and not result.error:  # every check passed, yet the test failed: a stale entry (strict)
+                self._print(f"  FAILED: {report.longrepr.reprcrash.message if report.longrepr else ''}")
+                return
+        if report.failed or self.verbose:
+            self._print(format_result(result, show_passing=self.verbose))
+
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+        if issubclass(warning_message.category, (StaleExpectationWarning, NotExercisedWarning)):
+            self._print(f"  warning: {warning_message.message}")
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        if isinstance(excinfo.value, pytest.exit.Exception):
+            self.setup_error = str(excinfo.value.msg).removeprefix("conformance: ")
+
+    def pytest_configure(self, config):
+        self.config = config
+
+    @property
+    def _results(self) -> dict:
+        """Scenario results by test id, as the plugin's collector gathered them."""
+        collector = self.config.pluginmanager.get_plugin("conformance-results")
+        return collector.by_node if collector is not None else {}
+
+    def pytest_sessionfinish(self, session):
+        from conformance.report_text import LEGEND, format_summary
+
+        if self.total == 0 or self.setup_error is not None:
+            return
+        if self.failed:
+            self._print("\n" + LEGEND)
+        results = list(self._results.values())
+        self._print("\n" + format_summary(results, time.perf_counter() - self.start))
