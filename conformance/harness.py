@@ -209,6 +209,10 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         if test.error is not None and name not in ("runs", "workload-triggers"):
             results.append(CheckResult(name, NA, "the engine under test did not finish the workload"))
             continue
+        lacks = checks.lacking(name, test.missing_fields)
+        if lacks:
+            results.append(CheckResult(name, NA, f"the engine's step records lack {', '.join(lacks)}"))
+            continue
         result = check(inputs)
         if result.failed and result.request_id is not None and name != "workload-triggers":
             result.details["replay"] = case.replay_command(scenario.id, result.request_id, scenario_file)

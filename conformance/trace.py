@@ -92,6 +92,7 @@ class Trace:
     num_engine_steps: int = 0
     aborts: dict[str, AbortTrace] = field(default_factory=dict)
     duplicate_outputs: list[str] = field(default_factory=list)  # requests handed back more than once
+    missing_fields: list[str] = field(default_factory=list)  # StepRecord / RowRecord fields the engine did not report
 
     def rows_of(self, request_id: str) -> list[RowTrace]:
         return [r for s in self.steps for r in s.rows if r.request_id == request_id]
@@ -120,24 +121,41 @@ class Recorder:
         self.trace = Trace(engine, scenario_id)
 
     def on_step(self, record) -> None:
+        """Record one StepRecord-shaped object. A field the object lacks is noted in
+        ``trace.missing_fields`` (the checks that need it are then n/a) and recorded as empty."""
+        get = self._reader()
         rows = [RowTrace(
-            step=record.step_index, request_id=r.request_id, kind=r.kind, has_initial_state=bool(r.has_initial_state),
-            num_computed_tokens=int(r.num_computed_tokens), query_len=int(r.query_len),
-            state_slot_read=None if r.state_slot_read is None else int(r.state_slot_read),
-            state_offset=int(r.state_offset), input_ids=_ints(r.input_ids), positions=_ints(r.positions),
-            draft_token_ids=_ints(r.draft_token_ids),
-            output_token_ids=None if r.output_token_ids is None else _ints(r.output_token_ids),
-            num_accepted=None if r.num_accepted is None else int(r.num_accepted),
-            logits_digest=getattr(r, "logits_digest", None),
-            drafter_input_ids=_ints(getattr(r, "drafter_input_ids", [])),
-            next_draft_token_ids=_ints(getattr(r, "next_draft_token_ids", [])),
-            logits_finite=getattr(r, "logits_finite", None),
-        ) for r in record.rows]
-        shapes = {k: [int(x) for x in v] for k, v in sorted(dict(getattr(record, "gdn_metadata_shapes", {})).items())}
+            step=int(get(record, "step_index", len(self.trace.steps))), request_id=str(get(r, "request_id", "?")),
+            kind=get(r, "kind", "?"), has_initial_state=bool(get(r, "has_initial_state", False)),
+            num_computed_tokens=int(get(r, "num_computed_tokens", -1)), query_len=int(get(r, "query_len", 0)),
+            state_slot_read=_opt_int(get(r, "state_slot_read", None)), state_offset=int(get(r, "state_offset", 0)),
+            input_ids=_ints(get(r, "input_ids", [])), positions=_ints(get(r, "positions", [])),
+            draft_token_ids=_ints(get(r, "draft_token_ids", [])),
+            output_token_ids=None if get(r, "output_token_ids", None) is None else _ints(r.output_token_ids),
+            num_accepted=_opt_int(get(r, "num_accepted", None)),
+            logits_digest=get(r, "logits_digest", None),
+            drafter_input_ids=_ints(get(r, "drafter_input_ids", [])),
+            next_draft_token_ids=_ints(get(r, "next_draft_token_ids", [])),
+            logits_finite=get(r, "logits_finite", None),
+        ) for r in get(record, "rows", [])]
+        shapes = {k: [int(x) for x in v] for k, v in sorted(dict(get(record, "gdn_metadata_shapes", {})).items())}
         self.trace.steps.append(StepTrace(
-            index=record.step_index, graph_mode=getattr(record, "graph_mode", "none"),
-            num_reqs_padded=getattr(record, "num_reqs_padded", None), gdn_metadata_shapes=shapes,
-            preempted=list(getattr(record, "preempted", [])), rows=rows))
+            index=rows[0].step if rows else int(get(record, "step_index", len(self.trace.steps))),
+            graph_mode=get(record, "graph_mode", "none"), num_reqs_padded=get(record, "num_reqs_padded", None),
+            gdn_metadata_shapes=shapes, preempted=list(get(record, "preempted", [])), rows=rows))
+
+    def _reader(self):
+        """``get(obj, name, default)``: the attribute, or ``default`` with the name noted as missing."""
+        missing = self.trace.missing_fields
+
+        def get(obj, name: str, default):
+            if hasattr(obj, name):
+                return getattr(obj, name)
+            if name not in missing:
+                missing.append(name)
+            return default
+
+        return get
 
     def on_output(self, out) -> None:
         if out.request_id in self.trace.requests:

@@ -73,9 +73,27 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
+# The StepRecord / RowRecord fields a check reads from the engine under test: when its records lack
+# one (an adapter of another engine), the check is n/a, never a pass over what happens to be there.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "acceptance": ("rows", "kind", "draft_token_ids", "output_token_ids", "num_accepted"),
+    "logits-digests": ("rows", "logits_digest"),
+    "full-graph-metadata": ("rows", "graph_mode", "num_reqs_padded", "gdn_metadata_shapes"),
+    "new-prompt-prefill": ("rows", "kind", "num_computed_tokens", "query_len", "has_initial_state",
+                           "state_slot_read", "input_ids"),
+    "id-range": ("rows", "input_ids", "drafter_input_ids", "draft_token_ids", "next_draft_token_ids"),
+    "state-slots": ("rows", "state_slot_read"),
+}
+
+
+def lacking(name: str, missing_fields) -> list[str]:
+    """The fields check ``name`` needs that the records lacked."""
+    return [f for f in NEEDS.get(name, ()) if f in missing_fields]
+
 __all__ = [
     "CHECKS",
     "CHECK_NAMES",
+    "NEEDS",
     "TRIGGERS",
     "CheckInputs",
     "acceptance_history",
@@ -94,5 +112,6 @@ __all__ = [
     "check_tokens",
     "check_triggers",
     "first_difference",
+    "lacking",
     "token_window",
 ]

@@ -246,3 +246,46 @@ def test_non_finite_logits_fail(traces):
     row.logits_finite = False
     result = checks.check_degenerate_run(traces["reference"], traces["test"])
     assert result.failed and "non-finite logits" in result.summary and result.request_id == row.request_id
+
+
+class _SparseRecords:
+    """The reference engine seen through an adapter whose step records lack some RowRecord fields."""
+
+    def __init__(self, dropped: tuple[str, ...]):
+        from conformance.engines import reference_adapter
+
+        self.inner, self.dropped, self.name = reference_adapter(), dropped, "sparse-records"
+
+    def supports(self, feature: str) -> bool:
+        return self.inner.supports(feature)
+
+    def start(self, spec):
+        import dataclasses
+        from types import SimpleNamespace
+
+        def strip(record):
+            rows = [SimpleNamespace(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)
+                                       if f.name not in self.dropped}) for r in record.rows]
+            return SimpleNamespace(**{**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)},
+                                      "rows": rows})
+
+        return self.inner.start(dataclasses.replace(spec, observer=lambda record: spec.observer(strip(record))))
+
+
+@pytest.mark.parametrize("dropped, na", [
+    (("drafter_input_ids", "next_draft_token_ids"), {"id-range"}),
+    (("state_slot_read",), {"state-slots", "new-prompt-prefill"}),
+])
+def test_checks_needing_a_field_the_records_lack_are_not_applicable(small_case, dropped, na):
+    """Not a pass over whatever fields happen to be there: the check says which field it lacked."""
+    import dataclasses
+
+    from conformance.harness import run_scenario
+
+    case = dataclasses.replace(small_case, engine="sparse-records", adapter=_SparseRecords(dropped))
+    result, traces = run_scenario("short-prompts-k1", case)
+    by_name = {c.check: c for c in result.checks}
+    assert traces["test"].missing_fields == list(dropped)
+    for name in na:
+        assert by_name[name].status == NA and dropped[0] in by_name[name].summary, by_name[name]
+    assert all(c.status == PASS for c in result.checks if c.check not in na | {"aborts", "full-graph-metadata"})
