@@ -15,6 +15,7 @@ checks; the per-step checks then have nothing to look at.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -53,6 +54,8 @@ class EngineInstance(Protocol):
     def step(self) -> list[Any]: ...  # RequestOutputs of the requests that finished in this step
     def has_unfinished(self) -> bool: ...
     def pools_empty(self) -> bool | None: ...  # None: cannot tell
+    # Optional: occupancy() -> {"kv_blocks_used": n, "kv_blocks_free": n, "state_slots_used": ..., ...}
+    # (any of the OCCUPANCY_FIELDS); the pools-empty check then names each pool still in use.
 
 
 @runtime_checkable
@@ -88,8 +91,8 @@ class LLMInstance:
     def pools_empty(self) -> bool:
         return self.llm.engine.pools_empty()
 
-    def request_slots_in_use(self) -> int:
-        return self.llm.engine.occupancy().request_slots_used
+    def occupancy(self) -> dict[str, int]:
+        return dataclasses.asdict(self.llm.occupancy())
 
 
 class RefEngineAdapter:

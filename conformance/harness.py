@@ -84,6 +84,8 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
         recorder.trace.pools_empty = engine.pools_empty() if adapter.supports("pools") else None
         slots = getattr(engine, "request_slots_in_use", None)
         recorder.trace.request_slots_in_use = None if slots is None else slots()
+        occupancy = getattr(engine, "occupancy", None)
+        recorder.trace.occupancy = None if occupancy is None else {k: int(v) for k, v in dict(occupancy()).items()}
     except Exception:  # noqa: BLE001 - the engine under test may fail in any way; the report shows how
         recorder.trace.error = traceback.format_exc()
     recorder.trace.num_engine_steps = step

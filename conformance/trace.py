@@ -88,6 +88,7 @@ class Trace:
     steps: list[StepTrace] = field(default_factory=list)
     pools_empty: bool | None = None  # None: the engine cannot tell
     request_slots_in_use: int | None = None  # None: the engine cannot tell
+    occupancy: dict[str, int] | None = None  # the instance's occupancy() once the workload ended (None: no such method)
     error: str | None = None  # the engine raised (traceback text) or made no progress
     num_engine_steps: int = 0
     aborts: dict[str, AbortTrace] = field(default_factory=dict)

@@ -16,7 +16,7 @@ from refengine.config import (
     SpeculativeConfig,
     check_bool,
 )
-from refengine.core import EngineError
+from refengine.core import EngineError, Occupancy
 from refengine.drafters import ScriptedDrafter
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.reference import ReferenceEngine
@@ -133,6 +133,11 @@ class LLM:
 
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
+
+    def occupancy(self) -> Occupancy:
+        """The engine's pools, used and free: KV blocks, state slots, request slots (async engine),
+        and its waiting / running request counts. ``.empty`` once everything finished."""
+        return self.engine.occupancy()
 
 
 def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_options):

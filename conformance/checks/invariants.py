@@ -145,12 +145,20 @@ def check_state_slots(test: Trace) -> CheckResult:
     return passed(name, f"{len(test.steps)} steps, no state slot read by two requests")
 
 
+# What an instance's occupancy() reports: a pool's used / free counts, and its request queues.
+OCCUPANCY_POOLS = (("kv_blocks", "KV blocks"), ("state_slots", "state slots"), ("request_slots", "request slots"))
+OCCUPANCY_QUEUES = (("waiting", "waiting requests"), ("running", "running requests"))
+
+
 def check_pools_empty(test: Trace) -> CheckResult:
     """Once every request finished, no KV block, state slot or request slot is still allocated.
 
-    The request-slot figure is optional: an engine instance that can report it offers
-    ``request_slots_in_use() -> int`` (the harness records it as ``trace.request_slots_in_use``).
+    From the instance's ``occupancy()`` when it has one (each pool named with its used / free
+    counts), else from ``pools_empty()`` and the optional ``request_slots_in_use()`` (the harness
+    records them as ``trace.occupancy``, ``trace.pools_empty`` and ``trace.request_slots_in_use``).
     """
+    if test.occupancy is not None:
+        return _occupancy_verdict(test.occupancy, test.pools_empty)
     slots = test.request_slots_in_use
     if test.pools_empty is None and slots is None:
         return not_applicable("pools-empty", "the engine cannot report its pools")
@@ -165,6 +173,20 @@ def check_pools_empty(test: Trace) -> CheckResult:
     if slots is not None:
         covered.append("request slots")
     return passed("pools-empty", " and ".join(covered) + " empty at the end")
+
+
+def _occupancy_verdict(occ: dict[str, int], pools_empty: bool | None) -> CheckResult:
+    figures = [f"{label} {occ[key + '_used']} used / {occ[key + '_free']} free" for key, label in OCCUPANCY_POOLS
+               if key + "_used" in occ and key + "_free" in occ]
+    problems = [f"{occ[key + '_used']} {label}" for key, label in OCCUPANCY_POOLS if occ.get(key + "_used")]
+    problems += [f"{occ[key]} {label}" for key, label in OCCUPANCY_QUEUES if occ.get(key)]
+    if pools_empty is False and not problems:
+        problems.append("pools_empty() says a pool is still in use")
+    if problems:
+        return failed("pools-empty", f"still in use after every request finished: {', '.join(problems)}",
+                      "after every request finished the engine still holds " + ", ".join(problems)
+                      + ("\n  occupancy: " + "; ".join(figures) if figures else ""), occupancy=occ)
+    return passed("pools-empty", "empty at the end: " + ("; ".join(figures) or "every pool the engine reports"))
 
 
 def _indent(text: str, by: str = "    ") -> str:

@@ -125,10 +125,24 @@ def test_shared_state_slot_fails(traces):
 
 
 def test_pools_left_allocated_fail(traces):
+    traces["test"].occupancy = None  # the fallbacks of an instance without occupancy()
     traces["test"].pools_empty = False
     assert checks.check_pools_empty(traces["test"]).failed
     traces["test"].pools_empty, traces["test"].request_slots_in_use = None, None
     assert checks.check_pools_empty(traces["test"]).status == NA
+
+
+def test_pools_empty_reads_the_engines_occupancy(traces):
+    """The real engine's figures are in the verdict; a pool still in use fails, named with its count."""
+    occ = traces["test"].occupancy
+    assert occ is not None and occ["kv_blocks_free"] > 0 and occ["kv_blocks_used"] == 0
+    ok = checks.check_pools_empty(traces["test"])
+    assert ok.status == PASS and f"KV blocks 0 used / {occ['kv_blocks_free']} free" in ok.summary
+    for key, words in (("kv_blocks_used", "2 KV blocks"), ("state_slots_used", "2 state slots"),
+                       ("request_slots_used", "2 request slots"), ("running", "2 running requests")):
+        traces["test"].occupancy = {**occ, key: 2}
+        result = checks.check_pools_empty(traces["test"])
+        assert result.failed and words in result.summary, (key, result.summary)
 
 
 def test_logits_digest_difference_fails(traces):
@@ -205,6 +219,7 @@ def test_a_verify_step_drafting_more_than_k_fails_request_outputs(traces):
 
 
 def test_request_slots_left_in_use_fail_pools_empty(traces):
+    traces["test"].occupancy = None
     traces["test"].request_slots_in_use = 0
     assert "request slots" in checks.check_pools_empty(traces["test"]).summary
     traces["test"].request_slots_in_use = 2

@@ -89,5 +89,5 @@ def test_soak_with_aborts_preemption_and_faults(engine):
             assert o.token_ids == plain[rid][: len(o.token_ids)], rid
         else:
             assert o.token_ids == plain[rid], rid
-    occupancy = llm.engine.occupancy()
+    occupancy = llm.occupancy()
     assert occupancy.empty, occupancy
