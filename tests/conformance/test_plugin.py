@@ -135,3 +135,23 @@ def test_another_projects_run_is_unchanged_with_gpus_visible(tmp_path):
     without = _probe_unrelated_project(tmp_path, "without", "-p", "no:conformance")
     assert with_plugin == without
     assert all(p["CUDA_VISIBLE_DEVICES"] == "0,1,2" and p["CONFORMANCE_GPU_IDS"] is None for p in with_plugin)
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_a_broken_checkpoint_ends_the_pytest_run_once(tmp_path, workers):
+    """Not an error per scenario: one line naming the checkpoint, pytest's usage-error status, with
+    or without xdist."""
+    from refengine.llm import default_model_path
+    from tests.conformance.test_cli import _broken_checkpoints
+
+    broken = _broken_checkpoints(default_model_path(), tmp_path)["truncated"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("CONFORMANCE_ENGINE", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite",
+           "--conformance-model", str(broken), *(["-n", workers] if workers else ["-p", "no:xdist"])]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
+    lines = [line for line in out.splitlines() if f"checkpoint '{broken}' cannot be used" in line]
+    assert len(lines) == 1 and "SafetensorError" in lines[0], out
+    assert "Traceback" not in out and "test_scenario[" not in out, out
