@@ -1,31 +1,39 @@
 """The nightly run: full conformance tier, slow and nightly tests, benchmarks, then a gate.
 
   python ci/nightly.py [--reports DIR] [--baseline ci/nightly-baseline.txt] [--engine async]
-                      [--model CKPT] [--device cuda] [--tier nightly] [--no-strict] [pytest args]
+                      [--model CKPT] [--device cuda] [--tier nightly] [--no-strict]
+                      [--infra-reruns 1] [pytest args]
 
 1. ``pytest -n auto`` over everything (``-m ""``: slow and nightly tests included) with the
-   conformance suite at ``--conformance-tier nightly`` and strict expectations -> tests.xml.
-2. Reruns: only failures classified as *infrastructure* (crashed worker, out of memory, timeout)
-   are rerun, at most ``--infra-reruns`` times, with exactly the suite options of the first run
-   (marker selection, tier, engine, strict flag, model, device): a scenario that exists only in the
-   nightly tier is found again. A token mismatch or any failed check is never rerun: a mismatch
-   that passes on a second try is itself a nondeterminism bug. The suite options are this script's
-   flags, never free pytest arguments, so the rerun cannot lose one.
+   conformance suite at ``--conformance-tier nightly`` and strict expectations -> tests.xml, tests.log.
+2. Reruns happen inside that same pytest run, with the pytest-rerunfailures plugin: a test that
+   fails or errors with an *infrastructure* exception (InfrastructureError, out of memory, timeout,
+   lost connection: the types in summarize_junit.INFRA_TYPES) is run again, at most
+   ``--infra-reruns`` times (0: never). So is a test whose xdist worker crashed. Being the same run,
+   a rerun has exactly its options (marker selection, tier, engine, strict flag, model, device).
+   A conformance mismatch or a failed assertion is never rerun, even when raised while handling an
+   infrastructure error: a mismatch that passes on a second try is itself a nondeterminism bug.
+   tests.xml has one testcase per attempt; the summary counts each test's final attempt only and
+   says how many reruns there were (read from pytest's last line in tests.log).
 3. Benchmarks (kernel benches with pytest-benchmark, ``refengine bench``) -> bench.xml, bench.json.
 4. ``NIGHTLY_EXTRA_COMMANDS``, each writing its own JUnit file into the reports folder.
 5. A markdown summary (also appended to $GITHUB_STEP_SUMMARY) and the gate: exit 1 only when a
    failure is not in the committed baseline (ci/nightly-baseline.txt).
+
+Suite and rerun options go through this script's flags, never free pytest arguments: a free one
+would silently override the flag (the last one wins) or widen the reruns to real failures.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from summarize_junit import FAILING, INFRASTRUCTURE, Case, compare, load_baseline, markdown, read_junit
+from summarize_junit import INFRA_TYPES, MISMATCH_LINE, Case, compare, load_baseline, markdown, read_junit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +45,10 @@ NIGHTLY_EXTRA_COMMANDS: tuple[tuple[str, ...], ...] = (
     (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "slow or not slow",
      "tests/conformance/test_mutants.py", "--junitxml={reports}/mutants.xml"),
 )
+# pytest's last line: "==== 1 failed, 9 passed, 2 rerun in 12.34s ====".
+SUMMARY_LINE = re.compile(r"\bin \d+(?:\.\d+)?s\b")
+# Free pytest arguments that would override this script's suite options or widen its reruns.
+RESERVED_ARGS = ("--conformance-", "-m", "--reruns", "--rerun-", "--only-rerun", "--force-reruns")
 
 
 def run(cmd: list[str], log: Path | None = None) -> int:
@@ -48,22 +60,11 @@ def run(cmd: list[str], log: Path | None = None) -> int:
 
 
 def pytest_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-rxXfE", "-o", "junit_family=xunit1", *args]
-
-
-def node_id(case: Case) -> str | None:
-    """JUnit classname::name back to a pytest node id (module path + classes), if the file exists."""
-    classname, _, name = case.id.partition("::")
-    parts = classname.split(".")
-    for i in range(len(parts), 0, -1):
-        path = Path(*parts[:i]).with_suffix(".py")
-        if (REPO / path).is_file():
-            return "::".join([path.as_posix(), *parts[i:], name])
-    return None
+    return [sys.executable, "-m", "pytest", "-rxXfER", "-o", "junit_family=xunit1", *args]
 
 
 def suite_options(args: argparse.Namespace) -> list[str]:
-    """The options that define the nightly run; the first run and every rerun pass exactly these."""
+    """The options that define the nightly run (its reruns, in the same pytest run, share them)."""
     opts = ["-m", "", "--conformance-tier", args.tier]
     if args.strict:
         opts.append("--conformance-strict-expectations")
@@ -74,27 +75,34 @@ def suite_options(args: argparse.Namespace) -> list[str]:
     return opts
 
 
-def rerun_infrastructure(cases: list[Case], reports: Path, attempts: int,
-                         options: list[str]) -> tuple[list[Case], list[str]]:
-    """Rerun infrastructure failures only, with the first run's ``options``; returns the merged
-    cases and notes for the summary."""
-    notes = []
-    for attempt in range(1, attempts + 1):
-        infra = [c for c in cases if c.outcome in FAILING and c.kind == INFRASTRUCTURE]
-        never = [c.id for c in cases if c.outcome in FAILING and c.kind != INFRASTRUCTURE]
-        if never:
-            notes.append(f"not rerun (real failures): {len(never)}")
-        ids = [i for i in map(node_id, infra) if i]
-        if not ids:
-            break
-        xml = reports / f"tests-rerun{attempt}.xml"
-        run(pytest_cmd(*options, "-p", "no:randomly", "--junitxml", str(xml), *ids))
-        again = {c.id: c for c in read_junit([xml])} if xml.is_file() else {}
-        recovered = [c.id for c in infra if c.id in again and again[c.id].outcome not in FAILING]
-        notes.append(f"infrastructure rerun {attempt}: {len(ids)} rerun, {len(recovered)} passed: "
-                     + ", ".join(f"`{r}`" for r in recovered))
-        cases = [again.get(c.id, c) if c in infra else c for c in cases]
-    return cases, notes
+def rerun_options(reruns: int) -> list[str]:
+    """pytest-rerunfailures options: up to ``reruns`` reruns of a test whose exception chain holds an
+    infrastructure error (``Type: message`` starts with a type of INFRA_TYPES) and no mismatch or
+    failed assertion (what summarize_junit classifies as a mismatch); none when ``reruns`` is 0."""
+    if reruns <= 0:
+        return []
+    only = [opt for name in sorted(INFRA_TYPES) for opt in ("--only-rerun", f"^{re.escape(name)}:")]
+    return ["--reruns", str(reruns), *only, "--rerun-except", MISMATCH_LINE.pattern]
+
+
+def reruns_in_log(log: Path) -> int | None:
+    """How many reruns pytest made: the "N rerun" of its summary line ("... in 12.3s"), the last such
+    line in ``log``; 0 when that line names none, None when there is none."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    summary = next((line for line in reversed(text.splitlines()) if SUMMARY_LINE.search(line)), None)
+    if summary is None:
+        return None
+    m = re.search(r"\b(\d+) rerun\b", summary)
+    return int(m.group(1)) if m else 0
+
+
+def rerun_note(reruns: int, log: Path) -> str:
+    """The summary's line about infrastructure reruns."""
+    if reruns <= 0:
+        return "infrastructure reruns: off (--infra-reruns 0)"
+    count = reruns_in_log(log)
+    found = "unknown (no pytest summary line in tests.log)" if count is None else f"{count} rerun"
+    return f"infrastructure reruns (at most {reruns} per test): {found}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,24 +115,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier", default="nightly", choices=("default", "nightly"), help="conformance workload tier")
     p.add_argument("--no-strict", dest="strict", action="store_false",
                    help="stale expected-failure entries warn instead of failing")
-    p.add_argument("--infra-reruns", type=int, default=1)
+    p.add_argument("--infra-reruns", type=int, default=1,
+                   help="reruns of a test after an infrastructure failure (0: none)")
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("pytest_args", nargs="*", help="passed on to the main pytest run (e.g. test paths)")
     args = p.parse_args(argv)
-    suite_args = [a for a in args.pytest_args if a.startswith(("--conformance-", "-m"))]
-    if suite_args:
-        p.error(f"pass {suite_args[0]} through this script's flags (--engine, --model, --device, --tier, "
-                "--no-strict) so the infrastructure reruns repeat it")
+    reserved = [a for a in args.pytest_args if a.startswith(RESERVED_ARGS)]
+    if reserved:
+        p.error(f"pass {reserved[0]} through this script's flags (--engine, --model, --device, --tier, "
+                "--no-strict, --infra-reruns): as a free pytest argument it would override them")
     reports = Path(args.reports)
     reports.mkdir(parents=True, exist_ok=True)
 
-    options = suite_options(args)
-    run(pytest_cmd("-n", "auto", *options, "--conformance-report-json", str(reports / "conformance.json"),
-                   "--junitxml", str(reports / "tests.xml"), *args.pytest_args), reports / "tests.log")
+    log = reports / "tests.log"
+    run(pytest_cmd("-n", "auto", *suite_options(args), *rerun_options(args.infra_reruns),
+                   "--conformance-report-json", str(reports / "conformance.json"),
+                   "--junitxml", str(reports / "tests.xml"), *args.pytest_args), log)
     cases = read_junit([reports / "tests.xml"]) if (reports / "tests.xml").is_file() else []
     if not cases:
         cases = [Case("nightly::pytest", "error", "the test run wrote no JUnit report (see tests.log)")]
-    cases, notes = rerun_infrastructure(cases, reports, args.infra_reruns, options)
+    notes = [rerun_note(args.infra_reruns, log)]
 
     if not args.skip_bench:
         run(pytest_cmd("tests/kernels/bench", "-p", "no:xdist", "-m", "", "--benchmark-only",
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for cmd in NIGHTLY_EXTRA_COMMANDS:
         run([part.replace("{reports}", str(reports)) for part in cmd])
     for extra in sorted(reports.glob("*.xml")):
-        if extra.name not in ("tests.xml", "bench.xml") and not extra.name.startswith("tests-rerun"):
+        if extra.name not in ("tests.xml", "bench.xml"):
             cases += read_junit([extra])
 
     comparison = compare(cases, load_baseline(args.baseline))

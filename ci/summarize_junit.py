@@ -15,6 +15,9 @@ infrastructure error's traceback may well contain "AssertionError"):
    ("mismatch"); an InfrastructureError, out-of-memory, timeout, crashed worker, lost connection
    or full disk is "infrastructure" (the only kind the nightly may rerun);
 3. anything else is "other" (a real failure, never rerun).
+
+A test that pytest-rerunfailures ran more than once leaves a result-less ``<testcase>`` per earlier
+attempt (a nameless one for an attempt whose xdist worker crashed); only its final attempt is kept.
 """
 
 from __future__ import annotations
@@ -22,15 +25,18 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from junitparser import Error, Failure, JUnitXml, Properties, Skipped, TestCase
 
 MISMATCH, INFRASTRUCTURE, OTHER = "mismatch", "infrastructure", "other"
 FAILING = ("failed", "error")
 # Declared failure types (conformance.report_files writes them as the JUnit ``type`` attribute).
 DECLARED = {"ConformanceMismatch": MISMATCH, "InfrastructureError": INFRASTRUCTURE}
 FAILURE_TYPE_PROPERTY = "failure_type"
+# JUnit result elements and their outcomes, first match wins.
+RESULTS = ((Failure, "failed"), (Error, "error"), (Skipped, "skipped"))
 MISMATCH_LINE = re.compile(r"^(?:Failed: )?CONFORMANCE MISMATCH|^assert\b|^AssertionError\b")
 # Exception types (last dotted component) of failures that say nothing about the code under test.
 INFRA_TYPES = frozenset({
@@ -77,25 +83,40 @@ class Case:
         return classify(self.message or self.text, self.failure_type or self.properties.get(FAILURE_TYPE_PROPERTY))
 
 
+def _result(tc: TestCase) -> tuple[str, Failure | Error | Skipped] | None:
+    """The outcome and element of the testcase's failure, else its error, else its skip."""
+    results = tc.result
+    return next(((outcome, r) for kind, outcome in RESULTS for r in results if isinstance(r, kind)), None)
+
+
+def _case(tc: TestCase) -> Case:
+    name = re.sub(r"@[^\]\[]+$", "", tc.name or "")  # loadgroup's "@group" suffix
+    case = Case(f"{tc.classname or ''}::{name}", "passed", seconds=tc.time or 0.0)
+    case.properties = {p.name: p.value for p in tc.child(Properties) or ()}
+    found = _result(tc)
+    if found:
+        case.outcome, result = found
+        if case.outcome == "skipped" and "xfail" in (result.type or ""):  # pytest writes xfail as a skip
+            case.outcome = "xfailed"
+        case.message = result.message or ""
+        case.failure_type = result.type
+        case.text = result.text or ""
+    return case
+
+
+def _final_attempts(cases: list[Case]) -> list[Case]:
+    """Drop pytest-rerunfailures' earlier attempts: a result-less case followed by one of the same id."""
+    last = {c.id: i for i, c in enumerate(cases)}
+    return [c for i, c in enumerate(cases) if c.outcome != "passed" or last[c.id] == i]
+
+
 def read_junit(paths: list[str | Path]) -> list[Case]:
+    """The test cases of JUnit XML files, each test's final attempt only. A nameless result-less
+    testcase is the attempt of a crashed xdist worker that pytest-rerunfailures ran again."""
     cases = []
     for path in paths:
-        for tc in ET.parse(path).getroot().iter("testcase"):
-            name = re.sub(r"@[^\]\[]+$", "", tc.get("name", ""))  # loadgroup's "@group" suffix
-            case = Case(f"{tc.get('classname', '')}::{name}", "passed", seconds=float(tc.get("time") or 0))
-            case.properties = {p.get("name"): p.get("value") for p in tc.iter("property")}
-            for tag in ("failure", "error", "skipped"):
-                el = tc.find(tag)
-                if el is None:
-                    continue
-                case.outcome = {"failure": "failed", "error": "error"}.get(tag, "skipped")
-                if tag == "skipped" and "xfail" in (el.get("type") or ""):
-                    case.outcome = "xfailed"
-                case.message = el.get("message") or ""
-                case.failure_type = el.get("type")
-                case.text = el.text or ""
-                break
-            cases.append(case)
+        testcases = [tc for suite in JUnitXml.fromfile(str(path)) for tc in suite]
+        cases += _final_attempts([_case(tc) for tc in testcases if tc.name or tc.result])
     return cases
 
 

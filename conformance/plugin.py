@@ -296,6 +296,8 @@ def conformance_result(request, conformance_scenario, conformance_case) -> Scena
     from conformance.harness import run_scenario
     from conformance.workloads.files import read_scenario_file
 
+    node = request.node  # a rerun (pytest-rerunfailures) reuses the item: drop the last attempt's properties
+    node.user_properties[:] = [(k, v) for k, v in node.user_properties if not _recorded_key(k)]
     if conformance_scenario in request.config.getoption("conformance_scenario_file"):
         scenario = read_scenario_file(conformance_scenario, conformance_case.facts.vocab_size, conformance_case.tier)
         result, _ = run_scenario(scenario, conformance_case, scenario_file=conformance_scenario)
@@ -326,6 +328,14 @@ def conformance_expectations(pytestconfig, conformance_selection):
 
 
 MISMATCH, INFRASTRUCTURE = "ConformanceMismatch", "InfrastructureError"  # the ``failure_type`` property
+
+
+RECORDED = ("engine", "torch", "triton", "cuda", "device", "replay", "failure_type", RESULT_PROPERTY)
+
+
+def _recorded_key(key: str) -> bool:
+    """A property ``_record`` or ``conclude`` sets (the test id property, set at collection, is not)."""
+    return key in RECORDED or key.startswith("first_divergence_")
 
 
 def _record(node, result: ScenarioResult) -> None:
