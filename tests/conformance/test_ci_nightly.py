@@ -168,7 +168,7 @@ def attempt(name):
     return count
 """
 
-INFRA_MISMATCH_ASSERT = CHILD_HEADER + """
+CHILD_TESTS = CHILD_HEADER + """
 
 def test_infra():
     if attempt("infra") == 1:
@@ -183,32 +183,13 @@ def test_mismatch():
 def test_assert():
     attempt("assert")
     assert [1, 2] == [1, 3]
-"""
 
 
-def test_rerun_options_rerun_an_infrastructure_error_never_a_mismatch_or_assert(ci, tmp_path):
-    nightly, sj = ci
-    proc, xml = _run_child(nightly, tmp_path, INFRA_MISMATCH_ASSERT)
-    assert proc.returncode == 1
-    assert _testcases(xml) == {"test_infra": 2, "test_mismatch": 1, "test_assert": 1}
-    assert {n: _attempts(tmp_path, n) for n in ("infra", "mismatch", "assert")} == {
-        "infra": 2, "mismatch": 1, "assert": 1}
-    final = {c.id: c for c in sj.read_junit([xml])}
-    assert {i: c.outcome for i, c in final.items()} == {
-        "test_child::test_infra": "passed", "test_child::test_mismatch": "failed", "test_child::test_assert": "failed"}
-    assert final["test_child::test_mismatch"].kind == final["test_child::test_assert"].kind == sj.MISMATCH
-    assert nightly.reruns_in_log(tmp_path / "tests.log") == 1
-
-
-@pytest.mark.parametrize("exc", ["InfrastructureError", "TimeoutError", "ConnectionResetError"])
-def test_rerun_options_rerun_an_infrastructure_error_in_a_fixture(exc, ci, tmp_path):
-    nightly, sj = ci
-    proc, xml = _run_child(nightly, tmp_path, CHILD_HEADER + f"""
-
-@pytest.fixture
-def engine():
-    if attempt("engine") == 1:
-        raise {exc}("no answer from the device")
+@pytest.fixture(params=["InfrastructureError", "TimeoutError", "ConnectionResetError"])
+def engine(request):
+    if attempt("engine-" + request.param) == 1:
+        raise {"InfrastructureError": InfrastructureError, "TimeoutError": TimeoutError,
+               "ConnectionResetError": ConnectionResetError}[request.param]("no answer from the device")
     return "engine"
 
 
@@ -224,21 +205,10 @@ def test_engine(engine):
 
 def test_broken(broken):
     pass
-""")
-    assert _testcases(xml) == {"test_engine": 2, "test_broken": 1}
-    assert _attempts(tmp_path, "engine") == 2 and _attempts(tmp_path, "broken") == 1
-    outcomes = {c.id: c.outcome for c in sj.read_junit([xml])}
-    assert outcomes == {"test_child::test_engine": "passed", "test_child::test_broken": "error"}
-    assert proc.returncode == 1 and nightly.reruns_in_log(tmp_path / "tests.log") == 1
 
-
-def test_a_mismatch_raised_while_handling_an_infrastructure_error_is_not_rerun(ci, tmp_path):
-    """pytest-rerunfailures matches --only-rerun along the exception chain; --rerun-except keeps these."""
-    nightly, _ = ci
-    proc, xml = _run_child(nightly, tmp_path, CHILD_HEADER + """
 
 def test_mismatch_after_timeout():
-    attempt("mismatch")
+    attempt("mismatch-after-timeout")
     try:
         raise TimeoutError("slow reference")
     except TimeoutError:
@@ -246,74 +216,33 @@ def test_mismatch_after_timeout():
 
 
 def test_assert_after_infra():
-    attempt("assert")
+    attempt("assert-after-infra")
     try:
         raise InfrastructureError("harness broke")
     except InfrastructureError:
         assert 1 == 2
-""")
+"""
+
+
+def test_rerun_options_rerun_infrastructure_errors_only(ci, tmp_path):
+    """One child run with nightly's rerun options: an infrastructure error in a test or a fixture is
+    rerun (and passes); a mismatch, an assertion, any other error, and a mismatch or assertion raised
+    while handling an infrastructure error (pytest-rerunfailures searches the exception chain) are not."""
+    nightly, sj = ci
+    proc, xml = _run_child(nightly, tmp_path, CHILD_TESTS)
     assert proc.returncode == 1
-    assert _testcases(xml) == {"test_mismatch_after_timeout": 1, "test_assert_after_infra": 1}
-    assert _attempts(tmp_path, "mismatch") == _attempts(tmp_path, "assert") == 1
-    assert nightly.reruns_in_log(tmp_path / "tests.log") == 0
-
-
-@pytest.mark.parametrize("message,failure_type,text,kind", [
-    # An infrastructure error stays one whatever its traceback holds (pytest's and the CLI's forms).
-    ("conformance.plugin.InfrastructureError: reference run failed", None, "AssertionError: x\nassert a == b",
-     "infrastructure"),
-    ("AssertionError: block table out of sync", "InfrastructureError", "Traceback ... AssertionError", "infrastructure"),
-    ("slot 3 holds the wrong state", "ConformanceMismatch", "", "mismatch"),
-    ("Failed: CONFORMANCE MISMATCH\nscenario x", None, "", "mismatch"),
-    ("assert [1, 2] == [1, 3]", None, "", "mismatch"),
-    ("AssertionError: tokens differ", None, "", "mismatch"),
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB", None, "", "infrastructure"),
-    ("RuntimeError: CUDA error: an illegal memory access", None, "", "infrastructure"),
-    ("worker 'gw1' crashed while running 'tests/x.py::t'", None, "Fatal Python error", "infrastructure"),
-    ('failed on setup with "TimeoutError: no device"', None, "", "infrastructure"),
-    # A real error whose traceback mentions an infrastructure word is not infrastructure.
-    ("ValueError: bad block size", None, "File torch/cuda/memory.py: OutOfMemoryError handler", "other"),
-    ('failed on setup with "OSError: missing file"', None, "", "other"),
-])
-def test_classification_by_type_and_crash_line(message, failure_type, text, kind, ci, tmp_path):
-    _, sj = ci
-    attrs = f' type="{failure_type}"' if failure_type else ""
-    message = message.replace("\n", "&#10;").replace('"', "&quot;")
-    (tmp_path / "t.xml").write_text(_xml(_case("a.b::t", f'<failure message="{message}"{attrs}>{text}</failure>')))
-    (case,) = sj.read_junit([tmp_path / "t.xml"])
-    assert case.kind == kind
-
-
-def test_the_failure_type_property_wins(ci, tmp_path):
-    _, sj = ci
-    body = ('<properties><property name="failure_type" value="InfrastructureError"/></properties>'
-            '<failure message="assert 0">AssertionError</failure>')
-    (tmp_path / "t.xml").write_text(_xml(_case("a.b::t", body)))
-    assert sj.read_junit([tmp_path / "t.xml"])[0].kind == sj.INFRASTRUCTURE
-
-
-def test_declared_types_are_the_ones_conformance_writes(ci):
-    _, sj = ci
-    from conformance import report_files
-
-    assert sj.DECLARED == {report_files.MISMATCH: sj.MISMATCH, report_files.INFRASTRUCTURE: sj.INFRASTRUCTURE}
-
-
-def test_pytest_junit_of_a_real_infrastructure_error(ci, tmp_path):
-    """pytest's own JUnit for the plugin's InfrastructureError, with AssertionError in its text."""
-    _, sj = ci
-    (tmp_path / "test_infra.py").write_text(
-        "from conformance.plugin import InfrastructureError\n\n"
-        "def test_reference_crash():\n"
-        "    raise InfrastructureError('Traceback (most recent call last):\\nAssertionError: slot out of sync')\n\n"
-        "def test_check_failed():\n"
-        "    assert [1, 2] == [1, 3]\n")
-    xml = tmp_path / "out.xml"
-    code = pytest.main([str(tmp_path / "test_infra.py"), "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
-                        "--rootdir", str(tmp_path), f"--junitxml={xml}"])
-    assert code == 1
-    kinds = {c.id.rsplit("::", 1)[1]: c.kind for c in sj.read_junit([xml])}
-    assert kinds == {"test_reference_crash": sj.INFRASTRUCTURE, "test_check_failed": sj.MISMATCH}
+    engines = [f"test_engine[{e}]" for e in ("InfrastructureError", "TimeoutError", "ConnectionResetError")]
+    assert _testcases(xml) == {"test_infra": 2, **dict.fromkeys(engines, 2), "test_mismatch": 1, "test_assert": 1,
+                               "test_broken": 1, "test_mismatch_after_timeout": 1, "test_assert_after_infra": 1}
+    once = ("mismatch", "assert", "broken", "mismatch-after-timeout", "assert-after-infra")
+    assert {n: _attempts(tmp_path, n) for n in once} == dict.fromkeys(once, 1)
+    assert _attempts(tmp_path, "infra") == 2
+    final = {c.id.removeprefix("test_child::"): c for c in sj.read_junit([xml])}
+    assert {i: c.outcome for i, c in final.items()} == {
+        "test_infra": "passed", **dict.fromkeys(engines, "passed"), "test_mismatch": "failed", "test_assert": "failed",
+        "test_broken": "error", "test_mismatch_after_timeout": "failed", "test_assert_after_infra": "failed"}
+    assert final["test_mismatch"].kind == final["test_assert"].kind == sj.MISMATCH
+    assert nightly.reruns_in_log(tmp_path / "tests.log") == 4
 
 
 FLAKY_REFERENCE_PLUGIN = """
