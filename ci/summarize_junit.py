@@ -7,8 +7,8 @@ The baseline lists the ids ("<classname>::<name>") of tests known to fail, one p
 comments. Failures are classified by what failed, never by words in a traceback (an
 infrastructure error's traceback may well contain "AssertionError"):
 
-1. the failure's declared type: the ``type`` attribute conformance's own JUnit writer sets, or a
-   ``failure_type`` property: ConformanceMismatch -> "mismatch", InfrastructureError ->
+1. the failure's declared type: the failure element's ``type`` attribute, or the ``failure_type``
+   property conformance.plugin records: ConformanceMismatch -> "mismatch", InfrastructureError ->
    "infrastructure";
 2. else the failure's crash line (the ``message`` attribute's first line, which pytest fills with the
    exception's type and text): a conformance mismatch or an assertion is a real failure
@@ -32,7 +32,7 @@ from junitparser import Error, Failure, JUnitXml, Properties, Skipped, TestCase
 
 MISMATCH, INFRASTRUCTURE, OTHER = "mismatch", "infrastructure", "other"
 FAILING = ("failed", "error")
-# Declared failure types (conformance.report_files writes them as the JUnit ``type`` attribute).
+# Declared failure types (conformance.plugin records them as the ``failure_type`` property).
 DECLARED = {"ConformanceMismatch": MISMATCH, "InfrastructureError": INFRASTRUCTURE}
 FAILURE_TYPE_PROPERTY = "failure_type"
 # JUnit result elements and their outcomes, first match wins.

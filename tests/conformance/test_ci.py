@@ -128,3 +128,10 @@ def test_check_env(ci):
     import torch
 
     assert check_env.main(["--device", "cuda" if torch.cuda.is_available() else "cpu"]) == 0
+
+
+def test_declared_types_are_the_ones_the_plugin_records(ci):
+    from conformance import plugin
+
+    _, _, sj = ci
+    assert sj.DECLARED == {plugin.MISMATCH: sj.MISMATCH, plugin.INFRASTRUCTURE: sj.INFRASTRUCTURE}
