@@ -55,7 +55,7 @@ class EngineInstance(Protocol):
     def has_unfinished(self) -> bool: ...
     def pools_empty(self) -> bool | None: ...  # None: cannot tell
     # Optional: occupancy() -> {"kv_blocks_used": n, "kv_blocks_free": n, "state_slots_used": ..., ...}
-    # (any of the OCCUPANCY_FIELDS); the pools-empty check then names each pool still in use.
+    # (the fields of refengine.core.Occupancy, any subset); pools-empty then names each pool still in use.
 
 
 @runtime_checkable

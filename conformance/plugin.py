@@ -53,6 +53,7 @@ RESULT_PROPERTY = "conformance_result"  # carries a ScenarioResult from the work
 TEST_ID_PROPERTY = "conformance_test_id"  # carries a shipped test's rootdir-independent id to the controller
 GPU_IDS_ENV = "CONFORMANCE_GPU_IDS"  # exported by the xdist controller, read by each worker
 _EXPORTED_GPU_IDS = pytest.StashKey[bool]()
+_SCENARIOS = pytest.StashKey[list[str]]()
 
 
 class StaleExpectationWarning(UserWarning):
@@ -158,10 +159,7 @@ def pytest_xdist_auto_num_workers(config):
 def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a conformance-suite scenario test (conformance.suite)")
     if config.getoption("conformance_scenario") or config.getoption("conformance_scenario_file"):
-        try:  # a mistyped id or a broken file: one usage error now, not a collection error later
-            selected_scenarios(config)
-        except (UnknownScenario, ValueError) as e:
-            raise pytest.UsageError(f"conformance: {e}") from None
+        _scenarios(config)  # a mistyped id or a broken file: one usage error now, not a collection error later
     is_worker = hasattr(config, "workerinput")
     if not is_worker:
         config.pluginmanager.register(ResultCollector(config), "conformance-results")
@@ -180,10 +178,6 @@ def pytest_sessionstart(session):
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or not _is_active(config):
         return
-    _preflight_or_usage_error(config)
-
-
-def _preflight_or_usage_error(config) -> None:
     from conformance.model import UnusableSetup, preflight
 
     opt = config.getoption
@@ -210,16 +204,21 @@ def pytest_report_header(config):
     return f"conformance: engine {engine}, tier {tier}, model {model}; {describe(environment(probe_device=False))}"
 
 
-def selected_scenarios(config) -> list[str]:
-    """The scenario ids and scenario-file paths this run parametrises over."""
-    return settings.select_scenarios(config.getoption("conformance_tier") or "default",
-                                    config.getoption("conformance_scenario"),
-                                    config.getoption("conformance_scenario_file"))
+def _scenarios(config) -> list[str]:
+    """The scenario ids and scenario-file paths this run parametrises over, selected once."""
+    if _SCENARIOS not in config.stash:
+        try:
+            config.stash[_SCENARIOS] = settings.select_scenarios(config.getoption("conformance_tier") or "default",
+                                                                 config.getoption("conformance_scenario"),
+                                                                 config.getoption("conformance_scenario_file"))
+        except (UnknownScenario, ValueError) as e:
+            raise pytest.UsageError(f"conformance: {e}") from None
+    return config.stash[_SCENARIOS]
 
 
 def pytest_generate_tests(metafunc):
     if "conformance_scenario" in metafunc.fixturenames:
-        ids = selected_scenarios(metafunc.config)
+        ids = _scenarios(metafunc.config)
         metafunc.parametrize("conformance_scenario", ids, ids=ids)
 
 
@@ -281,9 +280,15 @@ def conformance_case(pytestconfig, conformance_selection):
     try:
         return conformance_selection.open_case()
     except (UnknownEngine, UnusableSetup, FileNotFoundError) as e:
-        if hasattr(pytestconfig, "workerinput"):  # xdist cannot end a run from a worker: one line per test
-            pytest.fail(f"conformance: {e}", pytrace=False)
-        pytest.exit(f"conformance: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+        _end_run(pytestconfig, f"conformance: {e}")
+
+
+def _end_run(config, message: str):
+    """A setup the whole run cannot use: end the run with ``message`` as a usage error (one line). An
+    xdist worker cannot end the run, so there each test errors with that one line instead."""
+    if hasattr(config, "workerinput"):
+        pytest.fail(message, pytrace=False)
+    pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture
@@ -304,9 +309,8 @@ def conformance_result(request, conformance_scenario, conformance_case) -> Scena
     else:
         result, _ = run_scenario(conformance_scenario, conformance_case)
     if result.error:
-        _record(request.node, result)
-        request.node.user_properties.append(("failure_type", INFRASTRUCTURE))
-        raise InfrastructureError(result.error)
+        _record(node, result)
+        _infrastructure_error(node, result)
     return result
 
 
@@ -317,9 +321,7 @@ def conformance_expectations(pytestconfig, conformance_selection):
     try:
         exp = conformance_selection.expectations()
     except ExpectationError as e:
-        if hasattr(pytestconfig, "workerinput"):
-            pytest.fail(f"conformance: {e}", pytrace=False)
-        pytest.exit(f"conformance: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+        _end_run(pytestconfig, f"conformance: {e}")
     typos = unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES)
     if typos:
         warnings.warn(StaleExpectationWarning(f"{exp.source}: entries name no scenario or check: {', '.join(typos)}"),
@@ -351,6 +353,11 @@ def _record(node, result: ScenarioResult) -> None:
     node.user_properties.append((RESULT_PROPERTY, json.dumps(result.to_dict())))
 
 
+def _infrastructure_error(node, result: ScenarioResult):
+    node.user_properties.append(("failure_type", INFRASTRUCTURE))  # read by ci/summarize_junit.py
+    raise InfrastructureError(result.error)
+
+
 def conclude(request, result: ScenarioResult, expectations) -> None:
     """Turn a scenario result into the pytest outcome: pass, fail, xfail, skip, or error."""
     __tracebackhide__ = True
@@ -370,8 +377,7 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
     if verdict.outcome == "skip":
         pytest.skip(result.skipped)
     if verdict.outcome == "error":
-        node.user_properties.append(("failure_type", INFRASTRUCTURE))  # read by ci/summarize_junit.py
-        raise InfrastructureError(result.error)
+        _infrastructure_error(node, result)
     if verdict.outcome == "fail":
         node.user_properties.append(("failure_type", MISMATCH))
         pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND, pytrace=False)
