@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from conformance.workloads import EngineSettings
+from refengine import SamplingParams
 from refengine.config import GRAPH_MODES
 
 # Features an adapter may support; the checks that need one are "n/a" without it.
@@ -49,8 +50,18 @@ class RunSpec:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class RequestParams:
+    """One request's greedy decoding settings, as the harness hands them to an engine instance (an
+    adapter turns them into its engine's own sampling parameters; the names are vLLM's)."""
+
+    max_tokens: int
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
 class EngineInstance(Protocol):
-    def add_request(self, request_id: str, prompt: list[int] | str, params: Any) -> None: ...
+    def add_request(self, request_id: str, prompt: list[int] | str, params: RequestParams) -> None: ...
     def step(self) -> list[Any]: ...  # RequestOutputs of the requests that finished in this step
     def has_unfinished(self) -> bool: ...
     def pools_empty(self) -> bool | None: ...  # None: cannot tell
@@ -76,8 +87,9 @@ class LLMInstance:
     def __init__(self, llm):
         self.llm = llm
 
-    def add_request(self, request_id, prompt, params) -> None:
-        self.llm.add_request(request_id, prompt, params)
+    def add_request(self, request_id, prompt, params: RequestParams) -> None:
+        self.llm.add_request(request_id, prompt, SamplingParams(max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+                                                                stop_token_ids=list(params.stop_token_ids)))
 
     def step(self):
         return self.llm.step()

@@ -8,7 +8,7 @@ import traceback
 from dataclasses import dataclass
 
 from conformance import checks
-from conformance.engines import EngineAdapter, RunSpec, load_engine, reference_adapter
+from conformance.engines import EngineAdapter, RequestParams, RunSpec, load_engine, reference_adapter
 from conformance.model import ModelFacts
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
@@ -41,8 +41,6 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
     """
     import torch
 
-    from refengine import SamplingParams
-
     settings = settings or scenario.settings
     recorder = Recorder(label, scenario.id)
     torch.manual_seed(seed_of(scenario.id) % (1 << 31))
@@ -66,7 +64,7 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
             while nxt < len(pending) and pending[nxt].arrival_step <= step:
                 r = pending[nxt]
                 prompt = r.prompt if isinstance(r.prompt, str) else list(r.prompt)
-                engine.add_request(r.request_id, prompt, SamplingParams(r.max_tokens, r.ignore_eos, r.stop_token_ids))
+                engine.add_request(r.request_id, prompt, RequestParams(r.max_tokens, r.ignore_eos, tuple(r.stop_token_ids)))
                 added.add(r.request_id)
                 nxt += 1
             while next_abort < len(aborts) and aborts[next_abort][0] <= step:

@@ -304,3 +304,22 @@ def test_checks_needing_a_field_the_records_lack_are_not_applicable(small_case, 
     for name in na:
         assert by_name[name].status == NA and dropped[0] in by_name[name].summary, by_name[name]
     assert all(c.status == PASS for c in result.checks if c.check not in na | {"aborts", "full-graph-metadata"})
+
+
+def test_the_checks_and_the_harness_know_no_engine():
+    """The suite is engine-agnostic: the checks, the harness and the traces import nothing from refengine
+    (refengine's own adapter lives in conformance/engines.py)."""
+    import ast
+    from pathlib import Path
+
+    import conformance
+
+    root = Path(conformance.__file__).parent
+    files = [*root.joinpath("checks").glob("*.py"), root / "harness.py", root / "trace.py", root / "results.py"]
+    offenders = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "refengine"]
+    assert not offenders, offenders
