@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from refengine.drafters import DRAFTERS
+
 
 class ConfigError(ValueError):
     """A setting of the wrong type or out of range; the message names the field and the value."""
@@ -126,8 +128,6 @@ class SpeculativeConfig:
 
     def __post_init__(self):
         self.num_speculative_tokens = check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
-        from refengine.drafters import DRAFTERS
-
         d = self.drafter
         is_instance = not isinstance(d, str) and all(
             callable(getattr(d, m, None)) for m in ("check_model", "host_proposer", "device_proposer"))

@@ -45,6 +45,11 @@ class Occupancy:
                     or self.waiting or self.running)
 
 
+def num_rejected(row, valid: list[int]) -> int:
+    """Drafts of a sampling row the verifier rejected: its positions past the kept tokens."""
+    return len(row.draft_token_ids) - (len(valid) - 1)
+
+
 def check_kernel_settings(config: EngineConfig) -> None:
     """Refuse, when the engine is built, settings the kernels it will run cannot serve."""
     from kernels._dispatch import backend_for
@@ -138,12 +143,15 @@ class EngineCore:
             return "length"
         return None
 
-    @staticmethod
-    def count_acceptance(req: Request, drafted: int, accepted: int) -> None:
-        req.num_verify_steps += 1
-        req.num_draft_tokens += drafted
-        req.num_accepted_tokens += accepted
-        req.acceptance.append((drafted, accepted))
+    def commit(self, req: Request, row, valid: list[int], *, is_decode: bool) -> bool:
+        """Commit a sampling row's verifier output (``valid``: kept tokens, bonus included) to ``req``:
+        a decode row's draft acceptance is counted, then the tokens are appended. True if it finished."""
+        if is_decode and self.config.speculative.enabled:
+            req.num_verify_steps += 1
+            req.num_draft_tokens += len(row.draft_token_ids)
+            req.num_accepted_tokens += len(valid) - 1
+            req.acceptance.append((len(row.draft_token_ids), len(valid) - 1))
+        return self.append(req, valid)
 
     # ---- faults -------------------------------------------------------------------------------------
     def check_usable(self) -> None:

@@ -39,7 +39,8 @@ class RecurrentGroup:
     query_start_loc: torch.Tensor  # [Ng+1] int32, over the gathered tokens
     state_indices: torch.Tensor  # [Ng] int32 (plain rows) or [Ng, K+1] int32 (speculative rows)
     has_initial_state: torch.Tensor | None = None  # [Ng] bool; prefill group only
-    num_accepted_tokens: torch.Tensor | None = None  # [Ng] int32; speculative decode group only
+    num_valid: torch.Tensor | None = None  # [Ng] int32, tokens the previous step kept (bonus included);
+    # speculative decode group only. The kernels take it as ``num_accepted_tokens`` (their upstream name).
 
 
 @dataclass
@@ -49,7 +50,7 @@ class RecurrentMetadata:
     ``prefill``: rows that run the prefill form (whole-sequence conv and recurrence) and start
     from ``has_initial_state`` (False iff the request has no computed tokens).
     ``decode``: rows of requests that finished their prompt; they run the update form and read
-    their state at offset ``num_accepted_tokens - 1`` (contract 1).
+    their state at offset ``num_valid - 1`` (contract 1).
     """
 
     prefill: RecurrentGroup | None = None
@@ -61,7 +62,7 @@ class RecurrentMetadata:
         for name, group in (("prefill", self.prefill), ("decode", self.decode)):
             if group is None:
                 continue
-            for field_name in ("query_start_loc", "state_indices", "has_initial_state", "num_accepted_tokens"):
+            for field_name in ("query_start_loc", "state_indices", "has_initial_state", "num_valid"):
                 value = getattr(group, field_name)
                 if value is not None:
                     out[f"{name}.{field_name}"] = tuple(value.shape)

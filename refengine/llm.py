@@ -76,12 +76,12 @@ class LLM:
         async_options = {"delay": delay_copies, "hazard_check": hazard_check} if engine == "async" else {}
         self.engine = _make_engine(self.config, net, model_config, self.tokenizer, **async_options)
         if observer is not None:
-            self.engine.core.observers.append(observer)
+            self.engine.add_observer(observer)
         self._next_id = 0
 
     @property
     def model_config(self):
-        return self.engine.core.model_config
+        return self.engine.model_config
 
     def _tokenize(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -108,10 +108,10 @@ class LLM:
         batch = []
         for prompt, p in zip(prompts, params):
             rid = f"gen-{self._next_id + len(batch)}"
-            batch.append((rid, self.engine.core.validate(rid, self._tokenize(prompt), p), p))
+            batch.append((rid, self.engine.validate(rid, self._tokenize(prompt), p), p))
         self._next_id += len(batch)
         for rid, ids, p in batch:
-            self.engine.core.add_request(rid, ids, p)
+            self.engine.add_request(rid, ids, p)
         wanted = {rid for rid, _, _ in batch}
         done: dict[str, RequestOutput] = {}
         while wanted - done.keys():
@@ -121,7 +121,7 @@ class LLM:
 
     # Lower-level API.
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
-        self.engine.core.add_request(request_id, self._tokenize(prompt), params or SamplingParams())
+        self.engine.add_request(request_id, self._tokenize(prompt), params or SamplingParams())
 
     def step(self) -> list[RequestOutput]:
         return self.engine.step()
@@ -129,7 +129,7 @@ class LLM:
     def abort(self, request_id: str) -> RequestOutput | None:
         """Output of the aborted request (finish reason ``abort``); None when it had already finished
         and its output comes with the next ``step()``."""
-        return self.engine.core.abort(request_id)
+        return self.engine.abort(request_id)
 
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
@@ -165,8 +165,8 @@ class GreedyTruth:
     def __call__(self, req: Request) -> list[int]:
         if self._engine is None:
             self._engine = ReferenceEngine(self._config, self._net, self._model_config)
-        core, p = self._engine.core, req.params
-        core.add_request("truth", req.prompt_token_ids,
+        p = req.params
+        self._engine.add_request("truth", req.prompt_token_ids,
                          SamplingParams(p.max_tokens + self._k, p.ignore_eos, p.stop_token_ids))
         out = []
         while self._engine.has_unfinished():

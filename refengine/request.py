@@ -28,7 +28,7 @@ class Request:
     num_computed_tokens: int = 0
     num_prefill_tokens: int = 0  # tokens to prefill since (re)admission: len(all_token_ids) then
     draft_token_ids: list[int] = field(default_factory=list)  # drafts for the next verify step
-    num_valid_prev: int = 1  # tokens the previous step kept (bonus included); 1 after prefill
+    num_valid: int = 1  # tokens the previous step kept (bonus included); 1 after prefill
 
     # Resources.
     block_ids: list[int] = field(default_factory=list)

@@ -161,7 +161,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_prefill_tokens = 0
         req.draft_token_ids = []
-        req.num_valid_prev = 1
+        req.num_valid = 1
         req.num_preemptions += 1
         self.waiting.appendleft(req)
         if self.on_preempt is not None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import RowTrace, StepTrace, Trace
 
-# GDN metadata fields with one entry per request, and the one with an entry per request plus one.
-PER_REQUEST_FIELDS = ("state_indices", "num_accepted_tokens", "has_initial_state", "seq_lens", "context_lens",
-                      "block_table")
+# Metadata fields with one entry per request (under refengine's names, and "num_accepted_tokens", the
+# upstream name of the kept count an external engine may report), and the one with an entry per request
+# plus one.
+PER_REQUEST_FIELDS = ("state_indices", "num_valid", "num_accepted_tokens", "has_initial_state", "seq_lens",
+                      "context_lens", "block_table")
 OFFSETS_FIELD = "query_start_loc"
 TRACEBACK_LINES = 30  # last lines of an engine traceback shown in the report (details keep all of it)
 

@@ -8,12 +8,15 @@ failing scenario and reports how long that took.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import torch
 
 from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, RunSpec
+from kernels import PAD_SLOT_ID
+from refengine.async_engine.stream import HostBuffer
 
 
 @dataclass(frozen=True)
@@ -28,36 +31,38 @@ class Mutant:
 
 
 class _PlanSnapshots:
-    """Host values a mutant captures when the engine plans a step, looked up by plan index later.
+    """Host values a mutant captures when the engine plans a step, handed over in plan order later.
 
-    A mutant re-creates a host copy the engine deliberately does not keep (contracts 3 and 4 in refengine/README.md)
-    and feeds it where the engine reads the device's authoritative value.
+    A mutant re-creates a host copy the engine deliberately does not keep (contracts 3 and 4 in
+    refengine/README.md) and feeds it where the engine reads the device's authoritative value. The
+    device runs steps in plan order, so the k-th step program run takes the k-th plan's values.
     """
 
     def __init__(self, engine, capture: Callable):
-        self.values: dict[int, list] = {}
+        self.values: deque = deque()
         plan = engine.plan
 
         def planned(sched):
             before = capture(sched)
             result = plan(sched)
-            self.values[result.index] = [before[id(row.request)] for row in result.rows]
+            self.values.append((result, [before[id(row.request)] for row in result.rows]))
             return result
 
         engine.plan = planned
 
-    def pop(self, plan_index: int) -> list:
-        return self.values.pop(plan_index)
+    def pop(self) -> tuple:
+        """(plan, per-row values) of the oldest step not yet run."""
+        return self.values.popleft()
 
 
 def _stale_accepted(engine) -> None:
-    """Seed 000: GDN state offsets come from a host copy of the accepted counts, one step stale.
+    """Seed 000: recurrent state offsets come from a host copy of the kept counts, one step stale.
 
     The host copy is what the host knew when it planned the step: the counts of the step it had
     processed last, which under asynchronous scheduling is the one before the step in flight.
     """
-    known: dict[int, int] = {}  # id(request) -> accepted count (bonus included) the host last saw
-    process = engine._process
+    known: dict[int, int] = {}  # id(request) -> kept count (bonus included) the host last saw
+    process = engine.process
 
     def processed(fut):
         finished = process(fut)
@@ -66,33 +71,63 @@ def _stale_accepted(engine) -> None:
                 known[id(row.request)] = valid
         return finished
 
-    engine._process = processed
+    engine.process = processed
     stale = _PlanSnapshots(engine, lambda sched: {id(r.request): known.get(id(r.request), 1) for r in sched.rows})
     runner = engine.runner
     prepare = runner.prepare
 
-    def prepare_with_stale_counts(plan, rows, num_computed):
-        step = prepare(plan, rows, num_computed)
-        values = stale.pop(plan.index)[: plan.num_decode]
+    def prepare_with_stale_counts(shape, rows, num_computed):
+        step = prepare(shape, rows, num_computed)
+        plan, values = stale.pop()
+        values = values[: plan.num_decode]
         decode = step.recurrent.decode
-        if values and decode is not None and decode.num_accepted_tokens is not None:
-            host = torch.tensor(values, dtype=torch.int32, device=decode.num_accepted_tokens.device)
-            decode.num_accepted_tokens[: plan.num_decode] = host
-            step.used_accepted[: plan.num_decode] = host
+        if values and decode is not None and decode.num_valid is not None:
+            host = torch.tensor(values, dtype=torch.int32, device=decode.num_valid.device)
+            decode.num_valid[: plan.num_decode] = host
+            step.used_num_valid[: plan.num_decode] = host
         return step
 
     runner.prepare = prepare_with_stale_counts
 
 
+def _pad(x: torch.Tensor, rows: int, value) -> torch.Tensor:
+    extra = torch.full((rows - x.shape[0], *x.shape[1:]), value, dtype=x.dtype, device=x.device)
+    return torch.cat([x, extra])
+
+
 def _token_count_metadata(engine) -> None:
-    """Seed 000: FULL-graph per-request GDN metadata padded to the token count."""
-    engine.builder.per_request_rows = lambda shape: shape.num_tokens_padded
+    """Seed 000: FULL-graph per-request recurrent and attention metadata padded to the token count."""
+    builder = engine.builder
+    build = builder.build
+
+    def build_by_tokens(t, shape):
+        attn, recurrent = build(t, shape)
+        rows = shape.num_tokens_padded
+        if shape.mode.value != "full" or rows <= shape.num_reqs_padded:
+            return attn, recurrent
+        qsl = _pad(attn.query_start_loc, rows + 1, int(attn.query_start_loc[-1]))
+        attn = replace(attn, query_start_loc=qsl, seq_lens=_pad(attn.seq_lens, rows, 0),
+                       block_table=_pad(attn.block_table, rows, builder.state.sink_block))
+        d = recurrent.decode
+        recurrent.decode = replace(d, query_start_loc=qsl, state_indices=_pad(d.state_indices, rows, PAD_SLOT_ID),
+                                   num_valid=None if d.num_valid is None else _pad(d.num_valid, rows, 1))
+        return attn, recurrent
+
+    builder.build = build_by_tokens
 
 
 def _short_prompt_as_decode(engine) -> None:
     """Seed 004: rows are classified by query length, so a new prompt of <= 1+K tokens is a decode."""
     k = engine.config.speculative.num_speculative_tokens
-    engine.is_decode = lambda row: row.num_tokens <= 1 + k or not row.request.is_prefilling
+    place = engine.place
+
+    def place_by_length(sched):
+        rows, num_decode, admitted = place(sched)
+        short = [r for r in rows[num_decode:] if r.num_tokens <= 1 + k]
+        rest = [r for r in rows[num_decode:] if r.num_tokens > 1 + k]
+        return rows[:num_decode] + short + rest, num_decode + len(short), admitted
+
+    engine.place = place_by_length
 
 
 def _optimistic_backup_token(engine) -> None:
@@ -103,32 +138,34 @@ def _optimistic_backup_token(engine) -> None:
     original = proposer.next_token_ids
 
     def next_token_ids(d):
-        ids = original(d)
-        last = d.query_start_loc[:-1].long() + d.kept - 1
-        ids[last] = d.backup_token  # the host's token at the optimistic length: a placeholder (-1) for decodes
-        return ids
+        ids = torch.cat([original(d), torch.zeros(1, dtype=torch.int64, device=d.idx.device)])
+        ids[d.last_kept()] = d.backup_token  # the host's token at the optimistic length: -1 for decodes
+        return ids[: d.num_tokens_padded]
 
     proposer.next_token_ids = next_token_ids
 
 
 def _shared_host_buffer(engine) -> None:
-    """Seed 001: the drafter's inputs are staged in one persistent host buffer, rewritten every step.
+    """Seed 001: the step's inputs are staged in one persistent host buffer, rewritten every step.
 
-    Under asynchronous scheduling the next step's drafter inputs are written while this step's copy
-    may still be pending: with copies delayed the drafter would read the next step's rows; the hazard
+    Under asynchronous scheduling the next step's inputs are written while this step's copy may
+    still be pending: with copies delayed the device would read the next step's rows; the hazard
     checker stops the run at the rewrite, naming the buffer.
     """
+    runner = engine.runner
+    enqueue = runner.enqueue
     persistent = {}
-    make = engine.host_buffer
 
-    def host_buffer(name, rows, cols):
-        if name != "drafter-inputs":
-            return make(name, rows, cols)
-        if name not in persistent:
-            persistent[name] = make("drafter-inputs (persistent)", 4096, cols)
-        return persistent[name]
+    def enqueue_from_one_buffer(plan):
+        if "buf" not in persistent:
+            persistent["buf"] = HostBuffer("step-inputs (persistent)", engine.stream, (4096, plan.inputs.tensor.shape[1]),
+                                           torch.int64)
+        buf = persistent["buf"]
+        buf.write(plan.inputs.tensor[: plan.shape.num_reqs])
+        plan.inputs = buf
+        return enqueue(plan)
 
-    engine.host_buffer = host_buffer
+    runner.enqueue = enqueue_from_one_buffer
 
 
 def _host_positions(engine) -> None:
@@ -137,11 +174,12 @@ def _host_positions(engine) -> None:
     host = _PlanSnapshots(engine, lambda sched: {id(r.request): r.request.num_computed_tokens for r in sched.rows})
     prepare = runner.prepare
 
-    def prepare_from_host(plan, rows, num_computed):
+    def prepare_from_host(shape, rows, num_computed):
         counts = num_computed.clone()
-        for row, value in zip(plan.rows, host.pop(plan.index)):
+        plan, values = host.pop()
+        for row, value in zip(plan.rows, values):
             counts[row.request.idx] = value
-        return prepare(plan, rows, counts)
+        return prepare(shape, rows, counts)
 
     runner.prepare = prepare_from_host
 
@@ -149,20 +187,27 @@ def _host_positions(engine) -> None:
 def _prefill_in_decode_graph(engine) -> None:
     """Own (contract 6): FULL-graph eligibility judged by query lengths alone."""
     graphs = engine.graphs
-    graphs.is_uniform_decode = lambda query_lens, is_decode: all(q == 1 + graphs.k for q in query_lens)
+    dispatch = graphs.dispatch
+    k = graphs.num_speculative_tokens
+
+    def dispatch_by_length(query_lens, is_decode, num_drafts):
+        if all(q == 1 + k for q in query_lens):
+            is_decode = [True] * len(query_lens)
+        return dispatch(query_lens, is_decode, num_drafts)
+
+    graphs.dispatch = dispatch_by_length
 
 
 def _pad_rows_on_a_real_slot(engine) -> None:
     """Own (contract 6): a FULL step's padding rows point at request slot 0 instead of nowhere."""
     runner = engine.runner
-    static_tables = runner._static_tables
+    prepare = runner.prepare
 
-    def tables_with_real_pads(n_pad):
-        tables = static_tables(n_pad)
-        tables.inert["target"][:, 0] = 0  # the idx column: padding rows now serve request slot 0
-        return tables
+    def prepare_with_real_pads(shape, rows, num_computed):
+        rows.idx.masked_fill_(rows.idx < 0, 0)  # padding rows now serve request slot 0
+        return prepare(shape, rows, num_computed)
 
-    runner._static_tables = tables_with_real_pads
+    runner.prepare = prepare_with_real_pads
 
 
 def _zero_draft_rows_read_drafts(engine) -> None:
@@ -170,37 +215,57 @@ def _zero_draft_rows_read_drafts(engine) -> None:
     runner = engine.runner
     verify = runner.verify
 
-    def verify_all_as_k(plan, rows, step, hidden):
-        full = rows.num_drafts.clone()
-        full[:] = runner.k
-        return verify(plan, replace(rows, num_drafts=full), step, hidden)
+    def verify_all_as_k(shape, rows, step, hidden):
+        k = runner.num_speculative_tokens
+        full = torch.full_like(rows.num_drafts, k)
+        shape = replace(shape, num_logits=full.shape[0] * (k + 1))
+        return verify(shape, replace(rows, num_drafts=full), step, hidden)
 
     runner.verify = verify_all_as_k
 
 
 def _accepted_off_by_one(engine) -> None:
-    """Own (contract 1): the state offset handed to the GDN kernels is one past the live state."""
+    """Own (contract 1): the state offset handed to the recurrent kernels is one past the live state."""
     runner = engine.runner
     prepare = runner.prepare
 
-    def prepare_off_by_one(plan, rows, num_computed):
-        step = prepare(plan, rows, num_computed)
+    def prepare_off_by_one(shape, rows, num_computed):
+        step = prepare(shape, rows, num_computed)
         decode = step.recurrent.decode
-        if decode is not None and decode.num_accepted_tokens is not None:
-            decode.num_accepted_tokens.add_(1).clamp_(max=runner.k + 1)
+        if decode is not None and decode.num_valid is not None:
+            decode.num_valid.add_(1).clamp_(max=runner.num_speculative_tokens + 1)
         return step
 
     runner.prepare = prepare_off_by_one
 
 
+def _select(staged, keep: torch.Tensor):
+    """``staged`` (an ``Admission`` or a drafter's staged tables) at rows ``keep``."""
+    if staged is None or not is_dataclass(staged):
+        return staged
+    return replace(staged, **{f.name: _select_value(getattr(staged, f.name), keep) for f in fields(staged)})
+
+
+def _select_value(value, keep: torch.Tensor):
+    if isinstance(value, torch.Tensor):
+        return value[keep]
+    return _select(value, keep)
+
+
 def _resume_without_reset(engine) -> None:
     """Own (contract 2): a request resumed after preemption keeps the device row of its old slot."""
-    admission = engine._admission
+    plan = engine.plan
 
-    def admit_fresh_only(admitted):
-        return admission([r for r in admitted if not r.num_preemptions])
+    def admit_fresh_only(sched):
+        result = plan(sched)
+        a = result.admission
+        if a is not None:
+            resumed = {row.request.idx for row in result.rows if row.request.num_preemptions}
+            keep = [i for i, idx in enumerate(a.idx.tolist()) if idx not in resumed]
+            result.admission = _select(a, torch.tensor(keep, dtype=torch.int64)) if keep else None
+        return result
 
-    engine._admission = admit_fresh_only
+    engine.plan = admit_fresh_only
 
 
 def _preempted_keeps_placeholders(engine) -> None:
@@ -224,10 +289,10 @@ def _stop_rule_on_optimistic_count(engine) -> None:
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "contract 3: accepted counts keyed by request",
-           "GDN state offsets read from a per-row host copy of the accepted counts, stale after rows move",
+           "recurrent state offsets read from a per-row host copy of the kept counts, stale after rows move",
            _stale_accepted, scenarios=("churn-k3", "scripted-ragged-k3")),
     Mutant("token-count-gdn-metadata", "seed 000 (vLLM #45100)", "contract 6: FULL-graph metadata sized by requests",
-           "FULL-graph GDN per-request tensors padded to the token count instead of the request count",
+           "FULL-graph per-request tensors padded to the token count instead of the request count",
            _token_count_metadata, graph_mode="full", scenarios=("graph-padding-k1",)),
     Mutant("short-prompt-as-decode", "seed 004 (vLLM #32716)", "contract 2: classification by context",
            "a new prompt of at most 1+K tokens is classified as a decode and skips state initialisation",
@@ -236,7 +301,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "the drafter's next token is read at the optimistic (placeholder-inflated) sequence length",
            _optimistic_backup_token, scenarios=("mtp-k3",)),
     Mutant("shared-host-buffer", "seed 001 (async scheduling x spec decode)", "contract 7: host buffers",
-           "the drafter stages its inputs in one host buffer that the next step rewrites while the copy is pending",
+           "the step inputs are staged in one host buffer that the next step rewrites while the copy is pending",
            _shared_host_buffer, scenarios=("chunk-tails-k3",)),
     Mutant("host-optimistic-positions", "own", "contract 4: num_computed_tokens is device-authoritative",
            "positions and slot mappings built from the host's optimistic num_computed_tokens",

@@ -13,19 +13,19 @@ from refengine.request import Request
 DECODE, SHORT_EXTEND, LONG_EXTEND, PREFILL = 0, 1, 2, 3
 
 
-def row_category(req: Request, num_spec_tokens: int) -> int:
+def row_category(req: Request, num_speculative_tokens: int) -> int:
     """Order key: decodes, then extends of at most 1+K tokens, longer extends, first chunks."""
     if not req.is_prefilling:
         return DECODE
     if not req.has_initial_state:
         return PREFILL
     remaining = req.num_prefill_tokens - req.num_computed_tokens
-    return SHORT_EXTEND if remaining <= 1 + num_spec_tokens else LONG_EXTEND
+    return SHORT_EXTEND if remaining <= 1 + num_speculative_tokens else LONG_EXTEND
 
 
 class PersistentBatch:
-    def __init__(self, num_spec_tokens: int):
-        self.k = num_spec_tokens
+    def __init__(self, num_speculative_tokens: int):
+        self.num_speculative_tokens = num_speculative_tokens
         self.rows: list[Request | None] = []
         self.num_moves = 0  # rows moved by condense and reorder, for stats and tests
 
@@ -61,7 +61,7 @@ class PersistentBatch:
 
     def reorder(self) -> None:
         """Selection by swaps into category order (stable enough; every swap is a real row move)."""
-        keys = [row_category(r, self.k) for r in self.rows]
+        keys = [row_category(r, self.num_speculative_tokens) for r in self.rows]
         for i in range(len(self.rows)):
             j = min(range(i, len(self.rows)), key=lambda t: (keys[t], t))
             if j != i and keys[j] < keys[i]:

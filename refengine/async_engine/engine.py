@@ -20,7 +20,7 @@ import torch
 
 from refengine.async_engine.batch import PersistentBatch
 from refengine.async_engine.graphs import GraphDispatcher
-from refengine.async_engine.inputs import DrafterRows, TargetRows
+from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.optimistic import (
     AsyncRequest,
@@ -35,9 +35,10 @@ from refengine.async_engine.state import DeviceState, RequestSlots
 from refengine.async_engine.stream import DeviceWorkError, HostBuffer, Stream
 from refengine.cache import ModelCaches
 from refengine.config import EngineConfig, torch_dtype
-from refengine.core import EngineCore, Occupancy
+from refengine.core import EngineCore
 from refengine.drafters import DeviceDraftContext, make_drafter
-from refengine.outputs import RequestOutput, StepRecord
+from refengine.engine import Engine
+from refengine.outputs import StepRecord
 from refengine.request import Request
 from refengine.scheduler import ScheduledRow, SchedulerOutput
 
@@ -80,7 +81,7 @@ def backup_token(req: Request, num_tokens: int) -> int:
     return req.all_token_ids[nxt] if nxt < known else -1
 
 
-class AsyncEngine:
+class AsyncEngine(Engine):
     def __init__(self, config: EngineConfig, model, model_config, tokenizer=None, *, delay: bool = False,
                  hazard_check: bool = False):
         c, k = config, config.speculative.num_speculative_tokens
@@ -98,7 +99,7 @@ class AsyncEngine:
                                   drafter_kv=self.drafter is not None and self.drafter.uses_kv_cache)
         device = self.stream.device
         self.state = DeviceState(c.scheduler.max_num_seqs, c.scheduler.max_model_len + 2 * k + 1,
-                                 c.blocks_per_request, k, device)
+                                 c.blocks_per_request, k, self.caches.sink_block, device)
         self.slots = RequestSlots(c.scheduler.max_num_seqs)
         self.batch = PersistentBatch(k)
         self.graphs = GraphDispatcher(c.graph_mode, c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens, k)
@@ -107,7 +108,7 @@ class AsyncEngine:
             model, self.caches, self.state, k, c.cache.block_size, model_config.vocab_size, device,
             check_inputs=hazard_check))
         self.runner = AsyncRunner(model, self.caches, self.state, self.stream, self.builder, proposer,
-                                  block_size=c.cache.block_size, num_spec_tokens=k,
+                                  block_size=c.cache.block_size, num_speculative_tokens=k,
                                   recurrent_prefill_chunked=c.recurrent_prefill_chunked,
                                   vocab_size=model_config.vocab_size, check_inputs=hazard_check)
         self.stats = AsyncStats()
@@ -123,39 +124,34 @@ class AsyncEngine:
             req.idx = -1
         req.num_staged_blocks = 0
 
-    def has_unfinished(self) -> bool:
-        return self.core.scheduler.has_unfinished() or self._inflight is not None or self.core.has_undelivered
-
     def close(self) -> None:
         self._finalizer()
 
-    # ---- one step -----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        self.core.check_usable()
+    # ---- one step: plan -> enqueue -> process the previous step ---------------------------------
+    def _step(self) -> bool:
         start = time.perf_counter()
         try:
-            self._step()
-        except BaseException as fault:
-            self.core.recover(fault, reset=self._drop_inflight)
-            raise
+            scheduler = self.core.scheduler
+            sched = scheduler.schedule()
+            future = self.runner.enqueue(self.plan(sched)) if sched.rows else None
+            previous, self._inflight = self._inflight, future
+            finished = self.process(previous) if previous is not None else []
+            if future is not None and not scheduler.has_unfinished():
+                # Only work for requests that have finished is left in flight: settle it now.
+                self._inflight = None
+                finished += self.process(future)
+            return future is not None or bool(finished)
         finally:
             self.stats.elapsed += time.perf_counter() - start
-        return self.core.deliver()
 
-    def _step(self) -> None:
-        scheduler = self.core.scheduler
-        sched = scheduler.schedule()
-        future = self.runner.enqueue(self.plan(sched)) if sched.rows else None
-        previous, self._inflight = self._inflight, future
-        finished = self._process(previous) if previous is not None else []
-        if future is not None and not scheduler.has_unfinished():
-            # Only work for requests that have finished is left in flight: settle it now.
-            self._inflight = None
-            finished += self._process(future)
-        if future is None and not finished and scheduler.has_unfinished():
-            raise RuntimeError("scheduler made no progress: the KV pool cannot hold any waiting request")
+    def _in_flight(self) -> bool:
+        return self._inflight is not None
 
-    def _drop_inflight(self) -> None:
+    def _request_slots(self) -> tuple[int, int]:
+        free = self.slots.num_free
+        return self.config.scheduler.max_num_seqs - free, free
+
+    def _reset(self) -> None:
         """After a fault: let the device timeline drain, and forget what was in flight (not committed)."""
         self._inflight = None
         for _ in range(3):  # a failed device program reports once, then the timeline drains
@@ -166,16 +162,12 @@ class AsyncEngine:
                 continue
         raise RuntimeError("the device timeline did not drain after the fault")
 
-    def is_decode(self, row: ScheduledRow) -> bool:
-        """contract 2: a decode row belongs to a request past its prompt; never judged by query length."""
-        return not row.request.is_prefilling
+    def place(self, sched: SchedulerOutput) -> tuple[list[ScheduledRow], int, list[AsyncRequest]]:
+        """Place the scheduled rows in the persistent batch: (rows, decode rows, admitted requests).
 
-    def host_buffer(self, name: str, rows: int, cols: int) -> HostBuffer:
-        """A fresh staging buffer for each step, so none is rewritten while its copy may be pending."""
-        return HostBuffer(name, self.stream, (max(rows, 1), cols), torch.int64)
-
-    def plan(self, sched: SchedulerOutput) -> StepPlan:
-        """Place the scheduled rows in the persistent batch and stage the step's host inputs."""
+        Rows come decode rows first. A decode row belongs to a request past its prompt (contract 2):
+        never judged by query length.
+        """
         admitted = [row.request for row in sched.rows if row.request.idx < 0]
         for req in admitted:
             req.idx = self.slots.allocate()
@@ -186,23 +178,24 @@ class AsyncEngine:
         self.stats.row_moves += self.batch.num_moves - moves
         by_req = {id(r.request): r for r in sched.rows}
         ordered = [by_req[id(q)] for q in self.batch.order(set(by_req))]
-        decode = [self.is_decode(r) for r in ordered]
-        rows = [r for r, d in zip(ordered, decode) if d] + [r for r, d in zip(ordered, decode) if not d]
-        num_decode = sum(decode)
+        decode = [r for r in ordered if not r.request.is_prefilling]
+        return decode + [r for r in ordered if r.request.is_prefilling], len(decode), admitted
+
+    def plan(self, sched: SchedulerOutput) -> StepPlan:
+        """Place the scheduled rows and stage the step's host inputs."""
+        rows, num_decode, admitted = self.place(sched)
         qsl = [0]
         for row in rows:
             qsl.append(qsl[-1] + row.num_tokens)
-        shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))])
-        target = self.host_buffer("target-inputs", len(rows), len(TargetRows.columns()))
-        target.write(TargetRows.pack([
+        shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))],
+                                     [len(r.draft_token_ids) for r in rows])
+        inputs = HostBuffer("step-inputs", self.stream, (len(rows), len(StepRows.columns())), torch.int64)
+        inputs.write(StepRows.pack([
             {"idx": r.request.idx, "query_len": r.num_tokens, "is_decode": i < num_decode,
              "has_initial_state": r.request.has_initial_state, "is_sampling": r.samples,
-             "num_drafts": len(r.draft_token_ids)} for i, r in enumerate(rows)]))
-        drafter = self.host_buffer("drafter-inputs", len(rows), len(DrafterRows.columns()))
-        drafter.write(DrafterRows.pack([
-            {"is_sampling": r.samples, "num_drafts": len(r.draft_token_ids),
-             "backup_token": backup_token(r.request, r.num_tokens)} for r in rows]))
-        plan = StepPlan(self._plans, rows, shape, num_decode, qsl, target, drafter,
+             "num_drafts": len(r.draft_token_ids), "backup_token": backup_token(r.request, r.num_tokens)}
+            for i, r in enumerate(rows)]))
+        plan = StepPlan(self._plans, rows, shape, num_decode, qsl, inputs,
                         [list(r.request.state_slots) for r in rows], list(sched.preempted), list(sched.resumed),
                         record=bool(self.core.observers), admission=self._admission(admitted))
         self._plans += 1
@@ -234,20 +227,19 @@ class AsyncEngine:
         grown = [r.request for r in plan.rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if not grown:
             return
-        table = torch.zeros(len(grown), self.state.block_table.shape[1], dtype=torch.int32)
+        table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block, dtype=torch.int32)
         for i, req in enumerate(grown):
             table[i, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
             req.num_staged_blocks = len(req.block_ids)
         plan.block_idx = torch.tensor([r.idx for r in grown])
         plan.block_rows = table
 
-    def _process(self, fut: StepFuture) -> list[Request]:
+    def process(self, fut: StepFuture) -> list[Request]:
         """Commit a finished step's tokens through the core; the requests it finished are returned."""
         plan = fut.plan
-        tokens, payload = fut.result()
+        tokens = fut.result()
         self.stats.steps += 1
         finished = []
-        k = self.config.speculative.num_speculative_tokens
         discarded = {i for i, row in enumerate(plan.rows) if row.request.is_finished}
         for i, row in enumerate(plan.rows):
             req = row.request
@@ -256,24 +248,17 @@ class AsyncEngine:
                 continue
             if not row.samples:
                 continue
-            valid, drafted = tokens[i], len(row.draft_token_ids)
-            settle(req, drafted, len(valid))
-            if i < plan.num_decode and k:
-                self.core.count_acceptance(req, drafted, len(valid) - 1)
-                self.stats.count_acceptance(drafted, len(valid) - 1)
+            valid = tokens[i]
+            settle(req, row, valid)
+            if i < plan.num_decode:
+                self.stats.count_acceptance(len(row.draft_token_ids), len(valid) - 1)
             self.stats.tokens += len(valid)
-            if self.core.append(req, valid):
+            if self.core.commit(req, row, valid, is_decode=i < plan.num_decode):
                 finished.append(req)
         self.core.finished(finished)
         if plan.record:
-            rows = [r for i, r in enumerate(build_records(plan, tokens, payload, k)) if i not in discarded]
+            k = self.config.speculative.num_speculative_tokens
+            rows = [r for i, r in enumerate(build_records(plan, tokens, fut.payload, k)) if i not in discarded]
             self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
-                                        plan.shape.num_reqs_padded, payload.get("gdn_shapes", {}), plan.resumed))
+                                        plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
         return finished
-
-    def occupancy(self) -> Occupancy:
-        used = self.config.scheduler.max_num_seqs - self.slots.num_free
-        return self.core.occupancy(used, self.slots.num_free)
-
-    def pools_empty(self) -> bool:
-        return self.occupancy().empty and self._inflight is None

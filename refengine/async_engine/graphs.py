@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from refengine.config import GraphMode
 
 
@@ -32,76 +34,95 @@ def pad_to(sizes: list[int], n: int) -> int | None:
 
 @dataclass(frozen=True)
 class StepShape:
+    """A step's sizes. The step program reads only the padded ones; in a FULL step every padded size
+    is fixed by ``num_reqs_padded`` (the graph's key), whatever the real ``num_reqs`` / ``num_tokens``."""
+
     mode: GraphMode  # how this step runs: NONE, PIECEWISE or FULL
-    num_reqs: int
-    num_reqs_padded: int
-    num_tokens: int
-    num_tokens_padded: int
+    num_reqs: int  # real rows
+    num_reqs_padded: int  # rows of every per-request tensor (contract 6)
+    num_tokens: int  # real tokens
+    num_tokens_padded: int  # rows of every per-token tensor
+    num_decode_rows: int  # leading rows that run the decode form (FULL: every padded row)
+    num_decode_tokens: int  # tokens of those rows (FULL: every padded token)
+    num_logits: int  # verified logits rows: 1 + drafts summed over the padded rows
 
 
 class GraphDispatcher:
-    def __init__(self, graph_mode: GraphMode, max_num_seqs: int, max_num_batched_tokens: int, num_spec_tokens: int):
+    def __init__(self, graph_mode: GraphMode, max_num_seqs: int, max_num_batched_tokens: int,
+                 num_speculative_tokens: int):
         self.graph_mode = GraphMode(graph_mode)
-        self.k = num_spec_tokens
+        self.num_speculative_tokens = num_speculative_tokens
         self.request_sizes = capture_sizes(max_num_seqs)
         self.token_sizes = capture_sizes(max_num_batched_tokens)
 
-    def is_uniform_decode(self, query_lens: list[int], is_decode: list[bool]) -> bool:
-        """Every row a decode of 1+K tokens; a batch with a real prefill never replays a decode graph."""
-        return all(is_decode) and all(q == 1 + self.k for q in query_lens)
-
-    def dispatch(self, query_lens: list[int], is_decode: list[bool]) -> StepShape:
-        n, t = len(query_lens), sum(query_lens)
-        if self.graph_mode.has_full and self.is_uniform_decode(query_lens, is_decode):
+    def dispatch(self, query_lens: list[int], is_decode: list[bool], num_drafts: list[int]) -> StepShape:
+        """Rows come decode rows first. A FULL step is a uniform decode (every row a decode of 1+K
+        tokens); a batch with a real prefill never replays a decode graph (contract 6)."""
+        n, t, k = len(query_lens), sum(query_lens), self.num_speculative_tokens
+        uniform = all(is_decode) and all(q == 1 + k for q in query_lens)
+        if self.graph_mode.has_full and uniform:
             n_pad = pad_to(self.request_sizes, n)
             if n_pad is not None:
-                return StepShape(GraphMode.FULL, n, n_pad, t, n_pad * (1 + self.k))
+                t_pad = n_pad * (1 + k)
+                return StepShape(GraphMode.FULL, n, n_pad, t, t_pad, n_pad, t_pad, t_pad)
+        num_decode = sum(is_decode)
+        decode_tokens = sum(query_lens[:num_decode])
+        logits = n + sum(num_drafts)
         if self.graph_mode.has_piecewise:
             t_pad = pad_to(self.token_sizes, t)
             if t_pad is not None:
-                return StepShape(GraphMode.PIECEWISE, n, n, t, t_pad)
-        return StepShape(GraphMode.NONE, n, n, t, t)
+                return StepShape(GraphMode.PIECEWISE, n, n, t, t_pad, num_decode, decode_tokens, logits)
+        return StepShape(GraphMode.NONE, n, n, t, t, num_decode, decode_tokens, logits)
 
 
 class StepGraphs:
-    """FULL steps as one graph per padded request count: target forward, greedy verification, the
-    device-side commit and every draft pass, from static input tables to static outputs.
+    """FULL steps as one captured program per padded request count.
 
-    ``run(key, inputs, program)``: ``inputs`` are the static input buffers the caller has filled,
-    ``program()`` reads only them and persistent state and returns a dict of output tensors. On CUDA
-    the first call for a key captures ``program`` on inert inputs (every row a padding row, so the
-    capture writes no cache entry, state slot or request row) and every call replays it; elsewhere
-    ``program`` runs eagerly on the same static buffers.
+    ``pad`` gives a FULL step the static row table of its graph (the real rows, then padding rows);
+    ``run`` runs the step program: on CUDA a FULL step's first run for a padded size captures the
+    program on an all-padding table (so the capture writes no cache entry, state slot or request
+    row) and every run replays it; everything else runs eagerly, on CPU FULL steps included (on
+    the same static tables and padding).
     """
 
     def __init__(self, device):
         self.device = device
-        self._entries: dict[int, tuple] = {}  # key -> (graph, outputs)
+        self._tables: dict[int, torch.Tensor] = {}  # padded requests -> static row table [Np, F] int64
+        self._graphs: dict[int, tuple] = {}  # padded requests -> (graph, outputs)
 
-    def run(self, key: int, inputs: dict, inert: dict, program) -> dict:
-        if self.device.type != "cuda":
+    def pad(self, shape: StepShape, table: torch.Tensor, inert: torch.Tensor) -> torch.Tensor:
+        """``table`` [n, F] padded to [Np, F] with ``inert`` [F] rows (the same tensor when Np == n)."""
+        n, n_pad = shape.num_reqs, shape.num_reqs_padded
+        if shape.mode is not GraphMode.FULL:
+            assert n == n_pad, "only FULL steps pad requests"
+            return table
+        static = self._tables.get(n_pad)
+        if static is None:
+            static = self._tables[n_pad] = inert.expand(n_pad, -1).clone()
+        static[:n] = table
+        static[n:] = inert
+        return static
+
+    def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program):
+        if shape.mode is not GraphMode.FULL or self.device.type != "cuda":
             return program()
-        entry = self._entries.get(key)
+        entry = self._graphs.get(shape.num_reqs_padded)
         if entry is None:
-            entry = self._entries[key] = self._capture(inputs, inert, program)
+            entry = self._graphs[shape.num_reqs_padded] = self._capture(static, inert, program)
         graph, outputs = entry
         graph.replay()
         return outputs
 
-    def _capture(self, inputs: dict, inert: dict, program) -> tuple:
-        import torch
-
-        real = {name: t.clone() for name, t in inputs.items()}
-        for name, t in inputs.items():
-            t.copy_(inert[name])
+    def _capture(self, static: torch.Tensor, inert: torch.Tensor, program) -> tuple:
+        real = static.clone()
+        static.copy_(inert.expand_as(static))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            program()  # warm-up on inert inputs: writes nothing
+            program()  # warm-up on padding rows only: writes nothing
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outputs = program()
-        for name, t in inputs.items():
-            t.copy_(real[name])
+        static.copy_(real)
         return graph, outputs

@@ -1,9 +1,9 @@
-"""What the host stages for one async step: named per-row columns, copied in one transfer each.
+"""What the host stages for one async step: named per-row columns, copied in one transfer.
 
 The host knows a step's scheduling facts (which request slot a row serves, how many tokens it
-runs, whether it samples); the device knows everything else. Each record below is a table of
-int64 columns ``[N, F]`` in a ``HostBuffer``; after the copy the device reads it back through the
-record's named views, never through column numbers.
+runs, whether it samples); the device knows everything else. ``StepRows`` is a table of int64
+columns ``[N, F]`` in a ``HostBuffer``; after the copy the device reads it through the record's
+named views, never through column numbers.
 """
 
 from __future__ import annotations
@@ -34,21 +34,21 @@ class RowTable:
 
 
 @dataclass
-class TargetRows(RowTable):
-    """Per-row facts the target model's step needs (N rows, decode rows first)."""
+class StepRows(RowTable):
+    """Per-row facts of one step (N rows, decode rows first; padding rows at the end of a FULL step)."""
 
-    idx: torch.Tensor  # [N] request slot
-    query_len: torch.Tensor  # [N] tokens the row runs (committed tail, then drafts)
+    idx: torch.Tensor  # [N] request slot; -1 for a padding row (its gathers read the state's sink row)
+    query_len: torch.Tensor  # [N] tokens the row runs (committed tail, then drafts); 0 for padding
     is_decode: torch.Tensor  # [N] 1: the request is past its prompt (contract 2), else 0
     has_initial_state: torch.Tensor  # [N] 1: the request has computed tokens, so its state is live
     is_sampling: torch.Tensor  # [N] 1: the row reaches the request's last token and picks tokens
-    num_drafts: torch.Tensor  # [N] drafts at the row's tail (0 for prefill rows)
-
-
-@dataclass
-class DrafterRows(RowTable):
-    """Per-row facts the drafter needs beyond the device state."""
-
-    is_sampling: torch.Tensor  # [N] 1: the row picked tokens this step
-    num_drafts: torch.Tensor  # [N] drafts verified in this step
+    num_drafts: torch.Tensor  # [N] drafts at the row's tail (0 for prefill rows, K for padding rows)
     backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1
+
+    @classmethod
+    def inert_row(cls, num_speculative_tokens: int, device) -> torch.Tensor:
+        """[F] a padding row: no request slot, zero tokens, samples nothing. It carries K drafts so a
+        FULL step's logits count (1 + drafts per row) depends on its padded size only."""
+        values = {"idx": -1, "query_len": 0, "is_decode": 1, "has_initial_state": 1, "is_sampling": 0,
+                  "num_drafts": num_speculative_tokens, "backup_token": 0}
+        return torch.tensor(cls.pack([values])[0], dtype=torch.int64, device=device)

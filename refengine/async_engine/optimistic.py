@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from refengine.core import num_rejected
 from refengine.request import Request, RequestStatus
 from refengine.scheduler import ScheduledRow
 
@@ -31,20 +32,20 @@ def scheduled_num_tokens(req: AsyncRequest) -> int:
     return req.num_tokens + req.num_output_placeholders
 
 
-def assume_accepted(row: ScheduledRow, num_spec_tokens: int) -> None:
+def assume_accepted(row: ScheduledRow, num_speculative_tokens: int) -> None:
     """At planning: count every scheduled token as computed and every draft as accepted."""
     req = row.request
     if row.samples:
         req.num_output_placeholders += 1 + len(row.draft_token_ids)
-        req.draft_token_ids = [PLACEHOLDER] * num_spec_tokens
+        req.draft_token_ids = [PLACEHOLDER] * num_speculative_tokens
     req.num_computed_tokens += row.num_tokens
 
 
-def settle(req: AsyncRequest, num_drafted: int, num_kept: int) -> None:
-    """At processing: replace the assumption with what the verifier kept (bonus included)."""
+def settle(req: AsyncRequest, row: ScheduledRow, valid: list[int]) -> None:
+    """At processing: replace the assumption with what the verifier kept (``valid``, bonus included)."""
     if req.status is RequestStatus.RUNNING:  # a preempted request restarts from its tokens anyway
-        req.num_output_placeholders -= 1 + num_drafted
-        req.num_computed_tokens -= num_drafted - (num_kept - 1)
+        req.num_output_placeholders -= 1 + len(row.draft_token_ids)
+        req.num_computed_tokens -= num_rejected(row, valid)
 
 
 def forget(req: AsyncRequest) -> None:

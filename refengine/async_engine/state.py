@@ -31,24 +31,27 @@ class RequestSlots:
 
 
 class DeviceState:
-    """``R = num_slots + 1`` rows: one per request slot, and a sink row (``sink``) that padding rows of
-    a FULL step read and write, so a padded program needs no masks around its gathers and scatters."""
+    """``R = num_slots + 1`` rows: one per request slot, and a sink row (the last, so request slot -1
+    gathers it) that padding rows of a FULL step read and write, so a padded program needs no masks
+    around its gathers and scatters. Block-table entries a request does not own hold ``sink_block``,
+    a KV block no request is ever given."""
 
-    def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_spec_tokens: int,
-                 device: torch.device):
+    def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_speculative_tokens: int,
+                 sink_block: int, device: torch.device):
         i32 = {"dtype": torch.int32, "device": device}
         i64 = {"dtype": torch.int64, "device": device}
         self.sink = num_slots
+        self.sink_block = sink_block
         num_slots += 1
         self.num_computed = torch.zeros(num_slots, **i32)  # [R] committed tokens whose KV/state is written
         self.num_tokens = torch.zeros(num_slots, **i32)  # [R] committed tokens (prompt + outputs)
         self.num_prompt = torch.zeros(num_slots, **i32)  # [R] original prompt length
         self.num_valid = torch.ones(num_slots, **i32)  # [R] tokens the previous step kept (bonus included)
         self.last_sampled = torch.zeros(num_slots, **i64)  # [R] last committed token
-        self.draft_tokens = torch.zeros(num_slots, num_spec_tokens, **i64)  # [R, K] drafts for the next step
+        self.draft_tokens = torch.zeros(num_slots, num_speculative_tokens, **i64)  # [R, K] next step's drafts
         self.token_ids = torch.full((num_slots, max_len), -1, **i64)  # [R, L] committed tokens, -1 beyond
-        self.block_table = torch.zeros(num_slots, max_blocks, **i32)  # [R, B] KV block ids
-        self.state_slots = torch.zeros(num_slots, 1 + num_spec_tokens, **i32)  # [R, K+1] GDN slots s_0..s_K
+        self.block_table = torch.full((num_slots, max_blocks), sink_block, **i32)  # [R, B] KV block ids
+        self.state_slots = torch.zeros(num_slots, 1 + num_speculative_tokens, **i32)  # [R, K+1] slots s_0..s_K
 
     def admit(self, idx: torch.Tensor, token_rows: torch.Tensor, num_tokens: torch.Tensor, num_prompt: torch.Tensor,
               slots: torch.Tensor) -> None:

@@ -216,6 +216,3 @@ class HostBuffer:
         self._check("read")
         return self.tensor
 
-    @property
-    def is_pending(self) -> bool:
-        return self.pending is not None and not self.pending.query()

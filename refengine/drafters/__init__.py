@@ -17,7 +17,7 @@ from refengine.drafters.base import (
 from refengine.drafters.mtp import MTPDrafter
 from refengine.drafters.scripted import PATTERNS, ScriptedDrafter
 
-# name -> constructor taking (num_spec_tokens, vocab_size)
+# name -> constructor taking (num_speculative_tokens, vocab_size)
 DRAFTERS = {
     "mtp": lambda k, vocab: MTPDrafter(k),
     "scripted": lambda k, vocab: ScriptedDrafter(k, vocab),
@@ -33,9 +33,9 @@ def make_drafter(spec, vocab_size: int) -> Drafter | None:
             raise ValueError(f"unknown drafter {spec.drafter!r}; registered: {', '.join(DRAFTERS)}")
         return DRAFTERS[spec.drafter](spec.num_speculative_tokens, vocab_size)
     drafter = spec.drafter
-    if getattr(drafter, "num_spec_tokens", None) != spec.num_speculative_tokens:
+    if getattr(drafter, "num_speculative_tokens", None) != spec.num_speculative_tokens:
         raise ValueError(f"drafter {getattr(drafter, 'method', drafter)!r} proposes "
-                         f"{getattr(drafter, 'num_spec_tokens', '?')} tokens but num_speculative_tokens is "
+                         f"{getattr(drafter, 'num_speculative_tokens', '?')} tokens but num_speculative_tokens is "
                          f"{spec.num_speculative_tokens}")
     return drafter
 

@@ -37,7 +37,7 @@ class HostDraftContext:
     model: Any
     caches: Any  # ModelCaches
     device: torch.device
-    num_spec_tokens: int
+    num_speculative_tokens: int
     attn_metadata: Callable[[list[tuple[list[int], list[int], int]]], AttnMetadata]  # (blocks, positions, seq_len)
 
 
@@ -48,7 +48,7 @@ class DeviceDraftContext:
     model: Any
     caches: Any  # ModelCaches
     state: Any  # DeviceState: num_computed, num_tokens, token_ids, last_sampled, block_table, draft_tokens
-    num_spec_tokens: int
+    num_speculative_tokens: int
     block_size: int
     vocab_size: int
     device: torch.device
@@ -57,44 +57,39 @@ class DeviceDraftContext:
 
 @dataclass
 class DraftInputs:
-    """One async step as the device proposer sees it (N real rows, T real tokens)."""
-
-    idx: torch.Tensor  # [N] int64 request slots
-    query_start_loc: torch.Tensor  # [N+1] int32
-    is_sampling: torch.Tensor  # [N] bool, rows whose logits picked tokens this step
-    sampling_rows: torch.Tensor  # [Ns] int64, the indices of those rows
-    backup_token: torch.Tensor  # [N] int64, the prompt token after a prompt chunk (host-staged), else -1
-    kept: torch.Tensor  # [N] int64, positions of the row now committed
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
-    hidden: torch.Tensor  # [T, H] target hidden states (post final norm)
-    attn: AttnMetadata  # the target's metadata, unpadded
-
-
-@dataclass
-class UniformDraftInputs:
-    """A FULL step as the device proposer sees it: ``Np`` padded rows of exactly 1+K tokens each.
-
-    Every real row sampled. Padding rows sit on the state's sink slot (``real`` False); whatever a
-    proposer computes for them lands in the sink row. Nothing here needs a host read, so the whole
-    proposal can be part of the step's graph.
+    """One async step as the device proposer sees it: ``Np`` rows (padded by request count in a FULL
+    step), ``Tp`` tokens. Padding rows have request slot -1 (their gathers and scatters hit the
+    state's sink row), zero tokens and ``kept`` 0. Nothing here needs a host read, so a proposal
+    can be part of a captured step.
     """
 
-    idx: torch.Tensor  # [Np] int64 request slots, the sink slot for padding rows
-    real: torch.Tensor  # [Np] bool
-    kept: torch.Tensor  # [Np] int64, positions of the row now committed (1 for padding rows)
-    input_ids: torch.Tensor  # [Np*(K+1)] int64
-    positions: torch.Tensor  # [Np*(K+1)] int64
-    hidden: torch.Tensor  # [Np*(K+1), H] target hidden states (post final norm)
+    idx: torch.Tensor  # [Np] int64 request slots, -1 for padding rows
+    query_start_loc: torch.Tensor  # [Np+1] int32, padding rows repeat the last value
+    is_sampling: torch.Tensor  # [Np] bool, rows whose logits picked tokens this step (they get drafts)
+    backup_token: torch.Tensor  # [Np] int64, the prompt token after a prompt chunk (host-staged), else -1
+    kept: torch.Tensor  # [Np] int64, positions of the row now committed (0 for padding rows)
+    input_ids: torch.Tensor  # [Tp] int64
+    positions: torch.Tensor  # [Tp] int64
+    hidden: torch.Tensor  # [Tp, H] target hidden states (post final norm)
     attn: AttnMetadata  # the target's padded metadata (padding rows inert, contract 6)
+
+    @property
+    def num_tokens_padded(self) -> int:
+        return self.input_ids.shape[0]
+
+    def last_kept(self) -> torch.Tensor:
+        """[Np] the flat index of each row's last kept token; ``Tp`` (one past the end) for rows that
+        kept none, so a scatter through it lands outside the real tokens."""
+        last = self.query_start_loc[:-1].long() + self.kept - 1
+        return torch.where(self.kept > 0, last, torch.full_like(last, self.num_tokens_padded))
 
 
 @dataclass
 class DraftOutputs:
     """What a device proposer reports for observers (the drafts themselves are in ``state.draft_tokens``)."""
 
-    first_pass_ids: torch.Tensor | None  # [T] ids fed with the target's hidden states, or None
-    chain_ids: torch.Tensor  # [Ns, c] ids fed to the chained steps of each sampling row
+    first_pass_ids: torch.Tensor | None  # [Tp] ids fed with the target's hidden states, or None
+    chain_ids: torch.Tensor  # [Np, c] ids fed to the chained steps of each row (meaningful for sampling rows)
     metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of per-request metadata
 
 
@@ -111,15 +106,13 @@ class DeviceProposer(Protocol):
         """Device timeline: write what ``stage`` prepared into the proposer's own tables."""
 
     def propose(self, d: DraftInputs) -> DraftOutputs:
-        """Device timeline: drafts for the sampling rows into ``state.draft_tokens``."""
-
-    def propose_uniform(self, d: UniformDraftInputs) -> DraftOutputs:
-        """The same for a FULL step, with static shapes and no host reads (it may be captured)."""
+        """Device timeline: drafts for the sampling rows into ``state.draft_tokens`` (other rows keep
+        theirs), with static shapes and no host reads, so a FULL step may capture it."""
 
 
 class Drafter(Protocol):
     method: str  # the name it is registered under
-    num_spec_tokens: int  # K
+    num_speculative_tokens: int  # K
     uses_kv_cache: bool  # needs a KV cache of its own (ModelCaches key "mtp")
 
     def check_model(self, model) -> None:

@@ -19,7 +19,6 @@ from refengine.drafters.base import (
     DraftInputs,
     DraftOutputs,
     HostDraftContext,
-    UniformDraftInputs,
     attn_shapes,
     check_vocab_ids,
 )
@@ -29,7 +28,7 @@ from refengine.model import MTP_CACHE_KEY
 
 @dataclass
 class MTPDrafter:
-    num_spec_tokens: int
+    num_speculative_tokens: int
     method: str = "mtp"
     uses_kv_cache: bool = True
 
@@ -79,7 +78,7 @@ class MTPHostProposer:
         hidden = mtp_hidden[ends[sampling]]
         drafts = [model.compute_logits(hidden).argmax(dim=-1)]
         reqs = [rows[owners[j]].request for j in sampling]
-        for step in range(1, ctx.num_spec_tokens):
+        for step in range(1, ctx.num_speculative_tokens):
             prev = drafts[-1]
             chain = []
             for r in reqs:
@@ -97,7 +96,11 @@ class MTPHostProposer:
 
 
 class MTPDeviceProposer:
-    """The async engine's MTP drafting, on the device, from committed tokens only."""
+    """The async engine's MTP drafting, on the device, from committed tokens only.
+
+    One form for every step: rows that do not sample (prompt chunks, padding) run the chained
+    passes inert (no KV write, zero context) and keep their drafts.
+    """
 
     def __init__(self, ctx: DeviceDraftContext):
         self.ctx = ctx
@@ -109,75 +112,43 @@ class MTPDeviceProposer:
         return None
 
     def next_token_ids(self, d: DraftInputs) -> torch.Tensor:
-        """[T] the committed token after each position (filler ids past the kept positions)."""
-        st = self.ctx.state
-        n = d.idx.shape[0]
-        q = (d.query_start_loc[1:] - d.query_start_loc[:-1]).long()
-        row = torch.repeat_interleave(torch.arange(n, device=d.idx.device), q, output_size=d.input_ids.shape[0])
-        r = d.idx[row]
+        """[Tp] the committed token after each position (filler ids past the kept positions)."""
+        st, tp = self.ctx.state, d.num_tokens_padded
+        token = torch.arange(tp, device=d.idx.device)
+        row = torch.searchsorted(d.query_start_loc[1:], token.to(d.query_start_loc.dtype), right=True)
+        r = d.idx[row.clamp(max=d.idx.shape[0] - 1)]  # request slot of each token (tokens past the rows: any)
         nxt_pos = d.positions + 1
         committed = nxt_pos < st.num_tokens[r].long()
         nxt = torch.where(committed, st.token_ids[r, nxt_pos.clamp(max=st.token_ids.shape[1] - 1)], d.input_ids)
-        last = d.query_start_loc[:-1].long() + d.kept - 1  # [N] last kept token of each row
-        nxt[last] = torch.where(d.is_sampling, st.last_sampled[d.idx], d.backup_token)
-        return nxt
+        last = torch.where(d.is_sampling, st.last_sampled[d.idx], d.backup_token)
+        out = torch.cat([nxt, nxt.new_zeros(1)])  # one spare entry takes the rows that kept nothing
+        out[d.last_kept()] = last
+        return out[:tp]
 
     def propose(self, d: DraftInputs) -> DraftOutputs:
         ctx, model, st = self.ctx, self.ctx.model, self.ctx.state
-        k, kv = ctx.num_spec_tokens, ctx.caches.kv[MTP_CACHE_KEY]
+        k, bs, kv = ctx.num_speculative_tokens, ctx.block_size, ctx.caches.kv[MTP_CACHE_KEY]
         ids = self.next_token_ids(d)
         if ctx.check_inputs:
             check_vocab_ids(ids, d.query_start_loc, d.idx, d.positions, ctx.vocab_size)
         mtp_hidden = model.mtp(ids, d.hidden, d.positions, d.attn, kv)
-        sampling = d.sampling_rows
-        if sampling.numel() == 0:
-            return DraftOutputs(ids, ids.new_zeros(0, max(k - 1, 0)))
-        r = d.idx[sampling]
-        last = d.query_start_loc[:-1].long()[sampling] + d.kept[sampling] - 1
-        hidden = mtp_hidden[last]
+        hidden = mtp_hidden[d.last_kept().clamp(max=d.num_tokens_padded - 1)]  # [Np]
         drafts = [model.compute_logits(hidden).argmax(dim=-1)]
-        base = st.num_computed[r].long()  # committed after this step's post-update
-        one = torch.arange(r.shape[0] + 1, dtype=torch.int32, device=r.device)
-        for step in range(1, k):
-            pos = base + step - 1  # MTP row p pairs token p+1 with hidden p
-            blocks = st.block_table[r, pos // ctx.block_size].long()
-            attn = AttnMetadata(query_start_loc=one, seq_lens=(pos + 1).to(torch.int32),
-                                block_table=st.block_table[r],
-                                slot_mapping=blocks * ctx.block_size + pos % ctx.block_size)
-            hidden = model.mtp(drafts[-1], hidden, pos, attn, kv)
-            drafts.append(model.compute_logits(hidden).argmax(dim=-1))
-        table = torch.stack(drafts, dim=1)
-        st.draft_tokens[r] = table
-        return DraftOutputs(ids, table[:, :-1])
-
-    def propose_uniform(self, d: UniformDraftInputs) -> DraftOutputs:
-        """Every row 1+K tokens; the chained steps keep padding rows inert (no KV write, zero context)."""
-        ctx, model, st = self.ctx, self.ctx.model, self.ctx.state
-        k, bs, kv = ctx.num_spec_tokens, ctx.block_size, ctx.caches.kv[MTP_CACHE_KEY]
-        rows = d.idx.shape[0]
-        r_tok = d.idx.repeat_interleave(k + 1)  # [Np*(K+1)] request slot of each token
-        nxt_pos = d.positions + 1
-        committed = nxt_pos < st.num_tokens[r_tok].long()
-        ids = torch.where(committed, st.token_ids[r_tok, nxt_pos.clamp(max=st.token_ids.shape[1] - 1)], d.input_ids)
-        last = torch.arange(rows, device=d.idx.device) * (k + 1) + d.kept - 1  # [Np] last kept token
-        ids[last] = st.last_sampled[d.idx]
-        mtp_hidden = model.mtp(ids, d.hidden, d.positions, d.attn, kv)
-        hidden = mtp_hidden[last]
-        drafts = [model.compute_logits(hidden).argmax(dim=-1)]
+        live = d.is_sampling
         base = st.num_computed[d.idx].long()  # committed after this step's post-update
-        qsl = torch.zeros(rows + 1, dtype=torch.int32, device=d.idx.device)
-        qsl[1:] = d.real.to(torch.int32).cumsum(0)  # one token per real row; padding rows repeat it
-        table_rows = torch.where(d.real[:, None], st.block_table[d.idx], 0)
+        qsl = torch.zeros(d.idx.shape[0] + 1, dtype=torch.int32, device=d.idx.device)
+        qsl[1:] = live.to(torch.int32).cumsum(0)  # one token per sampling row; other rows repeat it
+        table_rows = torch.where(live[:, None], st.block_table[d.idx], st.sink_block)
         shapes = attn_shapes("drafter", d.attn)
         for step in range(1, k):
             pos = base + step - 1  # MTP row p pairs token p+1 with hidden p
             blocks = st.block_table[d.idx, (pos // bs).clamp(max=st.block_table.shape[1] - 1)].long()
-            slots = torch.where(d.real, blocks * bs + pos % bs, torch.full_like(pos, PAD_SLOT_ID))
-            seq_lens = torch.where(d.real, pos + 1, torch.zeros_like(pos)).to(torch.int32)
+            slots = torch.where(live, blocks * bs + pos % bs, torch.full_like(pos, PAD_SLOT_ID))
+            seq_lens = torch.where(live, pos + 1, torch.zeros_like(pos)).to(torch.int32)
             attn = AttnMetadata(query_start_loc=qsl, seq_lens=seq_lens, block_table=table_rows, slot_mapping=slots)
             shapes.update(attn_shapes("drafter_chain", attn))
             hidden = model.mtp(drafts[-1], hidden, pos, attn, kv)
             drafts.append(model.compute_logits(hidden).argmax(dim=-1))
         table = torch.stack(drafts, dim=1)
-        st.draft_tokens[d.idx] = table  # padding rows write only the sink row
+        st.draft_tokens[d.idx] = torch.where(live[:, None], table, st.draft_tokens[d.idx])
         return DraftOutputs(ids, table[:, :-1], shapes)

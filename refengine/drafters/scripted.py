@@ -19,6 +19,7 @@ import hashlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,24 +28,22 @@ from refengine.drafters.base import (
     DraftInputs,
     DraftOutputs,
     HostDraftContext,
-    UniformDraftInputs,
 )
-from refengine.request import Request
 
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
-TruthSource = Callable[[Request], list[int]]  # request -> its plain greedy output tokens
+TruthSource = Callable[[Any], list[int]]  # a refengine.request.Request -> its plain greedy output tokens
 
 
 class ScriptedDrafter:
     method = "scripted"
     uses_kv_cache = False
 
-    def __init__(self, num_spec_tokens: int, vocab_size: int, pattern: str | Callable[[str, int], int] = "hash",
+    def __init__(self, num_speculative_tokens: int, vocab_size: int, pattern: str | Callable[[str, int], int] = "hash",
                  truth: TruthSource | None = None):
         """``pattern``: a name from PATTERNS, or (request id, committed outputs) -> correct drafts."""
         if isinstance(pattern, str) and pattern not in PATTERNS:
             raise ValueError(f"scripted drafter pattern must be one of {PATTERNS} or a callable, got {pattern!r}")
-        self.num_spec_tokens = num_spec_tokens
+        self.num_speculative_tokens = num_speculative_tokens
         self.vocab_size = vocab_size
         self.pattern = pattern
         self.truth = truth
@@ -55,7 +54,7 @@ class ScriptedDrafter:
 
     def num_correct(self, request_id: str, position: int) -> int:
         """Correct drafts proposed when ``position`` output tokens are committed."""
-        k = self.num_spec_tokens
+        k = self.num_speculative_tokens
         if callable(self.pattern):
             c = int(self.pattern(request_id, position))
         elif self.pattern == "all-accept":
@@ -83,7 +82,7 @@ class ScriptedHostProposer:
         self.drafter = drafter
         self._truth: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Request -> truth tokens
 
-    def drafts_for(self, req: Request) -> list[int]:
+    def drafts_for(self, req) -> list[int]:
         d = self.drafter
         truth = self._truth.get(req)
         if truth is None:
@@ -94,7 +93,7 @@ class ScriptedHostProposer:
         m = len(req.output_token_ids)  # drafts stand for outputs m, m+1, ...
         c = d.num_correct(req.request_id, m)
         drafts = []
-        for j in range(d.num_spec_tokens):
+        for j in range(d.num_speculative_tokens):
             true = truth[m + j] if m + j < len(truth) else 0
             drafts.append(true if j < c else (true + 1) % d.vocab_size)
         return drafts
@@ -144,14 +143,9 @@ class ScriptedDeviceProposer:
             self.num_correct[idx] = staged.num_correct.to(self.truth.device, non_blocking=non_blocking)
 
     def propose(self, d: DraftInputs) -> DraftOutputs:
-        return self._drafts_for(d.idx[d.sampling_rows])
-
-    def propose_uniform(self, d: UniformDraftInputs) -> DraftOutputs:
-        return self._drafts_for(d.idx)  # padding rows sit on the sink slot
-
-    def _drafts_for(self, r: torch.Tensor) -> DraftOutputs:
-        """Drafts for request slots ``r`` [Ns] into ``state.draft_tokens``."""
-        st, k, vocab = self.ctx.state, self.drafter.num_spec_tokens, self.drafter.vocab_size
+        """Drafts for the sampling rows into ``state.draft_tokens``; other rows keep theirs."""
+        st, k, vocab = self.ctx.state, self.drafter.num_speculative_tokens, self.drafter.vocab_size
+        r = d.idx
         m = (st.num_tokens[r] - st.num_prompt[r]).long()  # drafts stand for outputs m, m+1, ...
         width = self.truth.shape[1]
         cols = m[:, None] + torch.arange(k, device=r.device)[None, :]
@@ -159,5 +153,6 @@ class ScriptedDeviceProposer:
         truth = torch.where(cols < width, truth, torch.zeros_like(truth))
         c = self.num_correct[r, m.clamp(max=width - 1)]
         j = torch.arange(k, device=r.device)[None, :]
-        st.draft_tokens[r] = torch.where(j < c[:, None].long(), truth, (truth + 1) % vocab)
+        drafts = torch.where(j < c[:, None].long(), truth, (truth + 1) % vocab)
+        st.draft_tokens[r] = torch.where(d.is_sampling[:, None], drafts, st.draft_tokens[r])
         return DraftOutputs(None, st.last_sampled[r][:, None])

@@ -21,7 +21,7 @@ class GatedAttention(nn.Module):
     attr_name = "self_attn"  # checkpoint prefix inside a decoder layer
 
     @staticmethod
-    def cache_spec(cfg: ModelConfig, num_spec_tokens: int) -> PagedKV:
+    def cache_spec(cfg: ModelConfig, num_speculative_tokens: int) -> PagedKV:
         return PagedKV(cfg.num_key_value_heads, cfg.head_dim)
 
     def __init__(self, cfg: ModelConfig) -> None:

@@ -31,9 +31,9 @@ class GatedDeltaNet(nn.Module):
     attr_name = "linear_attn"  # checkpoint prefix inside a decoder layer
 
     @staticmethod
-    def cache_spec(cfg: ModelConfig, num_spec_tokens: int) -> RecurrentState:
+    def cache_spec(cfg: ModelConfig, num_speculative_tokens: int) -> RecurrentState:
         """The conv window keeps W-1 inputs plus K columns, so a verify step can restart at any offset."""
-        conv = (cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1 + num_spec_tokens)
+        conv = (cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1 + num_speculative_tokens)
         ssm = (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
         return RecurrentState(shapes=(conv, ssm), fp32=(False, True))
 
@@ -100,7 +100,7 @@ class GatedDeltaNet(nn.Module):
             x = kernels.causal_conv1d_fn(x, weight, conv_state, qsl, slots, group.has_initial_state, activation="silu")
         else:
             x = kernels.causal_conv1d_update(
-                x, weight, conv_state, qsl, slots, num_accepted_tokens=group.num_accepted_tokens, activation="silu"
+                x, weight, conv_state, qsl, slots, num_accepted_tokens=group.num_valid, activation="silu"
             )
         tg = x.shape[0]
         q, k, v = torch.split(x, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -122,7 +122,7 @@ class GatedDeltaNet(nn.Module):
                 q, k, v, g, beta, ssm_state, qsl, slots, has_initial_state=group.has_initial_state,
                 use_qk_l2norm=True,
             )
-        accepted = group.num_accepted_tokens if slots.dim() == 2 else None
+        accepted = group.num_valid if slots.dim() == 2 else None
         return kernels.fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, ssm_state, qsl, slots, num_accepted_tokens=accepted, use_qk_l2norm=True
         )

@@ -4,7 +4,7 @@ A mixer is the part of a decoder layer that moves information between tokens. Ev
 has the same call, ``mixer(x, positions, ctx, cache_key) -> [T, H]``, and declares:
 
 - ``attr_name``: the attribute (and checkpoint key prefix) it sits under in its decoder layer;
-- ``cache_spec(cfg, num_spec_tokens)``: a ``PagedKV`` (keys and values in blocks, read through
+- ``cache_spec(cfg, num_speculative_tokens)``: a ``PagedKV`` (keys and values in blocks, read through
   ``ctx.attn``) or a ``RecurrentState`` (per-slot tensors, read through ``ctx.recurrent``), both
   from ``refengine.model.cache_specs``.
 

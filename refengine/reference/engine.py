@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from refengine.cache import ModelCaches
 from refengine.config import EngineConfig, torch_dtype
-from refengine.core import EngineCore, Occupancy
+from refengine.core import EngineCore, num_rejected
 from refengine.drafters import make_drafter
-from refengine.outputs import RequestOutput, StepRecord
+from refengine.engine import Engine
+from refengine.outputs import StepRecord
 from refengine.reference.runner import ReferenceRunner, StepResult
 from refengine.request import Request
 from refengine.scheduler import SchedulerOutput
 
 
-class ReferenceEngine:
+class ReferenceEngine(Engine):
     def __init__(self, config: EngineConfig, model, model_config, tokenizer=None):
+        k = config.speculative.num_speculative_tokens
         self.config = config
         self.model = model
         self.core = EngineCore(config, model_config, tokenizer)
@@ -25,38 +27,26 @@ class ReferenceEngine:
         if self.drafter is not None:
             self.drafter.check_model(model)
         self.caches = ModelCaches(model_config, config.num_kv_blocks, config.cache.block_size,
-                                  config.num_state_slots, config.speculative.num_speculative_tokens,
-                                  torch_dtype(config.dtype), config.device,
+                                  config.num_state_slots, k, torch_dtype(config.dtype), config.device,
                                   drafter_kv=self.drafter is not None and self.drafter.uses_kv_cache)
         self.runner = ReferenceRunner(model, self.caches, block_size=config.cache.block_size,
-                                      num_spec_tokens=config.speculative.num_speculative_tokens,
-                                      drafter=self.drafter, recurrent_prefill_chunked=config.recurrent_prefill_chunked,
+                                      num_speculative_tokens=k, drafter=self.drafter,
+                                      recurrent_prefill_chunked=config.recurrent_prefill_chunked,
                                       device=config.device)
         self._steps = 0
 
-    def has_unfinished(self) -> bool:
-        return self.core.scheduler.has_unfinished() or self.core.has_undelivered
-
-    def step(self) -> list[RequestOutput]:
+    def _step(self) -> bool:
         core = self.core
-        core.check_usable()
         sched = core.scheduler.schedule()
         if not sched.rows:
-            if core.scheduler.has_unfinished():
-                raise RuntimeError("scheduler made no progress: the KV pool cannot hold any waiting request")
-            return core.deliver()
-        try:
-            result = self.runner.execute(sched, record_digests=bool(core.observers))
-            core.finished(self._commit(sched, result))
-            self.runner.propose(sched, result)
-        except BaseException as fault:
-            # The step may have written state slots and KV entries it did not commit: start over.
-            core.recover(fault)
-            raise
+            return False
+        result = self.runner.execute(sched, record_digests=bool(core.observers))
+        core.finished(self._commit(sched, result))
+        self.runner.propose(sched, result)
         core.record(StepRecord(self._steps, result.records, list(sched.preempted), "none", len(sched.rows),
                                result.gdn_shapes, list(sched.resumed)))
         self._steps += 1
-        return core.deliver()
+        return True
 
     def _commit(self, sched: SchedulerOutput, result: StepResult) -> list[Request]:
         finished = []
@@ -65,21 +55,9 @@ class ReferenceEngine:
             if valid is None:  # a prompt chunk that does not reach the end: nothing sampled
                 req.num_computed_tokens += row.num_tokens
                 continue
-            drafted, kept = len(row.draft_token_ids), len(valid)
-            req.num_computed_tokens += row.num_tokens - (drafted - (kept - 1))
-            req.num_valid_prev = kept
+            req.num_computed_tokens += row.num_tokens - num_rejected(row, valid)
+            req.num_valid = len(valid)
             req.draft_token_ids = []
-            if rec.kind == "decode" and self.config.speculative.enabled:
-                self.core.count_acceptance(req, drafted, kept - 1)
-            if self.core.append(req, valid):
+            if self.core.commit(req, row, valid, is_decode=rec.kind == "decode"):
                 finished.append(req)
         return finished
-
-    def occupancy(self) -> Occupancy:
-        return self.core.occupancy()
-
-    def pools_empty(self) -> bool:
-        return self.occupancy().empty
-
-    def close(self) -> None:
-        pass

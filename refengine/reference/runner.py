@@ -37,14 +37,14 @@ class _GroupBuilder:
         self.query_start_loc: list[int] = [0]
         self.state_indices: list = []
         self.has_initial_state: list[bool] = []
-        self.num_accepted: list[int] = []
+        self.num_valid: list[int] = []
 
-    def add(self, token_range: range, state_index, has_initial_state: bool, num_accepted: int) -> None:
+    def add(self, token_range: range, state_index, has_initial_state: bool, num_valid: int) -> None:
         self.token_indices.extend(token_range)
         self.query_start_loc.append(len(self.token_indices))
         self.state_indices.append(state_index)
         self.has_initial_state.append(has_initial_state)
-        self.num_accepted.append(num_accepted)
+        self.num_valid.append(num_valid)
 
     def build(self, device, speculative: bool, prefill: bool) -> RecurrentGroup | None:
         if not self.state_indices:
@@ -56,21 +56,21 @@ class _GroupBuilder:
             state_indices=torch.tensor(self.state_indices, **i32),
             has_initial_state=torch.tensor(self.has_initial_state, dtype=torch.bool, device=device)
             if prefill else None,
-            num_accepted_tokens=torch.tensor(self.num_accepted, **i32) if speculative and not prefill else None,
+            num_valid=torch.tensor(self.num_valid, **i32) if speculative and not prefill else None,
         )
 
 
 class ReferenceRunner:
-    def __init__(self, model, caches: ModelCaches, *, block_size: int, num_spec_tokens: int,
+    def __init__(self, model, caches: ModelCaches, *, block_size: int, num_speculative_tokens: int,
                  drafter: Drafter | None, recurrent_prefill_chunked: bool, device):
         self.model = model
         self.caches = caches
         self.block_size = block_size
-        self.k = num_spec_tokens
+        self.num_speculative_tokens = num_speculative_tokens
         self.recurrent_prefill_chunked = recurrent_prefill_chunked
         self.device = torch.device(device)
         self.proposer = None if drafter is None else drafter.host_proposer(
-            HostDraftContext(model, caches, self.device, num_spec_tokens, self._attn_metadata))
+            HostDraftContext(model, caches, self.device, num_speculative_tokens, self._attn_metadata))
 
     # ---- step inputs ------------------------------------------------------------------------
     def _slot(self, block_ids: list[int], pos: int) -> int:
@@ -84,7 +84,7 @@ class ReferenceRunner:
             qsl.append(qsl[-1] + len(positions))
             seq_lens.append(seq_len)
             slots.extend(self._slot(block_ids, p) for p in positions)
-            table.append(block_ids + [0] * (width - len(block_ids)))
+            table.append(block_ids + [self.caches.sink_block] * (width - len(block_ids)))
         dev = self.device
         return AttnMetadata(
             query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
@@ -103,6 +103,7 @@ class ReferenceRunner:
         positions: list[int] = []
         attn_rows, records, query_start, computed = [], [], [], []
         prefill, decode = _GroupBuilder(), _GroupBuilder()
+        speculative = self.num_speculative_tokens > 0
         for row in sched.rows:
             req = row.request
             nc = req.num_computed_tokens
@@ -119,8 +120,8 @@ class ReferenceRunner:
                 prefill.add(tokens, req.state_slots[0], req.has_initial_state, 1)
                 slot_read, offset = (req.state_slots[0] if req.has_initial_state else None), 0
             else:
-                offset = req.num_valid_prev - 1  # contract 1: live state is s_{a-1}
-                decode.add(tokens, req.state_slots if self.k else req.state_slots[0], True, req.num_valid_prev)
+                offset = req.num_valid - 1  # contract 1: live state is s_{a-1}
+                decode.add(tokens, req.state_slots if speculative else req.state_slots[0], True, req.num_valid)
                 slot_read = req.state_slots[offset]
             records.append(RowRecord(
                 request_id=req.request_id, kind="prefill" if req.is_prefilling else "decode",
@@ -129,8 +130,8 @@ class ReferenceRunner:
                 draft_token_ids=list(row.draft_token_ids), output_token_ids=None, num_accepted=None))
 
         dev = self.device
-        recurrent = RecurrentMetadata(prefill=prefill.build(dev, self.k > 0, prefill=True),
-                          decode=decode.build(dev, self.k > 0, prefill=False))
+        recurrent = RecurrentMetadata(prefill=prefill.build(dev, speculative, prefill=True),
+                                      decode=decode.build(dev, speculative, prefill=False))
         ctx = self._context(self._attn_metadata(attn_rows), recurrent)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64, device=dev), ctx)
@@ -151,18 +152,19 @@ class ReferenceRunner:
         if not sampling:
             return out
         logit_rows, cu, drafts, num_drafts = [], [0], [], []
+        k = self.num_speculative_tokens
         for i in sampling:
             row = rows[i]
             first = query_start[i] + row.num_committed - 1  # the last committed token
             logit_rows.extend(range(first, query_start[i] + row.num_tokens))
             cu.append(len(logit_rows))
-            drafts.append(row.draft_token_ids + [0] * (self.k - len(row.draft_token_ids)))
+            drafts.append(row.draft_token_ids + [0] * (k - len(row.draft_token_ids)))
             num_drafts.append(len(row.draft_token_ids))
         dev = self.device
         logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=dev)])
         tokens, num_valid = kernels.greedy_verify(
             logits,
-            torch.tensor(drafts, dtype=torch.int64, device=dev).reshape(len(sampling), self.k),
+            torch.tensor(drafts, dtype=torch.int64, device=dev).reshape(len(sampling), k),
             torch.tensor(num_drafts, dtype=torch.int32, device=dev),
             torch.tensor(cu, dtype=torch.int32, device=dev),
         )

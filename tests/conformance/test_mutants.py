@@ -40,8 +40,8 @@ def test_mutants_are_instance_patches(model):
     spec = RunSpec(model, EngineSettings(num_speculative_tokens=3, drafter="scripted", pattern="hash"), 256, lambda rec: None)
     mutated = MutantAdapter(get_mutant("short-prompt-as-decode")).start(spec)
     clean = RefEngineAdapter("async", "full_and_piecewise").start(spec)
-    assert mutated.llm.engine.is_decode is not clean.llm.engine.is_decode
-    assert type(clean.llm.engine).is_decode is not mutated.llm.engine.is_decode
+    assert mutated.llm.engine.place is not clean.llm.engine.place
+    assert type(clean.llm.engine).place is not mutated.llm.engine.place
 
 
 def test_a_mutant_the_model_cannot_exercise_is_named_untried(tmp_path_factory):

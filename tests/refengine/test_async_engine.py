@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from refengine import LLM, SamplingParams
-from refengine.async_engine.stream import HazardError
+from refengine.async_engine.stream import HazardError, HostBuffer
 from refengine.drafters import ScriptedDrafter
 from tests.helpers.checkpoints import write_checkpoint
 
@@ -90,7 +90,7 @@ def check_records(records, k):
             assert rec.gdn_metadata_shapes["decode.state_indices"][0] == n
             assert rec.gdn_metadata_shapes["decode.query_start_loc"] == (n + 1,)
             if k:
-                assert rec.gdn_metadata_shapes["decode.num_accepted_tokens"] == (n,)
+                assert rec.gdn_metadata_shapes["decode.num_valid"] == (n,)
 
 
 @pytest.mark.parametrize("graph_mode", GRAPH_MODES)
@@ -137,13 +137,16 @@ def test_delay_and_hazard_modes_stay_exact(ckpt):
 def test_hazard_checker_names_the_buffer(ckpt):
     """A host buffer rewritten while its copy is pending raises, naming the buffer."""
     llm = LLM(model=ckpt, engine="async", delay_copies=True, hazard_check=True)
-    engine = llm.engine
-    shared = {}
+    runner, shared = llm.engine.runner, {}
+    enqueue = runner.enqueue
 
-    def reused(name, rows, cols):
-        return shared.setdefault("buf", type(engine).host_buffer(engine, "shared-step-inputs", 64, 6))
+    def from_one_buffer(plan):
+        buf = shared.setdefault("buf", HostBuffer("shared-step-inputs", llm.engine.stream, (64, 7), torch.int64))
+        buf.write(plan.inputs.tensor[: plan.shape.num_reqs])
+        plan.inputs = buf
+        return enqueue(plan)
 
-    engine.host_buffer = reused
+    runner.enqueue = from_one_buffer
     llm.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4))
     with pytest.raises(HazardError, match="shared-step-inputs"):
         while llm.has_unfinished():

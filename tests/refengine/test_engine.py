@@ -120,7 +120,7 @@ def test_dirty_recycled_slots(checkpoints, k):
     llm = LLM(model=ckpt, num_speculative_tokens=k, max_num_seqs=4)
     llm.generate(prompts_of([30, 25, 40, 12], 256, seed=2), SamplingParams(max_tokens=20, ignore_eos=True))
     records = []
-    llm.engine.core.observers.append(records.append)
+    llm.engine.add_observer(records.append)
     reused = [o.token_ids for o in llm.generate(short, SamplingParams(max_tokens=12, ignore_eos=True))]
     assert reused == fresh
     firsts = [r for rec in records for r in rec.rows if r.num_computed_tokens == 0]
@@ -128,7 +128,9 @@ def test_dirty_recycled_slots(checkpoints, k):
     assert all(r.kind == "prefill" and not r.has_initial_state and r.state_slot_read is None for r in firsts)
 
     poisoned = LLM(model=ckpt, num_speculative_tokens=k)
-    poisoned.engine.caches.fill_state_pools(float("nan"))
+    for tensors in poisoned.engine.caches.states.values():  # every recurrent slot holds NaN
+        for t in tensors:
+            t.fill_(float("nan"))
     got = [o.token_ids for o in poisoned.generate(short, SamplingParams(max_tokens=12, ignore_eos=True))]
     assert got == fresh
 

@@ -67,14 +67,14 @@ def inject(llm: LLM, stage: str, exc) -> None:
     elif stage == "submitted":  # right after the device work was submitted
         fail_once(e.runner, "enqueue", 3, after=True, exc=exc)
     elif stage == "process":  # processing the previous step's output
-        fail_once(e, "_process", 3, exc=exc)
+        fail_once(e, "process", 3, exc=exc)
     elif stage == "model":
         fail_once(e.runner, ("run", "execute"), 3, exc=exc)
     elif stage == "drafter":
         target = e.runner.proposer
         if target is None:
             pytest.skip("no drafter without speculation")
-        fail_once(target, ("propose", "propose_uniform"), 3, exc=exc)
+        fail_once(target, "propose", 3, exc=exc)
     else:
         raise AssertionError(stage)
 
@@ -158,18 +158,18 @@ def test_observer_fault_loses_no_output(expected):
 def test_unrecoverable_fault_refuses_every_later_call():
     llm = LLM(engine="async", num_speculative_tokens=3)
     e = llm.engine
-    fail_once(e, "_process", 2)
+    fail_once(e, "process", 2)
 
     def broken_reset():
         raise RuntimeError("the device is gone")
 
-    e._drop_inflight = broken_reset
+    e._reset = broken_reset
     for i, prompt in enumerate(PROMPTS):
         llm.add_request(f"r{i}", prompt, PARAMS)
     with pytest.raises(EngineFaulted, match="recovery from InjectedFault"):
         while True:
             llm.step()
-    with pytest.raises(EngineFaulted, match="InjectedFault\\('injected into _process'\\)"):
+    with pytest.raises(EngineFaulted, match="InjectedFault\\('injected into process'\\)"):
         llm.step()
 
 
