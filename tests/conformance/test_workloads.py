@@ -12,6 +12,7 @@ import pytest
 
 from conformance.checks import TRIGGERS
 from conformance.workloads import TIERS, UnknownScenario, get_def, load_scenario, scenario_defs, scenario_ids
+from conformance.workloads.files import REGRESSIONS_DIR, regression_defs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,3 +99,11 @@ def test_nightly_is_bigger():
         big = load_scenario(sid, "nightly", 256).requests
         assert sum(r.max_tokens for r in big) > sum(r.max_tokens for r in small), sid
 
+
+def test_only_the_regression_folders_own_files_join_the_corpus(tmp_path):
+    """conformance/README.md: a workload waiting for its fix in a subfolder (``regressions/pending/``) joins no tier."""
+    data = json.loads(min(REGRESSIONS_DIR.glob("*.json")).read_text())
+    (tmp_path / "pending").mkdir()
+    (tmp_path / "joined.json").write_text(json.dumps({**data, "id": "regression-joined"}))
+    (tmp_path / "pending" / "waiting.json").write_text(json.dumps({**data, "id": "regression-waiting"}))
+    assert [d.id for d in regression_defs(tmp_path)] == ["regression-joined"]
