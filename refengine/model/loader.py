@@ -204,13 +204,17 @@ def _model_name(key: str) -> str:
     return "model." + key[len(WRAPPER_PREFIX):] if key.startswith(WRAPPER_PREFIX) else key
 
 
-def _file_name(name: str, file_names: dict[str, str]) -> str:
-    """How the file names (or would name) model tensor ``name``: its own key when it holds the tensor,
-    else in the file's convention (wrapped when any of its tensors is)."""
-    if name in file_names:
-        return file_names[name]
+def _as_in_file(names: list[str], file_names: dict[str, str]) -> list[str]:
+    """Model tensor names as the file names them: its own key where it holds the tensor, else in the
+    file's convention (wrapped when any of its tensors is)."""
     wrapped = any(key.startswith(WRAPPER_PREFIX) for key in file_names.values())
-    return WRAPPER_PREFIX + name[len("model."):] if wrapped and name.startswith("model.") else name
+
+    def as_in_file(name: str) -> str:
+        if name in file_names:
+            return file_names[name]
+        return WRAPPER_PREFIX + name[len("model."):] if wrapped and name.startswith("model.") else name
+
+    return [as_in_file(name) for name in names]
 
 
 def _count_mtp_layers(tensors: dict[str, torch.Tensor]) -> int:
@@ -267,10 +271,10 @@ def _check_names_and_shapes(
         embed = tensors.get("model.embed_tokens.weight")
         if embed is None or head.shape != embed.shape or not torch.equal(head, embed):
             raise CheckpointError("unexpected tensor lm_head.weight: tie_word_embeddings is true")
-    missing = [_file_name(n, file_names) for n in sorted(set(expected) - set(tensors))]
+    missing = _as_in_file(sorted(set(expected) - set(tensors)), file_names)
     if missing:
         raise CheckpointError(f"missing tensor {missing[0]}" + _more(missing) + layer_types_note)
-    unexpected = [_file_name(n, file_names) for n in sorted(set(tensors) - set(expected))]
+    unexpected = _as_in_file(sorted(set(tensors) - set(expected)), file_names)
     if unexpected:
         raise CheckpointError(f"unexpected tensor {unexpected[0]}" + _more(unexpected) + layer_types_note)
     for name, shape in expected.items():
