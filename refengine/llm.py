@@ -103,6 +103,7 @@ class LLM:
             params = SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        _check_params(params)
         if len(params) != len(prompts):
             raise EngineError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         batch = []
@@ -138,6 +139,14 @@ class LLM:
         """The engine's pools, used and free: KV blocks, state slots, request slots (async engine),
         and its waiting / running request counts. ``.empty`` once everything finished."""
         return self.engine.occupancy()
+
+
+def _check_params(params) -> None:
+    """``generate``'s params: SamplingParams or a sequence of them (each checked by the engine). A dict
+    such as ``{"max_tokens": 4}`` would otherwise be read as the sequence of its keys."""
+    if isinstance(params, str | bytes) or not isinstance(params, Sequence):
+        raise EngineError(f"params must be a SamplingParams or a list of them, got {type(params).__name__} "
+                          f"{params!r}" + (" (pass SamplingParams(**it))" if isinstance(params, dict) else ""))
 
 
 def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_options):

@@ -11,6 +11,9 @@ import torch
 if not torch.cuda.is_available():
     # Read when a Triton kernel is decorated, so it must be set before any kernel module loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Every child interpreter a test starts (CLIs, child pytest runs) inherits this and writes no
+# __pycache__ into the checkout (tests/test_checkout_untouched.py).
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 if not torch.cuda.is_available() or os.environ.get("PYTEST_XDIST_WORKER"):
     # The models under test are tiny: intra-op threads only contend with the other xdist workers
     # (with `-n auto` there is one worker per core, several of them sharing each GPU).

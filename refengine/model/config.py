@@ -229,6 +229,13 @@ class ModelConfig:
         )
 
 
+def layer_types_given(raw: dict[str, Any]) -> bool:
+    """Whether a parsed config.json states ``layer_types`` (top level or ``text_config``); without
+    them transformers derives the layer types from ``full_attention_interval``."""
+    text = raw.get("text_config")
+    return raw.get("layer_types") is not None or (isinstance(text, dict) and text.get("layer_types") is not None)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive integer" if minimum == 1 else "an integer >= 0"

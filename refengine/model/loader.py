@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from refengine.model.config import ModelConfig
+from refengine.model.config import FULL, LINEAR, ModelConfig, layer_types_given
 from refengine.model.qwen3_next import Qwen3NextForCausalLM
-from refengine.model.weights_check import check_finite
+from refengine.model.weights_check import CheckpointError, check_finite
 
 CONFIG_NAME = "config.json"
 SINGLE_NAME = "model.safetensors"
@@ -23,6 +23,7 @@ WRAPPER_PREFIX = "model.language_model."  # Qwen3.5 multimodal wrapper
 IGNORED_PREFIXES = ("model.visual.", "visual.")
 GDN_RE = re.compile(r"^(model\.layers\.\d+\.linear_attn\.)(in_proj_qkvz|in_proj_ba|conv1d)\.weight$")
 MTP_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.")
+LAYER_ATTENTION_RE = re.compile(r"^model\.layers\.(\d+)\.(linear_attn|self_attn)\.")
 # Routed experts on disk: per expert (as transformers writes them) or fused (as it holds them).
 EXPERT_RE = re.compile(r"^(.*\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 FUSED_EXPERTS = ("gate_up_proj", "down_proj")  # [E, 2Ie, H] (rows [gate | up]), [E, H, Ie]
@@ -31,10 +32,6 @@ FUSED_EXPERTS = ("gate_up_proj", "down_proj")  # [E, 2Ie, H] (rows [gate | up]),
 # Checkpoint dtype names (config.json "dtype" / "torch_dtype") the engines run in.
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class CheckpointError(ValueError):
-    """The checkpoint on disk does not match what the model needs."""
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> str:
@@ -96,21 +93,28 @@ def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
     allow_non_finite: bool = False,
 ) -> tuple[Qwen3NextForCausalLM, ModelConfig]:
-    """Build the model from ``path/config.json`` and its safetensors weights (single file or sharded)."""
+    """Build the model from ``path/config.json`` and its safetensors weights (single file or sharded).
+
+    Every error names tensors as the file does (a Qwen3.5 wrapper's ``model.language_model.`` prefix
+    included) and the weights are checked for NaN/Inf as read, before any fusing or dtype conversion.
+    """
     root = Path(path)
-    cfg = read_config(root)
-    tensors = _read_tensors(root)
+    raw = read_config_json(root)
+    cfg = parse_config(raw, root / CONFIG_NAME)
+    tensors, file_names = _read_tensors(root)
     cfg.num_mtp_layers = _count_mtp_layers(tensors)
 
     with torch.device("meta"):
         model = Qwen3NextForCausalLM(cfg)
     expected = expected_checkpoint_shapes(model, cfg, set(tensors))
-    _check_names_and_shapes(tensors, expected, cfg)
+    layer_types_note = "" if layer_types_given(raw) else _derived_layer_types_note(tensors, cfg)
+    _check_names_and_shapes(tensors, expected, cfg, file_names, layer_types_note)
+    # NaN/Inf weights make every output meaningless; checked by the file's names and dtypes.
+    check_finite({file_names[name]: t for name, t in tensors.items()}, dtype, allow_non_finite)
 
     state = {}
     for name, tensor in _to_model_layout(tensors, cfg).items():
         state[name] = tensor.to(device=device, dtype=dtype)
-    check_finite(state, allow_non_finite)  # NaN/Inf weights make every output meaningless
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
@@ -121,14 +125,28 @@ def load_model(
 
 
 def read_config(root: Path) -> ModelConfig:
-    """Parse ``config.json`` into a ModelConfig; CheckpointError names the file when it is unusable."""
+    """Parse ``config.json`` into a ModelConfig; CheckpointError names the folder or file when it is unusable."""
+    return parse_config(read_config_json(root), root / CONFIG_NAME)
+
+
+def read_config_json(root: Path) -> dict:
+    """``root/config.json`` as parsed JSON; CheckpointError says which of folder, file or JSON is wrong."""
+    if not root.exists():
+        raise CheckpointError(f"checkpoint folder {root} does not exist")
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint path {root} is not a folder (expected a folder holding {CONFIG_NAME} "
+                              f"and the safetensors weights)")
     file = root / CONFIG_NAME
     if not file.is_file():
         raise CheckpointError(f"missing {CONFIG_NAME} in {root}")
     try:
-        raw = json.loads(file.read_text())
+        return json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"invalid JSON in {file}: {exc}") from exc
+
+
+def parse_config(raw: dict, file: Path) -> ModelConfig:
+    """A ModelConfig from config.json's contents; CheckpointError names ``file`` when they are unusable."""
     try:
         return ModelConfig.from_hf_config(raw)
     except (ValueError, TypeError) as exc:
@@ -159,24 +177,44 @@ def _weight_files(root: Path) -> list[Path]:
     raise CheckpointError(f"no {SINGLE_NAME} or {INDEX_NAME} in {root}")
 
 
-def _read_tensors(root: Path) -> dict[str, torch.Tensor]:
-    """All tensors, names normalised (wrapper prefix stripped, vision tower dropped)."""
+def _read_tensors(root: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """All tensors as read, by model name (wrapper prefix stripped, vision tower dropped), and each
+    model name's tensor name in the file (for error messages)."""
     tensors: dict[str, torch.Tensor] = {}
+    file_names: dict[str, str] = {}
     for file in _weight_files(root):
         try:
             with safe_open(str(file), framework="pt") as reader:
                 for key in reader.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
                     if key.startswith(IGNORED_PREFIXES):
                         continue
-                    name = "model." + key[len(WRAPPER_PREFIX):] if key.startswith(WRAPPER_PREFIX) else key
+                    name = _model_name(key)
                     if name in tensors:
                         raise CheckpointError(f"tensor {key} appears twice (again in {file.name})")
-                    tensors[name] = reader.get_tensor(key)
+                    tensors[name], file_names[name] = reader.get_tensor(key), key
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors raises its own error types for corrupt files
             raise CheckpointError(f"cannot read {file}: {exc}") from exc
-    return tensors
+    return tensors, file_names
+
+
+def _model_name(key: str) -> str:
+    """A file's tensor name as the model names it: a Qwen3.5 wrapper's ``model.language_model.`` -> ``model.``."""
+    return "model." + key[len(WRAPPER_PREFIX):] if key.startswith(WRAPPER_PREFIX) else key
+
+
+def _as_in_file(names: list[str], file_names: dict[str, str]) -> list[str]:
+    """Model tensor names as the file names them: its own key where it holds the tensor, else in the
+    file's convention (wrapped when any of its tensors is)."""
+    wrapped = any(key.startswith(WRAPPER_PREFIX) for key in file_names.values())
+
+    def as_in_file(name: str) -> str:
+        if name in file_names:
+            return file_names[name]
+        return WRAPPER_PREFIX + name[len("model."):] if wrapped and name.startswith("model.") else name
+
+    return [as_in_file(name) for name in names]
 
 
 def _count_mtp_layers(tensors: dict[str, torch.Tensor]) -> int:
@@ -222,27 +260,46 @@ def expected_checkpoint_shapes(
 
 
 def _check_names_and_shapes(
-    tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], cfg: ModelConfig
+    tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], cfg: ModelConfig,
+    file_names: dict[str, str], layer_types_note: str = "",
 ) -> None:
+    """Refuse missing, unexpected, misshaped and non-float tensors, naming them as the file does;
+    ``layer_types_note`` is added to missing / unexpected tensor errors."""
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
         # Some tied checkpoints still store the head; accept it only if it is the embedding.
         head = tensors.pop("lm_head.weight")
         embed = tensors.get("model.embed_tokens.weight")
         if embed is None or head.shape != embed.shape or not torch.equal(head, embed):
             raise CheckpointError("unexpected tensor lm_head.weight: tie_word_embeddings is true")
-    missing = sorted(set(expected) - set(tensors))
+    missing = _as_in_file(sorted(set(expected) - set(tensors)), file_names)
     if missing:
-        raise CheckpointError(f"missing tensor {missing[0]}" + _more(missing))
-    unexpected = sorted(set(tensors) - set(expected))
+        raise CheckpointError(f"missing tensor {missing[0]}" + _more(missing) + layer_types_note)
+    unexpected = _as_in_file(sorted(set(tensors) - set(expected)), file_names)
     if unexpected:
-        raise CheckpointError(f"unexpected tensor {unexpected[0]}" + _more(unexpected))
+        raise CheckpointError(f"unexpected tensor {unexpected[0]}" + _more(unexpected) + layer_types_note)
     for name, shape in expected.items():
         got = tuple(tensors[name].shape)
         conv_2d = name.endswith("conv1d.weight") and got == (shape[0], shape[2])
         if got != shape and not conv_2d:
-            raise CheckpointError(f"tensor {name} has shape {list(got)}, expected {list(shape)}")
+            raise CheckpointError(f"tensor {file_names[name]} has shape {list(got)}, expected {list(shape)}")
         if not tensors[name].is_floating_point():
-            raise CheckpointError(f"tensor {name} has dtype {tensors[name].dtype}, expected a float type")
+            raise CheckpointError(f"tensor {file_names[name]} has dtype {tensors[name].dtype}, expected a float type")
+
+
+def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> str:
+    """For a config.json without ``layer_types`` (transformers then derives them from
+    ``full_attention_interval``): a note naming the first layer whose tensors say otherwise, "" when
+    they agree."""
+    held: dict[int, str] = {}
+    for match in map(LAYER_ATTENTION_RE.match, tensors):
+        if match is not None:
+            held[int(match.group(1))] = LINEAR if match.group(2) == "linear_attn" else FULL
+    for i, derived in enumerate(cfg.layer_types):
+        if held.get(i, derived) != derived:
+            return (f"; config.json has no layer_types, so transformers derived them from full_attention_interval "
+                    f"({derived} for layer {i}), but the tensors make layer {i} {held[i]}: add layer_types "
+                    f"to config.json")
+    return ""
 
 
 def _more(names: list[str]) -> str:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
 from conformance.checks import TRIGGERS
 from conformance.workloads import TIERS, UnknownScenario, get_def, load_scenario, scenario_defs, scenario_ids
+from conformance.workloads.files import REGRESSIONS_DIR, regression_defs
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_ids_are_sorted_unique_and_tiered():
@@ -36,15 +41,29 @@ def test_materialising_twice_gives_the_same_prompts(tier):
     assert _prompts(tier, 256) == _prompts(tier, 256)
 
 
+PROMPTS_CODE = ("import json; from conformance.workloads import load_scenario, scenario_ids; "
+                "print(json.dumps({s: [list(r.prompt) for r in load_scenario(s, 'default', 199).requests] "
+                "for s in scenario_ids('default')}))")
+
+
+def quiet_env() -> dict[str, str]:
+    """A bare environment for a child interpreter; it writes no bytecode (tests never write into the checkout)."""
+    return {"PATH": "", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def prompts_in_child(env: Mapping[str, str], root: Path = REPO) -> dict[str, list]:
+    """The default tier's prompts (vocabulary 199) built by another interpreter, with another hash seed,
+    from the code under ``root`` (``env`` plus PYTHONPATH and PYTHONHASHSEED)."""
+    env = {**env, "PYTHONPATH": str(root), "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", PROMPTS_CODE], cwd=root, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
 def test_prompts_do_not_depend_on_the_process():
     """Another interpreter with another hash seed builds exactly the same workloads."""
-    code = ("import json; from conformance.workloads import load_scenario, scenario_ids; "
-            "print(json.dumps({s: [list(r.prompt) for r in load_scenario(s, 'default', 199).requests] "
-            "for s in scenario_ids('default')}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "12345", "PATH": ""}).stdout
     here = {s: [list(r.prompt) for r in load_scenario(s, "default", 199).requests] for s in scenario_ids("default")}
-    assert json.loads(out) == here
+    assert prompts_in_child(quiet_env()) == here
 
 
 def test_short_prompt_lengths_cover_1_k1_k2():
@@ -79,3 +98,12 @@ def test_nightly_is_bigger():
         small = load_scenario(sid, "default", 256).requests
         big = load_scenario(sid, "nightly", 256).requests
         assert sum(r.max_tokens for r in big) > sum(r.max_tokens for r in small), sid
+
+
+def test_only_the_regression_folders_own_files_join_the_corpus(tmp_path):
+    """conformance/README.md: a workload waiting for its fix in a subfolder (``regressions/pending/``) joins no tier."""
+    data = json.loads(min(REGRESSIONS_DIR.glob("*.json")).read_text())
+    (tmp_path / "pending").mkdir()
+    (tmp_path / "joined.json").write_text(json.dumps({**data, "id": "regression-joined"}))
+    (tmp_path / "pending" / "waiting.json").write_text(json.dumps({**data, "id": "regression-waiting"}))
+    assert [d.id for d in regression_defs(tmp_path)] == ["regression-joined"]

@@ -300,12 +300,30 @@ def write_variant(src: str | Path, dst: str | Path, tensors: dict[str, torch.Ten
     return dst
 
 
+def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert tensors -> transformers' fused in-memory layout, written as such."""
+    out, experts = {}, {}
+    for name, t in tensors.items():
+        if ".mlp.experts." in name:
+            prefix, rest = name.split(".mlp.experts.")
+            e, part = rest.split(".")[:2]
+            experts.setdefault(prefix, {})[(int(e), part)] = t
+        else:
+            out[name] = t
+    for prefix, parts in experts.items():
+        n = 1 + max(e for e, _ in parts)
+        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(n)])
+        out[f"{prefix}.mlp.experts.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(n)])
+    return out
+
+
 def tensor_names(directory: str | Path) -> list[str]:
     with safe_open(str(Path(directory) / "model.safetensors"), framework="pt") as f:
         return sorted(f.keys())
 
 
 __all__ = [
-    "FULL", "LAYOUTS", "LIN", "MODEL_CLASSES", "PRESETS", "TinySpec", "build_hf_model", "get_spec", "load_hf_model", "mlp_shapes", "mtp_tensors",
+    "FULL", "LAYOUTS", "LIN", "MODEL_CLASSES", "PRESETS", "TinySpec", "build_hf_model", "fuse_experts", "get_spec", "load_hf_model", "mlp_shapes", "mtp_tensors",
     "read_tensors", "replace", "reshard", "tensor_names", "write_checkpoint", "write_variant",
 ]

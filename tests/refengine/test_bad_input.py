@@ -81,6 +81,24 @@ def test_generate_refuses_the_whole_call_and_changes_nothing(expected):
     _serve_others(llm, expected)
 
 
+@pytest.mark.parametrize("params,message", [
+    ({"max_tokens": 4}, (r"^params must be a SamplingParams or a list of them, got dict \{'max_tokens': 4\} "
+                         r"\(pass SamplingParams\(\*\*it\)\)$")),
+    ("greedy", r"^params must be a SamplingParams or a list of them, got str 'greedy'$"),
+    ([{"max_tokens": 4}], r"^request 'gen-0': params must be SamplingParams, got dict$"),
+])
+def test_generate_names_params_that_are_not_sampling_params(params, message):
+    llm = LLM()
+    with pytest.raises(EngineError, match=message):
+        llm.generate(["p"], params)
+    assert not llm.has_unfinished()
+
+
+def test_a_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match=f"^checkpoint folder {tmp_path / 'absent'} does not exist$"):
+        LLM(model=str(tmp_path / "absent"))
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"engine": "fast"}, "engine must be 'reference' or 'async'"),
     ({"graph_mode": "full"}, "graph_mode: the reference engine runs without graphs"),

@@ -9,7 +9,15 @@ import torch
 
 from refengine.model import CheckpointError, ModelConfig, load_model
 from refengine.model.loader import merge_ba, merge_qkvz, split_ba, split_qkvz
-from tests.helpers.checkpoints import PRESETS, get_spec, load_hf_model, read_tensors, reshard, write_variant
+from tests.helpers.checkpoints import (
+    PRESETS,
+    fuse_experts,
+    get_spec,
+    load_hf_model,
+    read_tensors,
+    reshard,
+    write_variant,
+)
 
 
 def _state(model) -> dict[str, torch.Tensor]:
@@ -184,6 +192,64 @@ def test_bad_tensors_are_named(drop, add, expected, tiny_checkpoint, tmp_path):
         load_model(path)
 
 
+def _wrap(src, dst, drop=(), add=None):
+    """``src`` (a Qwen3.5 text checkpoint) inside the multimodal wrapper, tensors dropped / added by wrapped name."""
+    text = json.loads((src / "config.json").read_text())
+    config = {"model_type": "qwen3_5", "tie_word_embeddings": text["tie_word_embeddings"], "text_config": text}
+    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in read_tensors(src).items()}
+    tensors = {k: v for k, v in tensors.items() if k not in drop}
+    return write_variant(src, dst, {**tensors, **(add or {})}, config)
+
+
+@pytest.mark.parametrize("drop, add, expected", [
+    (["model.language_model.layers.1.self_attn.k_norm.weight"], None,
+     r"^missing tensor model\.language_model\.layers\.1\.self_attn\.k_norm\.weight$"),
+    ([], {"model.language_model.layers.0.mlp.extra.weight": torch.zeros(2)},
+     r"^unexpected tensor model\.language_model\.layers\.0\.mlp\.extra\.weight$"),
+    ([], {"model.language_model.layers.0.mlp.up_proj.weight": torch.zeros(127, 64)},
+     r"^tensor model\.language_model\.layers\.0\.mlp\.up_proj\.weight has shape \[127, 64\], expected \[128, 64\]$"),
+    ([], {"model.language_model.norm.weight": torch.zeros(64, dtype=torch.int32)},
+     r"^tensor model\.language_model\.norm\.weight has dtype torch\.int32, expected a float type$"),
+    (["mtp.fc.weight"], None, r"^missing tensor mtp\.fc\.weight$"),
+], ids=["missing", "unexpected", "misshaped", "not-float", "missing-unwrapped"])
+def test_a_wrapped_checkpoints_tensors_are_named_as_in_its_file(drop, add, expected, tiny_checkpoint, tmp_path):
+    path = _wrap(tiny_checkpoint("qwen35-tiny"), tmp_path / "wrapped", drop, add)
+    with pytest.raises(CheckpointError, match=expected):
+        load_model(path)
+
+
+def test_absent_layer_types_are_named_when_the_tensors_disagree(tiny_checkpoint, tmp_path):
+    """Without layer_types transformers derives them from full_attention_interval (default 4: layers
+    0-2 linear); next-tiny's layer 1 is full attention, so its tensors do not match."""
+    src = tiny_checkpoint("next-tiny")
+    config = json.loads((src / "config.json").read_text())
+    del config["layer_types"]
+    path = write_variant(src, tmp_path / "no_layer_types", None, config)
+    with pytest.raises(CheckpointError, match=(
+            r"^missing tensor model\.layers\.1\.linear_attn\.\S+ \(and \d+ more: .*\); config\.json has no "
+            r"layer_types, so transformers derived them from full_attention_interval \(linear_attention for layer 1\), "
+            r"but the tensors make layer 1 full_attention: add layer_types to config\.json$")):
+        load_model(path)
+    # Stated layer_types that disagree with the tensors: the plain error, no word about deriving them.
+    stated = write_variant(src, tmp_path / "stated", None, {**config, "layer_types": ["linear_attention"] * 4})
+    with pytest.raises(CheckpointError, match=r"^missing tensor model\.layers\.1\.linear_attn\.[^;]*$"):
+        load_model(stated)
+    # Derived layer types that match the tensors load.
+    _, cfg = load_model(write_variant(src, tmp_path / "interval2", None, {**config, "full_attention_interval": 2}))
+    assert cfg.layer_types == ["linear_attention", "full_attention"] * 2
+
+
+def test_absent_layer_types_in_a_wrapped_config_are_named(tiny_checkpoint, tmp_path):
+    path = _wrap(tiny_checkpoint("qwen35-tiny"), tmp_path / "wrapped")
+    config = json.loads((path / "config.json").read_text())
+    del config["text_config"]["layer_types"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"^missing tensor model\.language_model\.layers\.1\.linear_attn\."
+                                              r".*config\.json has no layer_types"):
+        load_model(path)
+
+
 def test_conv_weight_without_middle_axis_loads(tiny_checkpoint, tmp_path):
     src = tiny_checkpoint("next-tiny")
     name = "model.layers.0.linear_attn.conv1d.weight"
@@ -194,8 +260,14 @@ def test_conv_weight_without_middle_axis_loads(tiny_checkpoint, tmp_path):
 
 def test_file_errors(tiny_checkpoint, tmp_path):
     src = tiny_checkpoint("next-tiny")
-    with pytest.raises(CheckpointError, match="missing config.json"):
+    with pytest.raises(CheckpointError, match=f"^checkpoint folder {tmp_path / 'nowhere'} does not exist$"):
         load_model(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(CheckpointError, match=f"^checkpoint path {tmp_path / 'a_file'} is not a folder"):
+        load_model(tmp_path / "a_file")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=f"^missing config.json in {tmp_path / 'empty'}$"):
+        load_model(tmp_path / "empty")
 
     bad_json = write_variant(src, tmp_path / "bad_json")
     (bad_json / "config.json").write_text('{"model_type": "qwen3_next", ')
@@ -375,29 +447,11 @@ def test_dtype_auto_reads_config_then_tensors(tiny_checkpoint, tmp_path):
 # ---- MoE checkpoints ----------------------------------------------------------------------------------
 
 
-def _fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-expert tensors -> transformers' fused in-memory layout, written as such."""
-    out, experts = {}, {}
-    for name, t in tensors.items():
-        if ".mlp.experts." in name:
-            prefix, rest = name.split(".mlp.experts.")
-            e, part = rest.split(".")[:2]
-            experts.setdefault(prefix, {})[(int(e), part)] = t
-        else:
-            out[name] = t
-    for prefix, parts in experts.items():
-        n = 1 + max(e for e, _ in parts)
-        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
-            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(n)])
-        out[f"{prefix}.mlp.experts.down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(n)])
-    return out
-
-
 @pytest.mark.parametrize("preset", ["next-moe", "qwen35-moe"])
 def test_fused_and_per_expert_layouts_load_identically(preset, tiny_checkpoint, tmp_path):
     src = tiny_checkpoint(preset)
     per_expert, cfg = load_model(src)
-    fused = write_variant(src, tmp_path / "fused", _fuse_experts(read_tensors(src)))
+    fused = write_variant(src, tmp_path / "fused", fuse_experts(read_tensors(src)))
     assert any(n.endswith("mlp.experts.gate_up_proj") for n in read_tensors(fused))
     _assert_same_state(per_expert, load_model(fused)[0])
     # The fused layout is transformers' own: the per-expert weights sit at [e, :I] (gate) and [e, I:] (up).
