@@ -71,7 +71,10 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
                 rid = aborts[next_abort][1]
                 next_abort += 1
                 if rid in added and rid not in recorder.trace.requests:
-                    recorder.on_abort(rid, step, engine.abort(rid))
+                    out = engine.abort(rid)
+                    live = len(added) - len(recorder.trace.requests) - (out is not None)
+                    occupancy = getattr(engine, "occupancy", None)
+                    recorder.on_abort(rid, step, out, live, None if occupancy is None else occupancy())
             if not engine.has_unfinished() and nxt < len(pending):
                 continue  # every live request was aborted: idle until the next arrival
             for out in engine.step():

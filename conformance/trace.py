@@ -78,6 +78,8 @@ class AbortTrace:
     step: int
     records_before: int
     returned: bool
+    live: int | None = None  # requests the harness had added and not yet got back, right after the abort
+    queued: int | None = None  # waiting + running requests the engine's occupancy() reported then (None: none)
 
 
 @dataclass
@@ -169,9 +171,15 @@ class Recorder:
             num_accepted_tokens=_opt_int(getattr(out, "num_accepted_tokens", None)),
             text=getattr(out, "text", None))
 
-    def on_abort(self, request_id: str, step: int, out) -> None:
-        """The harness aborted ``request_id`` before engine step ``step``; ``out``: what abort() returned."""
-        self.trace.aborts[request_id] = AbortTrace(step, len(self.trace.steps), out is not None)
+    def on_abort(self, request_id: str, step: int, out, live: int, occupancy=None) -> None:
+        """The harness aborted ``request_id`` before engine step ``step``; ``out``: what abort() returned;
+        ``live``: requests added and not yet returned, this one excluded when abort() returned it;
+        ``occupancy``: the engine's occupancy() right after the call, when it has one."""
+        queued = None
+        if occupancy is not None and out is not None:
+            occ = dict(occupancy)
+            queued = int(occ.get("waiting", 0)) + int(occ.get("running", 0))
+        self.trace.aborts[request_id] = AbortTrace(step, len(self.trace.steps), out is not None, live, queued)
         if out is not None:
             self.on_output(out)
 

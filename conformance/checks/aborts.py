@@ -10,9 +10,12 @@ fewer than a synchronous one at the same call. What is pinned down, for each eng
   the speculative counters describe only what was verified (the "request-outputs" check);
 - any other finish reason (the request had finished inside the engine before the abort reached it):
   the full un-aborted output and the same finish reason as the plain run;
-- after the abort call, the request appears in at most the next step record (a step that was
-  already in flight when the abort came) and in none after it: an aborted request is never
-  scheduled again.
+- after the abort call, no step record delivered later has a row for it, the step that was in
+  flight when the abort came included: its work for the request is discarded, never committed or
+  shown;
+- right after the abort call the engine holds no queue entry for it: its ``occupancy()`` counts as
+  many waiting and running requests as the harness has added and not got back (where the engine
+  reports occupancy), so its slots and blocks are free before the next step.
 
 Across the two engines only the prefix property is compared, not the token counts. That the abort
 has no effect on other requests is the "tokens" check (every other request equals the reference),
@@ -58,10 +61,17 @@ def check_aborts(scenario: Scenario, reference: Trace, test: Trace, plain: Trace
                               position=pos)
             late = _scheduled_after_abort(trace, rid)
             if late is not None:
-                return failed(name, f"request {rid}: {trace.engine} scheduled it in engine step {late} after aborting it",
+                return failed(name, f"request {rid}: {trace.engine} shows it in engine step {late} after aborting it",
                               f"request {rid} was aborted after {trace.aborts[rid].records_before} step records, "
-                              f"but step record {late} (delivered two or more records later, so not a step already "
-                              f"in flight) still has a row for it", rid, engine=trace.engine, step=late)
+                              f"but step record {late}, delivered after the abort, still has a row for it: work "
+                              f"for an aborted request must be discarded, also that of a step already in flight",
+                              rid, engine=trace.engine, step=late)
+            abort = trace.aborts.get(rid)
+            if abort is not None and abort.queued is not None and abort.queued != abort.live:
+                return failed(name, f"request {rid}: {trace.engine} still queues it after abort()",
+                              f"right after abort({rid!r}) the engine reported {abort.queued} waiting + running "
+                              f"requests, but only {abort.live} are live (added and not returned)", rid,
+                              engine=trace.engine)
             kept.append(f"{trace.engine} {rid} {len(got.token_ids)}/{len(full.token_ids)}"
                         + ("" if got.finish_reason == "abort" else f" ({got.finish_reason})"))
     return passed(name, f"{len(scenario.aborted)} aborted request(s), each a prefix of its un-aborted output: "
@@ -85,7 +95,7 @@ def _scheduled_after_abort(trace: Trace, rid: str) -> int | None:
     abort = trace.aborts.get(rid)
     if abort is None:
         return None
-    for step in trace.steps[abort.records_before + 1:]:
+    for step in trace.steps[abort.records_before:]:
         if any(r.request_id == rid for r in step.rows):
             return step.index
     return None

@@ -81,3 +81,71 @@ def test_a_workload_without_aborts_has_nothing_for_the_aborts_check():
     sc = _scenario(0).without_aborts()
     result, traces = run_scenario(sc, Selection(engine="reference").open_case())
     assert {c.check: c.status for c in result.checks}["aborts"] == NA and "plain" not in traces
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("graph_mode", ["none", "piecewise", "full", "full_and_piecewise"])
+def test_aborts_leave_no_trace_at_every_k_and_graph_mode(k, graph_mode):
+    """Aborted while its step is in flight: no row of it in any later record, nothing left queued."""
+    if k == 1 and graph_mode in ("piecewise", "full"):
+        pytest.skip("covered by its neighbours; keeps the default tier short")
+    case = Selection(engine=f"async:{graph_mode}").open_case()
+    result, traces = run_scenario(_scenario(k, graph_mode), case)
+    assert result.ok, [(c.check, c.summary) for c in result.failures]
+    test = traces["test"]
+    in_flight = [rid for rid, a in test.aborts.items() if a.returned and test.rows_of(rid)]
+    assert in_flight, "no request was aborted after it had been scheduled"
+    assert all(a.queued == a.live for a in test.aborts.values() if a.returned)
+
+
+class _LeakyAdapter(RefEngineAdapter):
+    """The async engine, with an abort that leaves a trace one of two ways."""
+
+    def __init__(self, how: str):
+        super().__init__("async", "none")
+        self.how = how
+
+    def start(self, spec):
+        seen, aborted = {}, []  # request id -> its last row; ids aborted since the last record
+        if self.how == "shows-in-flight-row":  # the record of the step in flight keeps the aborted row
+            forward = spec.observer
+
+            def observe(record):
+                record.rows += [seen[rid] for rid in aborted if rid in seen]
+                aborted.clear()
+                seen.update({r.request_id: r for r in record.rows})
+                forward(record)
+
+            spec = dataclasses.replace(spec, observer=observe)
+        inner = LLMInstance(self.build(spec))
+        scheduler, lingering = inner.llm.engine.core.scheduler, []
+
+        class Instance:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def abort(self, rid):
+                req = inner.llm.engine.core.requests.get(rid)
+                out = inner.abort(rid)
+                aborted.append(rid)
+                if self_how == "stays-queued" and out is not None and req is not None:
+                    scheduler.running.append(req)  # released only when the next step starts
+                    lingering.append(req)
+                return out
+
+            def step(self):
+                while lingering:
+                    scheduler.running.remove(lingering.pop())
+                return inner.step()
+
+        self_how = self.how
+        return Instance()
+
+
+@pytest.mark.parametrize("how,words", [("shows-in-flight-row", "after aborting it"),
+                                       ("stays-queued", "still queues it")])
+def test_the_aborts_check_sees_an_aborted_request_that_left_a_trace(how, words):
+    case = dataclasses.replace(Selection(engine="async:none").open_case(), adapter=_LeakyAdapter(how))
+    result, _ = run_scenario(_scenario(3), case)
+    aborts = {c.check: c for c in result.checks}["aborts"]
+    assert aborts.status == FAIL and words in aborts.summary, aborts.summary

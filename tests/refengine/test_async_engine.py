@@ -181,3 +181,26 @@ def test_records_report_preemptions_resumptions_and_the_kernels_initial_state_fl
                 assert row.has_initial_state == (row.num_computed_tokens > 0), row
                 first_chunks += row.num_computed_tokens == 0
     assert first_chunks >= len(prompts) + len(set(resumed)), "resumed requests restart from zero state"
+
+
+def test_sampling_and_partial_prefill_rows_interleave_in_every_order():
+    """Steps that mix rows which sample (decodes, last prompt chunks) with prompt chunks that do not, the
+    non-sampling rows before and after sampling ones in batch order, are exact (K=3, a 12-token budget)."""
+    g = torch.Generator().manual_seed(5)  # a workload found to give both orders
+    params, drawn = SamplingParams(max_tokens=5, ignore_eos=True), []
+    for i in range(int(torch.randint(3, 7, (1,), generator=g))):
+        length, arrival = int(torch.randint(1, 26, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
+        drawn.append((arrival, f"r{i}", torch.randint(0, 256, (length,), generator=g).tolist()))
+    items = [(*item, params) for item in sorted(drawn)]
+    settings = {"num_speculative_tokens": 3, "max_num_batched_tokens": 12}  # the embedded default model
+    ref = drive(LLM(**settings), items)
+    records = []
+    got = drive(LLM(engine="async", observer=records.append, **settings), items)
+    assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
+    orders = set()
+    for rec in records:
+        kinds = "".join("S" if row.output_token_ids is not None else "P" for row in rec.rows)
+        if "S" in kinds and "P" in kinds:
+            orders |= {"PS"} if kinds.index("P") < kinds.rindex("S") else set()
+            orders |= {"SP"} if kinds.index("S") < kinds.rindex("P") else set()
+    assert orders == {"PS", "SP"}, f"row orders seen: {orders}"
