@@ -167,7 +167,7 @@ class GreedyTruth:
                                     device=config.device, seed=config.seed,
                                     recurrent_prefill_chunked=config.recurrent_prefill_chunked, scheduler=config.scheduler,
                                     cache=CacheConfig(block_size=config.cache.block_size))
-        self._k = config.speculative.num_speculative_tokens
+        self._num_speculative_tokens = config.speculative.num_speculative_tokens
         self._net, self._model_config = net, model_config
         self._engine: ReferenceEngine | None = None
 
@@ -176,7 +176,7 @@ class GreedyTruth:
             self._engine = ReferenceEngine(self._config, self._net, self._model_config)
         p = req.params
         self._engine.add_request("truth", req.prompt_token_ids,
-                         SamplingParams(p.max_tokens + self._k, p.ignore_eos, p.stop_token_ids))
+                         SamplingParams(p.max_tokens + self._num_speculative_tokens, p.ignore_eos, p.stop_token_ids))
         out = []
         while self._engine.has_unfinished():
             out += self._engine.step()
