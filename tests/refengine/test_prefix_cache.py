@@ -82,6 +82,8 @@ def test_settings_are_validated():
         CacheConfig(enable_prefix_caching=True, mamba_cache_mode="none")
     with pytest.raises(ConfigError, match="enable_prefix_caching must be True or False, got 1"):
         CacheConfig(enable_prefix_caching=1)
+    with pytest.raises(ConfigError, match="engine='async' does not restore cached states yet"):
+        EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True))
     with pytest.raises(ConfigError, match="recurrent_prefill_chunked=True"):
         EngineConfig(recurrent_prefill_chunked=True, cache=CacheConfig(enable_prefix_caching=True))
 
@@ -236,3 +238,29 @@ def test_abort_of_a_request_sharing_blocks(ckpt):
         done.update((o.request_id, o) for o in llm.step())
     assert [done[f"o{i}"].token_ids for i in range(2)] == [o.token_ids for o in base[1:]]
     assert llm.engine.pools_empty()
+
+
+def test_generate_cli_flags(capsys):
+    from refengine.tools.cli import main
+
+    ids = ",".join(str(i) for i in range(1, 21))
+    assert main(["generate", "--prompt-ids", ids, "--max-tokens", "2", "--enable-prefix-caching",
+                 "--mamba-cache-mode", "all"]) == 0
+    assert "prefix cache: 0 of 20 looked-up tokens hit" in capsys.readouterr().out
+    assert main(["generate", "--prompt-ids", "1,2", "--enable-prefix-caching", "--mamba-cache-mode", "bogus"]) == 2
+    assert "mamba_cache_mode must be one of ('none', 'align', 'all') or None, got 'bogus'" in capsys.readouterr().err
+    assert main(["generate", "--prompt-ids", "1,2", "--mamba-cache-mode", "all"]) == 2
+    assert "needs enable_prefix_caching=True" in capsys.readouterr().err
+
+
+def test_conformance_settings_reach_the_engine_under_test_only():
+    from conformance.engines import RunSpec, load_engine, reference_adapter
+    from conformance.workloads.scenario import EngineSettings
+
+    s = EngineSettings(enable_prefix_caching=True, mamba_cache_mode="all", block_size=BS)
+    assert "prefix-caching/all" in s.describe() and not s.plain().enable_prefix_caching
+    spec = RunSpec(None, s, VOCAB, lambda rec: None)
+    assert load_engine("reference").build(spec).config.cache.mamba_cache_mode == "all"
+    assert not reference_adapter().build(spec).config.cache.enable_prefix_caching
+    with pytest.raises(ValueError, match="mamba_cache_mode must be one of .* got 'bogus'"):
+        EngineSettings(enable_prefix_caching=True, mamba_cache_mode="bogus")
