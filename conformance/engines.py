@@ -115,11 +115,13 @@ class RefEngineAdapter:
     instead of racing silently, and every pending copy lands as late as it can.
     """
 
-    def __init__(self, engine: str = "reference", graph_mode: str = "none"):
+    def __init__(self, engine: str = "reference", graph_mode: str = "none", *, uncached: bool = False):
+        """``uncached``: ignore a scenario's prefix-caching settings (the oracle runs without a cache)."""
         if graph_mode not in GRAPH_MODES:
             raise UnknownEngine(f"graph mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
         self.engine = engine
         self.graph_mode = graph_mode
+        self.uncached = uncached
         self.name = engine if engine == "reference" else f"async:{graph_mode}"
 
     def supports(self, feature: str) -> bool:
@@ -132,18 +134,19 @@ class RefEngineAdapter:
         from refengine import LLM
         from refengine.drafters import ScriptedDrafter
 
-        s = spec.settings
+        s = spec.settings if not self.uncached else spec.settings.uncached()
         drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern) if s.drafter == "scripted" and s.k else "mtp"
         checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
         return LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
                    drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                    block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
-                   device=spec.device, seed=spec.seed, observer=spec.observer, **checked)
+                   device=spec.device, seed=spec.seed, observer=spec.observer,
+                   enable_prefix_caching=s.enable_prefix_caching, mamba_cache_mode=s.mamba_cache_mode, **checked)
 
 
 def reference_adapter() -> RefEngineAdapter:
     """The side every engine is compared against: the reference engine, no graphs."""
-    return RefEngineAdapter("reference", "none")
+    return RefEngineAdapter("reference", "none", uncached=True)
 
 
 def load_engine(name: str) -> EngineAdapter:
@@ -151,7 +154,7 @@ def load_engine(name: str) -> EngineAdapter:
 
     (``mutant:<id>`` names are resolved one level up, by ``conformance.session``.)"""
     if name == "reference":
-        return reference_adapter()
+        return RefEngineAdapter("reference", "none")
     if name == "async":
         return RefEngineAdapter("async", "full_and_piecewise")
     if name.startswith("async:"):

@@ -3,7 +3,10 @@
 ``kv``: paged keys and values per attention layer (and the drafter's layer, key ``"mtp"``): the
 pool's ``num_kv_blocks`` blocks, then one sink block (``sink_block``) that no request is ever given,
 for block-table entries a row does not own (padding rows, unused columns).
-``states``: per-slot recurrent state per recurrent layer, ``S`` slots each.
+``states``: per-slot recurrent state per recurrent layer, ``S`` slots each: the per-request slots,
+then the prefix cache's checkpoint slots. A recurrent layer's first tensor is its conv window, widened
+by K columns (the state after a verify step's token j is the window at columns j..j+W-2 of s_0); its
+other tensors hold the state after token j in slot s_j (contract 1).
 """
 
 from __future__ import annotations
@@ -33,3 +36,21 @@ class ModelCaches:
         if drafter_kv:
             spec = mixer_class(FULL).cache_spec(cfg, num_speculative_tokens)
             self.kv[MTP_CACHE_KEY] = spec.allocate(num_kv_blocks + 1, block_size, dtype, device)
+
+    def save_checkpoint(self, slots: list[int], column: int, dst: int) -> None:
+        """Copy the state after a step's token ``column`` of the request owning ``slots`` (s_0..s_K) into
+        checkpoint slot ``dst``, every recurrent layer: conv window columns ``column..`` of s_0 and
+        the recurrent state of ``s_column``."""
+        for conv, *rest in self.states.values():
+            width = conv.shape[2] - (len(slots) - 1)  # W-1: the unwidened window
+            conv[dst, :, :width].copy_(conv[slots[0], :, column: column + width])
+            for t in rest:
+                t[dst].copy_(t[slots[column]])
+
+    def restore_checkpoint(self, src: int, slot0: int) -> None:
+        """Copy checkpoint slot ``src`` into a request's s_0 (its initial state for the next prefill)."""
+        for conv, *rest in self.states.values():
+            width = conv.shape[2]
+            conv[slot0, :, :width].copy_(conv[src, :, :width])
+            for t in rest:
+                t[slot0].copy_(t[src])

@@ -99,14 +99,40 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+MAMBA_CACHE_MODES = ("none", "align", "all")
+
+
 @dataclass(slots=True)
 class CacheConfig:
+    """``enable_prefix_caching`` shares full KV blocks by the hash of their token prefix and checkpoints
+    the recurrent state at block boundaries; ``mamba_cache_mode`` says which boundaries (vLLM's
+    spelling): ``"align"`` (the default when caching is on) at the scheduling boundaries clipped to the
+    block grid, ``"all"`` at every full block; ``"none"`` only without caching.
+    ``num_state_checkpoints``: recurrent state slots kept for checkpoints (None: one per KV block)."""
+
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: sized from the scheduler limits
+    enable_prefix_caching: bool = False
+    mamba_cache_mode: str | None = None  # None: "align" with caching, "none" without
+    num_state_checkpoints: int | None = None
 
     def __post_init__(self):
         self.block_size = check_int("block_size", self.block_size, 1)
         self.num_kv_blocks = check_int("num_kv_blocks", self.num_kv_blocks, 1, optional=True)
+        self.enable_prefix_caching = check_bool("enable_prefix_caching", self.enable_prefix_caching)
+        mode = self.mamba_cache_mode
+        if mode is not None and (not isinstance(mode, str) or mode not in MAMBA_CACHE_MODES):
+            raise ConfigError(f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES} or None, got {mode!r}")
+        if mode is None:
+            mode = "align" if self.enable_prefix_caching else "none"
+        if self.enable_prefix_caching and mode == "none":
+            raise ConfigError("mamba_cache_mode='none' cannot serve enable_prefix_caching=True on a hybrid model: "
+                              "a hit needs the recurrent state at its boundary (use 'align' or 'all')")
+        if not self.enable_prefix_caching and mode != "none":
+            raise ConfigError(f"mamba_cache_mode={mode!r} needs enable_prefix_caching=True")
+        self.mamba_cache_mode = mode
+        self.num_state_checkpoints = check_int("num_state_checkpoints", self.num_state_checkpoints, 1,
+                                               optional=True)
 
 
 @dataclass(slots=True)
@@ -174,6 +200,13 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be >= 1 + "
                 f"num_speculative_tokens ({1 + k}) so a verify row always fits"
             )
+        if self.cache.enable_prefix_caching and self.engine != "reference":
+            raise ConfigError(f"enable_prefix_caching=True is served by the reference engine only; "
+                              f"engine={self.engine!r} does not restore cached states yet")
+        if self.cache.enable_prefix_caching and self.recurrent_prefill_chunked:
+            raise ConfigError("enable_prefix_caching=True with recurrent_prefill_chunked=True: the chunked "
+                              "prefill kernels' results depend on where a prompt is split, so a prefix hit "
+                              "could change the logits (use recurrent_prefill_chunked=False)")
         if self.cache.num_kv_blocks is not None and self.cache.num_kv_blocks < self.blocks_per_request:
             raise ConfigError(
                 f"num_kv_blocks ({self.cache.num_kv_blocks}) cannot hold one request of max_model_len "
@@ -206,4 +239,13 @@ class EngineConfig:
 
     @property
     def num_state_slots(self) -> int:
+        """Per-request state slots: s_0..s_K for every seat."""
         return self.scheduler.max_num_seqs * (1 + self.speculative.num_speculative_tokens)
+
+    @property
+    def num_state_checkpoints(self) -> int:
+        """State slots after the per-request ones that hold prefix-cache checkpoints (0 without caching)."""
+        if not self.cache.enable_prefix_caching:
+            return 0
+        n = self.cache.num_state_checkpoints
+        return self.num_kv_blocks if n is None else n

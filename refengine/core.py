@@ -38,6 +38,8 @@ class Occupancy:
     request_slots_free: int
     waiting: int
     running: int
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache on admission (0 without caching)
+    prefix_cache_hits: int = 0  # of those, tokens served from it
 
     @property
     def empty(self) -> bool:
@@ -204,9 +206,11 @@ class EngineCore:
         text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else None
         return RequestOutput(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
                              req.finish_reason, req.num_draft_tokens, req.num_accepted_tokens,
-                             list(req.acceptance), req.num_preemptions, text)
+                             list(req.acceptance), req.num_preemptions, text,
+                             num_cached_tokens=req.num_cached_tokens or 0)
 
     def occupancy(self, request_slots_used: int = 0, request_slots_free: int = 0) -> Occupancy:
         s = self.scheduler
+        queries, hits = (s.prefix.num_query_tokens, s.prefix.num_hit_tokens) if s.prefix is not None else (0, 0)
         return Occupancy(s.kv_pool.num_used, s.kv_pool.num_free, s.slot_pool.num_used, s.slot_pool.num_free,
-                         request_slots_used, request_slots_free, len(s.waiting), len(s.running))
+                         request_slots_used, request_slots_free, len(s.waiting), len(s.running), queries, hits)

@@ -30,6 +30,8 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, dtype: str = "float32",
                  device: str = "cpu", seed: int = 0, max_model_len: int | None = None,
                  graph_mode: str = "none", recurrent_prefill_chunked: bool = False,
+                 enable_prefix_caching: bool = False, mamba_cache_mode: str | None = None,
+                 num_state_checkpoints: int | None = None,
                  observer: Callable[[StepRecord], None] | None = None, delay_copies: bool = False,
                  hazard_check: bool = False, allow_non_finite_weights: bool = False):
         """Every setting is checked before anything is loaded: a bad one raises ``ConfigError``
@@ -54,7 +56,9 @@ class LLM:
         self.config = EngineConfig(
             model=path, engine=engine, dtype=dtype, device=device, seed=seed, graph_mode=graph_mode,
             recurrent_prefill_chunked=recurrent_prefill_chunked,
-            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
+            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
+                              enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
+                              num_state_checkpoints=num_state_checkpoints),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=min(positions, 1024) if max_model_len is None
                                       else max_model_len),

@@ -19,6 +19,7 @@ class RequestOutput:
     acceptance: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verify step
     num_preemptions: int = 0
     text: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first admission (as vLLM)
 
 
 @dataclass

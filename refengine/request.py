@@ -34,6 +34,11 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     state_slots: list[int] = field(default_factory=list)  # s_0..s_K
 
+    # Prefix caching.
+    block_keys: list[bytes] = field(default_factory=list)  # key of each full block of all_token_ids so far
+    restore_slot: int | None = None  # checkpoint to copy into s_0 before the request's next step
+    num_cached_tokens: int | None = None  # tokens served from the cache at the first admission
+
     # Statistics.
     num_verify_steps: int = 0
     num_draft_tokens: int = 0

@@ -7,6 +7,11 @@ row runs whole or waits, so acceptance never depends on the budget. Waiting requ
 admitted after that while seats, budget, blocks and state slots last. When KV blocks run out, the
 most recently admitted running request is preempted: its blocks and slots are freed and it starts
 over from its prompt plus the tokens it already produced.
+
+With prefix caching (``refengine.prefix_cache``) an admission first looks up the longest cached
+prefix: its KV blocks are shared (one more reference each), ``num_computed_tokens`` starts after it
+and ``restore_slot`` names the checkpoint the engine copies into s_0 before the request's first step.
+Prefill chunks are clipped to the mode's checkpoint boundaries.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from refengine.config import EngineConfig
-from refengine.pools import KVBlockPool, StateSlotPool
+from refengine.pools import StateSlotPool
+from refengine.prefix_cache import BlockPool, CheckpointPool, Hit, PrefixCache
 from refengine.request import Request, RequestStatus
 
 
@@ -54,12 +60,13 @@ class Scheduler:
     ``num_tokens(req)``: the tokens the scheduler treats as the request's sequence (the async engine
     counts its not-yet-confirmed placeholder tokens too). ``on_release(req)`` runs after a request's
     blocks and slots went back to the pools (finish, abort or preemption); ``on_preempt(req)`` after
-    a request was sent back to the waiting queue.
+    a request was sent back to the waiting queue. ``drafter_kv_cache``: the drafter keeps a KV cache
+    whose entry at a position pairs it with the next token, so block keys cover one token more.
     """
 
     def __init__(self, config: EngineConfig, *, num_tokens: Callable[[Request], int] = committed_tokens,
                  on_release: Callable[[Request], None] | None = None,
-                 on_preempt: Callable[[Request], None] | None = None):
+                 on_preempt: Callable[[Request], None] | None = None, drafter_kv_cache: bool = False):
         self.config = config
         self.num_tokens = num_tokens
         self.on_release = on_release
@@ -71,8 +78,13 @@ class Scheduler:
         self.lookahead = config.num_lookahead_tokens
         # The async engine's optimistic counts can run past what a request ever writes; never reserve beyond it.
         self.max_kv_positions = config.kv_positions_per_request
-        self.kv_pool = KVBlockPool(config.num_kv_blocks)
+        self.kv_pool = BlockPool(config.num_kv_blocks)
         self.slot_pool = StateSlotPool(config.num_state_slots)
+        self.prefix: PrefixCache | None = None
+        if config.cache.enable_prefix_caching:
+            self.prefix = PrefixCache(self.kv_pool, CheckpointPool(config.num_state_slots, config.num_state_checkpoints),
+                                      self.block_size, config.cache.mamba_cache_mode,
+                                      lookahead=1 if drafter_kv_cache else 0)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -90,7 +102,7 @@ class Scheduler:
             req = self.running[i]
             uncomputed = self.num_tokens(req) - req.num_computed_tokens
             if req.is_prefilling:
-                num_new = min(uncomputed, budget)  # prompts are chunked to the budget
+                num_new = self._clip(req, min(uncomputed, budget))  # prompts are chunked to the budget
             else:
                 num_new = uncomputed + len(req.draft_token_ids)
                 if num_new > budget:  # verify rows run whole, so acceptance never depends on the budget
@@ -106,16 +118,24 @@ class Scheduler:
         while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             total = self.num_tokens(req)
-            num_new = min(total - req.num_computed_tokens, budget)
+            hit = self.prefix.find(req, total) if self.prefix is not None else Hit(0, [], None)
+            self.kv_pool.take(hit.blocks)  # before allocating, so eviction cannot hand them out
+            req.block_ids, req.num_computed_tokens = list(hit.blocks), hit.num_tokens
+            num_new = self._clip(req, min(total - req.num_computed_tokens, budget), total)
             blocks = self.kv_pool.allocate(self._blocks_needed(req, num_new))
-            if blocks is None:
-                break
-            slots = self.slot_pool.allocate(self.num_slots_per_request)
+            slots = self.slot_pool.allocate(self.num_slots_per_request) if blocks is not None else None
             if slots is None:
-                self.kv_pool.free(blocks)
+                self.kv_pool.free(hit.blocks + (blocks or []))
+                req.block_ids, req.num_computed_tokens = [], 0
                 break
             self.waiting.popleft()
-            req.block_ids, req.state_slots = blocks, slots
+            req.block_ids += blocks
+            req.state_slots = slots
+            req.restore_slot = hit.slot
+            if self.prefix is not None:
+                self.prefix.count(total, hit)
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = hit.num_tokens
             req.num_prefill_tokens = total
             req.status = RequestStatus.RUNNING
             if req.num_preemptions:
@@ -124,6 +144,12 @@ class Scheduler:
             out.rows.append(ScheduledRow(req, num_new, [], samples=req.num_computed_tokens + num_new == total))
             budget -= num_new
         return out
+
+    def _clip(self, req: Request, num_new: int, total: int | None = None) -> int:
+        if self.prefix is None:
+            return num_new
+        total = req.num_prefill_tokens if total is None else total
+        return self.prefix.clip(req.num_computed_tokens, num_new, total)
 
     def _blocks_needed(self, req: Request, num_new: int) -> int:
         total = min(req.num_computed_tokens + num_new + self.lookahead, self.max_kv_positions)
@@ -160,6 +186,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.num_prefill_tokens = 0
+        req.restore_slot = None
         req.draft_token_ids = []
         req.num_valid = 1
         req.num_preemptions += 1

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 TIERS = ("default", "nightly")
 DRAFTERS = ("mtp", "scripted")
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
+MAMBA_CACHE_MODES = ("align", "all")
 
 
 def seed_of(text: str) -> int:
@@ -35,8 +36,14 @@ class EngineSettings:
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: sized by the engine
     max_model_len: int | None = None  # None: the engine's default for the model
+    enable_prefix_caching: bool = False  # the engine under test only; the oracle always runs without
+    mamba_cache_mode: str | None = None  # "align" | "all" with caching (None: "align")
 
     def __post_init__(self):
+        if self.mamba_cache_mode is not None and (not self.enable_prefix_caching
+                                                  or self.mamba_cache_mode not in MAMBA_CACHE_MODES):
+            raise ValueError(f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES} with enable_prefix_caching, "
+                             f"got {self.mamba_cache_mode!r}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if self.pattern not in PATTERNS:
@@ -48,7 +55,12 @@ class EngineSettings:
 
     def plain(self) -> EngineSettings:
         """The same configuration without speculation: the lossless-speculation baseline."""
-        return replace(self, num_speculative_tokens=0, drafter="mtp", pattern="hash")
+        return replace(self, num_speculative_tokens=0, drafter="mtp", pattern="hash", enable_prefix_caching=False,
+                       mamba_cache_mode=None)
+
+    def uncached(self) -> EngineSettings:
+        """The same configuration without prefix caching: what the oracle runs."""
+        return replace(self, enable_prefix_caching=False, mamba_cache_mode=None)
 
     def describe(self) -> str:
         parts = [f"K={self.k}"]
@@ -60,6 +72,8 @@ class EngineSettings:
             parts.append(f"num_kv_blocks={self.num_kv_blocks}")
         if self.max_model_len is not None:
             parts.append(f"max_model_len={self.max_model_len}")
+        if self.enable_prefix_caching:
+            parts.append(f"prefix-caching/{self.mamba_cache_mode or 'align'}")
         return " ".join(parts)
 
 

@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--enable-prefix-caching", action="store_true",
+                   help="share KV blocks and recurrent checkpoints between prompts with a common prefix")
+    g.add_argument("--mamba-cache-mode", default=None,
+                   help="with --enable-prefix-caching: align (default) | all; where recurrent states are kept")
     g.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
     sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
@@ -58,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_spec_tokens,
-                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device)
+                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device,
+                  enable_prefix_caching=args.enable_prefix_caching, mamba_cache_mode=args.mamba_cache_mode)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
     except SETUP_ERRORS as e:
         return report("refengine generate", e)
@@ -79,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             mean = 1 + o.num_accepted_tokens / steps if steps else 1.0
             print(f"drafts: {o.num_draft_tokens} proposed, {o.num_accepted_tokens} accepted "
                   f"over {steps} verify steps (acceptance length {mean:.2f})")
+        if args.enable_prefix_caching:
+            print(f"cached_tokens: {o.num_cached_tokens}")
+    if args.enable_prefix_caching:
+        occ = llm.occupancy()
+        print(f"prefix cache: {occ.prefix_cache_hits} of {occ.prefix_cache_queries} looked-up tokens hit")
     total = sum(len(o.token_ids) for o in outs)
     print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s)")
     return 0

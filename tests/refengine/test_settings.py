@@ -17,6 +17,8 @@ NO_CUDA = not torch.cuda.is_available()
 BAD = [
     (CacheConfig, "block_size", 16.0), (CacheConfig, "block_size", 0), (CacheConfig, "block_size", True),
     (CacheConfig, "block_size", "16"), (CacheConfig, "num_kv_blocks", 0), (CacheConfig, "num_kv_blocks", 8.5),
+    (CacheConfig, "enable_prefix_caching", 1), (CacheConfig, "mamba_cache_mode", "bogus"),
+    (CacheConfig, "mamba_cache_mode", "all"), (CacheConfig, "num_state_checkpoints", 0),
     (SchedulerConfig, "max_num_seqs", 2.5), (SchedulerConfig, "max_num_seqs", 0),
     (SchedulerConfig, "max_num_seqs", False), (SchedulerConfig, "max_num_batched_tokens", 256.0),
     (SchedulerConfig, "max_num_batched_tokens", -1), (SchedulerConfig, "max_model_len", 1),

@@ -1,0 +1,266 @@
+"""Prefix caching for the hybrid model: the pools, the chunk rules, and the reference engine with the
+cache on against the same engine with it off (tokens, acceptance, logits digests), hits at the
+ceiling the mode allows for the prompt geometry, eviction, preemption of shared blocks, aborts."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from refengine import LLM, SamplingParams
+from refengine.config import CacheConfig, ConfigError, EngineConfig
+from refengine.prefix_cache import BlockPool, CheckpointPool, PrefixCache, state_column
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+BS = 4  # block size of the engine tests
+VOCAB = 256
+
+
+# ---- the pools and the chunk rules ----------------------------------------------------------------
+
+def test_block_pool_refcounts_and_lru_eviction():
+    pool = BlockPool(3)
+    a, b = pool.allocate(2)
+    assert pool.publish(a, b"ka") and pool.publish(b, b"kb")
+    assert not pool.publish(b, b"kc"), "a block has one key"
+    pool.take([a])  # a second holder
+    pool.free([a, b])
+    assert pool.refs(a) == 1 and pool.num_used == 1 and pool.num_free == 2  # b is cached, evictable
+    (c,) = pool.allocate(1)  # the never-cached block goes first
+    assert c not in (a, b) and pool.lookup(b"kb") == b
+    (d,) = pool.allocate(1)  # then the LRU cached one, which loses its key
+    assert d == b and pool.lookup(b"kb") is None
+    assert pool.allocate(1) is None, "a referenced block is never evicted"
+    pool.free([a, c, d])
+    assert pool.num_used == 0 and pool.lookup(b"ka") == a
+    with pytest.raises(RuntimeError, match="freed twice"):
+        pool.free([c])
+
+
+def test_checkpoint_pool_is_lru_and_keyed_once():
+    ck = CheckpointPool(first_slot=10, num_slots=2)
+    s1, s2 = ck.reserve(b"x"), ck.reserve(b"y")
+    assert {s1, s2} == {10, 11} and ck.reserve(b"x") is None
+    assert ck.lookup(b"x") == s1  # touches x: y is now the least recently used
+    assert ck.reserve(b"z") == s2 and not ck.has(b"y")
+
+
+def _cache(mode):
+    return PrefixCache(BlockPool(8), CheckpointPool(0, 4), block_size=4, mode=mode, lookahead=0)
+
+
+@pytest.mark.parametrize("mode,nc,num_new,total,want", [
+    ("all", 0, 10, 10, 4), ("all", 4, 6, 10, 4), ("all", 8, 2, 10, 2), ("all", 5, 9, 20, 3),
+    ("align", 0, 10, 10, 8),  # stops at the last boundary of the prompt
+    ("align", 8, 2, 10, 2),  # the tail after it runs unclipped
+    ("align", 0, 7, 30, 4),  # a budget-limited chunk ends on the grid
+    ("align", 0, 3, 30, 3),  # shorter than a block: left as it is
+    ("align", 0, 12, 12, 12),  # a prompt on the grid runs whole
+])
+def test_chunk_clipping(mode, nc, num_new, total, want):
+    assert _cache(mode).clip(nc, num_new, total) == want
+
+
+def test_state_column():
+    assert state_column(8, 4, 4, is_prefill=True) == 0
+    assert state_column(8, 4, 6, is_prefill=True) is None  # the chunk went past: its state is gone
+    assert state_column(8, 6, 4, is_prefill=False) == 1  # verify row over positions 6..9: after token 7
+    assert state_column(8, 8, 4, is_prefill=False) is None
+
+
+def test_settings_are_validated():
+    assert CacheConfig(enable_prefix_caching=True).mamba_cache_mode == "align"
+    assert CacheConfig().mamba_cache_mode == "none"
+    with pytest.raises(ConfigError, match="mamba_cache_mode must be one of .* got 'bogus'"):
+        CacheConfig(enable_prefix_caching=True, mamba_cache_mode="bogus")
+    with pytest.raises(ConfigError, match="mamba_cache_mode='all' needs enable_prefix_caching=True"):
+        CacheConfig(mamba_cache_mode="all")
+    with pytest.raises(ConfigError, match="'none' cannot serve enable_prefix_caching=True"):
+        CacheConfig(enable_prefix_caching=True, mamba_cache_mode="none")
+    with pytest.raises(ConfigError, match="enable_prefix_caching must be True or False, got 1"):
+        CacheConfig(enable_prefix_caching=1)
+    with pytest.raises(ConfigError, match="engine='async' does not restore cached states yet"):
+        EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True))
+    with pytest.raises(ConfigError, match="recurrent_prefill_chunked=True"):
+        EngineConfig(recurrent_prefill_chunked=True, cache=CacheConfig(enable_prefix_caching=True))
+
+
+# ---- the engine ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_checkpoint):
+    return str(tiny_checkpoint("next-tiny"))
+
+
+def run(ckpt, waves, *, cache_mode=None, max_tokens=12, **kw):
+    """Run ``waves`` (lists of prompts; a wave is submitted once the previous one finished). A wave given as
+    a callable builds its prompts from the outputs so far (multi-turn). Returns outputs, records, llm."""
+    records = []
+    if cache_mode is not None:
+        kw.update(enable_prefix_caching=True, mamba_cache_mode=cache_mode)
+    llm = LLM(model=ckpt, block_size=BS, observer=records.append, **kw)
+    outs = []
+    for wave in waves:
+        prompts = wave(outs) if callable(wave) else wave
+        outs += llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    assert llm.engine.pools_empty(), "a KV block, state slot or request leaked"
+    return outs, records, llm
+
+
+def digests(records):
+    """(request index in submission order, last position of the row) -> verify logits digest."""
+    out = {}
+    for rec in records:
+        for r in rec.rows:
+            if r.logits_digest is not None:
+                out[(r.request_id, r.positions[-1])] = r.logits_digest
+    return out
+
+
+def ceiling(prompt, sources, mode, lookahead):
+    """The hit the mode allows ``prompt`` from earlier finished single-chunk ``sources`` (RequestOutputs).
+
+    A source published the state at: ``all`` every boundary of its committed tokens, ``align`` the last
+    boundary of its prompt (its prefill ran in one chunk) and every boundary after it. Its committed
+    tokens end one before its last output token; with an MTP drafter (``lookahead``), before its last
+    verify step (the drafter writes no KV for a finished request). A hit must leave the last prompt
+    token to compute and match the source through the block's key (``lookahead`` tokens more).
+    """
+    best = 0
+    for src in sources:
+        tokens = src.prompt_token_ids + src.token_ids
+        committed = len(tokens) - 1
+        if lookahead:
+            committed = len(src.prompt_token_ids) + sum(a + 1 for _, a in src.acceptance[:-1])
+        last_prompt_boundary = len(src.prompt_token_ids) - len(src.prompt_token_ids) % BS
+        first = BS if mode == "all" else last_prompt_boundary
+        common = next((i for i, (x, y) in enumerate(zip(tokens, prompt)) if x != y), min(len(tokens), len(prompt)))
+        for b in range(BS, committed + 1, BS):
+            if b >= first and b <= len(prompt) - 1 and b + lookahead <= common:
+                best = max(best, b)
+    return best
+
+
+def prompts(rng, n):
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+CASES = [("all", 0, "mtp"), ("align", 0, "mtp"), ("all", 3, "mtp"), ("align", 1, "scripted"),
+         ("all", 3, "scripted")]
+
+
+@pytest.mark.parametrize("mode,k,drafter", CASES)
+def test_cache_on_equals_cache_off_at_the_ceiling(ckpt, mode, k, drafter):
+    """A shared system prompt, lengths at block boundary -1/0/+1, and a multi-turn follow-up."""
+    rng = random.Random(7)
+    system = prompts(rng, 3 * BS)
+    first = system + prompts(rng, 3)
+    second = [system + prompts(rng, n) for n in (BS - 1, BS, BS + 1)] + [system[: 2 * BS + d] for d in (-1, 0, 1)]
+    waves = [[first], second, lambda outs: [first + outs[0].token_ids + prompts(random.Random(1), 2)]]
+    kw = {"num_speculative_tokens": k, "drafter": drafter}
+    off, off_rec, _ = run(ckpt, waves, **kw)
+    on, on_rec, llm = run(ckpt, waves, cache_mode=mode, **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.acceptance for o in on] == [o.acceptance for o in off]
+    d_on, d_off = digests(on_rec), digests(off_rec)
+    assert d_on.items() <= d_off.items(), "a restored state changed a logit"
+    lookahead = 1 if (k and drafter == "mtp") else 0
+    expected = [0] + [ceiling(o.prompt_token_ids, on[:1], mode, lookahead) for o in on[1:-1]]
+    expected.append(ceiling(on[-1].prompt_token_ids, on[:-1], mode, lookahead))
+    assert [o.num_cached_tokens for o in on] == expected
+    assert any(expected), "the geometry allows no hit: the test proves nothing"
+    occ = llm.occupancy()
+    assert occ.prefix_cache_hits == sum(expected) and occ.prefix_cache_queries == sum(len(o.prompt_token_ids) for o in on)
+    # the hit rows start from the restored state: a prefill with initial state at the hit
+    hit_rows = [r for rec in on_rec for r in rec.rows if r.num_computed_tokens and r.kind == "prefill"
+                and r.num_computed_tokens % BS == 0]
+    assert all(r.has_initial_state for r in hit_rows)
+
+
+def test_hit_leaving_fewer_than_one_plus_k_tokens(ckpt):
+    k = 3
+    rng = random.Random(3)
+    base = prompts(rng, 4 * BS)
+    waves = [[base], [base[: 3 * BS + 1], base[: 3 * BS + 2]]]
+    off, _, _ = run(ckpt, waves, num_speculative_tokens=k, drafter="scripted")
+    on, rec, _ = run(ckpt, waves, cache_mode="all", num_speculative_tokens=k, drafter="scripted")
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.num_cached_tokens for o in on[1:]] == [3 * BS, 3 * BS]
+    short = [r for s in rec for r in s.rows if r.num_computed_tokens == 3 * BS and r.query_len < 1 + k]
+    assert short and all(r.kind == "prefill" and r.has_initial_state for r in short)
+
+
+def test_eviction_under_a_tiny_pool(ckpt):
+    """More distinct prefixes than the pools hold: LRU eviction keeps outputs exact and pools empty."""
+    rng = random.Random(5)
+    systems = [prompts(rng, 3 * BS) for _ in range(4)]
+    waves = [[s + prompts(rng, 2) for s in systems], [s + prompts(rng, 3) for s in systems]]
+    kw = {"num_kv_blocks": 16, "max_model_len": 40, "max_num_seqs": 2}
+    off, _, _ = run(ckpt, waves, **kw)
+    on, _, llm = run(ckpt, waves, cache_mode="all", num_state_checkpoints=3, **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    hits = [o.num_cached_tokens for o in on[4:]]
+    assert 0 in hits, "nothing was evicted: the test proves nothing"
+    assert llm.engine.caches.states and llm.engine.core.scheduler.prefix.checkpoints.num_used == 3
+
+
+def test_preempting_a_request_whose_blocks_are_shared(ckpt):
+    rng = random.Random(9)
+    system = prompts(rng, 4 * BS)
+    waves = [[system + prompts(rng, 1)], [system + prompts(rng, n) for n in (2, 3, 5, 6)]]
+    kw = {"num_kv_blocks": 20, "max_model_len": 60, "max_num_seqs": 4, "num_speculative_tokens": 2, "drafter": "scripted"}
+    off, _, _ = run(ckpt, waves, max_tokens=30, **kw)
+    on, _rec, _ = run(ckpt, waves, max_tokens=30, cache_mode="align", **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert sum(o.num_preemptions for o in on[1:]) > 0, "nothing was preempted: the test proves nothing"
+    assert all(o.num_cached_tokens == 4 * BS for o in on[1:])
+
+
+def test_abort_of_a_request_sharing_blocks(ckpt):
+    rng = random.Random(11)
+    system = prompts(rng, 3 * BS)
+    others = [system + prompts(rng, n) for n in (2, 5)]
+    base, _, _ = run(ckpt, [[system + [1]], others], cache_mode="all")
+    llm = LLM(model=ckpt, block_size=BS, enable_prefix_caching=True, mamba_cache_mode="all")
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    llm.generate([system + [1]], params)
+    for i, p in enumerate(others):
+        llm.add_request(f"o{i}", p, params)
+    llm.add_request("victim", system + [9, 9], params)
+    for _ in range(3):
+        llm.step()
+    assert llm.abort("victim").finish_reason == "abort"
+    done = {}
+    while llm.has_unfinished():
+        done.update((o.request_id, o) for o in llm.step())
+    assert [done[f"o{i}"].token_ids for i in range(2)] == [o.token_ids for o in base[1:]]
+    assert llm.engine.pools_empty()
+
+
+def test_generate_cli_flags(capsys):
+    from refengine.tools.cli import main
+
+    ids = ",".join(str(i) for i in range(1, 21))
+    assert main(["generate", "--prompt-ids", ids, "--max-tokens", "2", "--enable-prefix-caching",
+                 "--mamba-cache-mode", "all"]) == 0
+    assert "prefix cache: 0 of 20 looked-up tokens hit" in capsys.readouterr().out
+    assert main(["generate", "--prompt-ids", "1,2", "--enable-prefix-caching", "--mamba-cache-mode", "bogus"]) == 2
+    assert "mamba_cache_mode must be one of ('none', 'align', 'all') or None, got 'bogus'" in capsys.readouterr().err
+    assert main(["generate", "--prompt-ids", "1,2", "--mamba-cache-mode", "all"]) == 2
+    assert "needs enable_prefix_caching=True" in capsys.readouterr().err
+
+
+def test_conformance_settings_reach_the_engine_under_test_only():
+    from conformance.engines import RunSpec, load_engine, reference_adapter
+    from conformance.workloads.scenario import EngineSettings
+
+    s = EngineSettings(enable_prefix_caching=True, mamba_cache_mode="all", block_size=BS)
+    assert "prefix-caching/all" in s.describe() and not s.plain().enable_prefix_caching
+    spec = RunSpec(None, s, VOCAB, lambda rec: None)
+    assert load_engine("reference").build(spec).config.cache.mamba_cache_mode == "all"
+    assert not reference_adapter().build(spec).config.cache.enable_prefix_caching
+    with pytest.raises(ValueError, match="mamba_cache_mode must be one of .* got 'bogus'"):
+        EngineSettings(enable_prefix_caching=True, mamba_cache_mode="bogus")
