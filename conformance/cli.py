@@ -26,6 +26,10 @@ from conformance.engines import BUILTIN_ENGINES, UnknownEngine
 from conformance.expectations import ExpectationError
 from conformance.workloads import TIERS, UnknownScenario, scenario_defs, scenario_ids
 from conformance.workloads.files import read_scenario_file
+from refengine.tools.errors import OneLineParser, float_above, int_at_least
+
+THREADS_HELP = ("torch intra-op threads on CPU (default 1: the workloads are many small steps, where more "
+                "threads only contend)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,13 +39,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "embedded default model)")
     p.add_argument("--tier", default="default", choices=TIERS, help="workload sizes (default: default)")
     p.add_argument("--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (default 1: the "
-                   "workloads are many small steps, where more threads only contend)")
+    p.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="conformance", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="conformance", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="list scenario ids with a one-line description")
     ls.add_argument("--tier", default=None, choices=TIERS, help="only this tier's scenarios (default: all)")
@@ -67,17 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rp)
     fz = sub.add_parser("fuzz", help="run generated workloads until a check fails, then shrink and write it out")
     _common(fz)
-    fz.add_argument("--seed", type=int, default=0, help="generation seed: the same seed gives the same workloads")
-    fz.add_argument("--examples", type=int, default=100, help="most workloads to generate (default 100)")
-    fz.add_argument("--budget-seconds", type=float, default=None, help="stop generating after this long "
+    fz.add_argument("--seed", type=int_at_least(0), default=0, help="generation seed: the same seed gives the same "
+                    "workloads")
+    fz.add_argument("--examples", type=int_at_least(1), default=100, help="most workloads to generate (default 100)")
+    fz.add_argument("--budget-seconds", type=float_above(0), default=None, help="stop generating after this long "
                     "(then the number of workloads depends on the machine)")
-    fz.add_argument("--shrink-seconds", type=float, default=300.0, help="time limit for shrinking a failure "
+    fz.add_argument("--shrink-seconds", type=float_above(0), default=300.0, help="time limit for shrinking a failure "
                     "(default 300)")
     fz.add_argument("--out", default=".", metavar="DIR", help="where the shrunk failing workload is written "
                     "(default: the current directory)")
-    fz.add_argument("--max-requests", type=int, default=6, help="most requests per workload (default 6)")
-    fz.add_argument("--max-prompt", type=int, default=40, help="longest prompt without a max_model_len (default 40)")
-    fz.add_argument("--max-new-tokens", type=int, default=12, help="most max_tokens per request (default 12)")
+    fz.add_argument("--max-requests", type=int_at_least(1), default=6, help="most requests per workload "
+                    "(default 6)")
+    fz.add_argument("--max-prompt", type=int_at_least(1), default=40, help="longest prompt without a "
+                    "max_model_len (default 40)")
+    fz.add_argument("--max-new-tokens", type=int_at_least(1), default=12, help="most max_tokens per request "
+                    "(default 12)")
     fz.add_argument("--no-aborts", action="store_true", help="generate no aborts")
     fz.add_argument("--no-shrink", action="store_true", help="write the first failing workload as found")
     fz.add_argument("-q", "--quiet", action="store_true", help="no line per workload")
@@ -85,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     mu.add_argument("--mutant", action="append", default=[], metavar="ID", help="only this mutant (repeatable)")
     mu.add_argument("--model", default=None, help="checkpoint folder (default: the embedded default model)")
     mu.add_argument("--tier", default="default", choices=TIERS)
-    mu.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    mu.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
     mu.add_argument("--list", action="store_true", help="list the mutants and what they break")
     return parser
 

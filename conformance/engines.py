@@ -152,12 +152,22 @@ def load_engine(name: str) -> EngineAdapter:
         obj = getattr(_import(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise UnknownEngine(f"cannot load engine {name!r}: {e}") from e
+    except Exception as e:  # the user's module broke while importing: one line, not a traceback
+        raise UnknownEngine(f"cannot load engine {name!r}: importing {module_name} raised {_one_line(e)}") from e
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "start")):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as e:  # the factory is the user's code: one line, not a traceback
+            raise UnknownEngine(f"cannot load engine {name!r}: {attr}() raised {_one_line(e)}") from e
     if not isinstance(obj, EngineAdapter):
         raise UnknownEngine(f"engine {name!r} gave {type(obj).__name__}, which lacks name/supports()/start() "
                             "(see conformance.engines.EngineAdapter)")
     return obj
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (a user's exception message may span several)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
 
 
 def _import(module_name: str):

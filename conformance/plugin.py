@@ -158,6 +158,7 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a conformance-suite scenario test (conformance.suite)")
+    _check_options(config)
     if config.getoption("conformance_scenario") or config.getoption("conformance_scenario_file"):
         _scenarios(config)  # a mistyped id or a broken file: one usage error now, not a collection error later
     is_worker = hasattr(config, "workerinput")
@@ -171,23 +172,33 @@ def pytest_configure(config):
         config.stash[_EXPORTED_GPU_IDS] = True
 
 
+def _check_options(config) -> None:
+    """Option values out of range: one usage error naming the option and the value, before anything runs."""
+    threads = config.getoption("conformance_threads")
+    if threads < 1:
+        raise pytest.UsageError(f"conformance: --conformance-threads must be >= 1, got {threads}")
+
+
 def pytest_sessionstart(session):
-    """Under xdist, the controller proves the checkpoint and device usable before any worker starts,
-    so a broken checkpoint is one usage error, not an error per scenario (a model that only a
-    conftest's ``conformance_default_model`` names is known inside the workers alone)."""
+    """Under xdist, the controller proves the engine, the checkpoint and the device usable before any
+    worker starts, so an engine that cannot be loaded (its factory raises) or a broken checkpoint is
+    one usage error, not an error per scenario (what only a conftest's ``conformance_default_engine``
+    or ``conformance_default_model`` names is known inside the workers alone; their fixtures check it)."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or not _is_active(config):
         return
     from conformance.model import UnusableSetup, preflight
 
     opt = config.getoption
+    engine = settings.pick(opt("conformance_engine"), settings.ENV_ENGINE, None)
     model = settings.pick(opt("conformance_model"), settings.ENV_MODEL, None)
     device = settings.pick(opt("conformance_device"), settings.ENV_DEVICE, None)
-    if model is None and device is None:
-        return  # nothing named explicitly: the workers' fixtures decide
     try:
-        preflight(model, device or "cpu")
-    except (UnusableSetup, FileNotFoundError, ValueError) as e:
+        if engine is not None:
+            settings.resolve_engine(engine)
+        if model is not None or device is not None:
+            preflight(model, device or "cpu")
+    except (UnusableSetup, FileNotFoundError, ValueError) as e:  # UnknownEngine is a ValueError
         raise pytest.UsageError(f"conformance: {e}") from None
 
 

@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from refengine.tools.errors import OneLineParser, int_at_least
+
 
 def _workload(llm, copies: int, seed: int):
     from refengine.tools.default_workload import default_params, default_prompts
@@ -113,14 +115,14 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="refengine bench", description=__doc__)
+    p = OneLineParser(prog="refengine bench", description=__doc__)
     p.add_argument("--model", default=None)
-    p.add_argument("--num-spec-tokens", type=int, default=3)
+    p.add_argument("--num-spec-tokens", type=int_at_least(0), default=3)
     p.add_argument("--graph-mode", default="full_and_piecewise")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--copies", type=int, default=1, help="repeat the default prompts this many times")
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
+    p.add_argument("--repeat", type=int_at_least(1), default=3)
+    p.add_argument("--copies", type=int_at_least(1), default=1, help="repeat the default prompts this many times")
+    p.add_argument("--max-num-seqs", type=int_at_least(1), default=16)
+    p.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both engines)")
     return p
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from refengine.tools.errors import OneLineParser, int_at_least
+
 
 def _parse_ids(text: str) -> list[int]:
     try:
@@ -15,21 +17,21 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="refengine", description=__doc__)
+    p = OneLineParser(prog="refengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate greedily from prompts")
     g.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
     g.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
     g.add_argument("--prompt-ids", action="append", type=_parse_ids, default=[],
                    help="a prompt as comma-separated token ids (repeatable)")
-    g.add_argument("--max-tokens", type=int, default=32)
-    g.add_argument("--num-spec-tokens", type=int, default=0)
+    g.add_argument("--max-tokens", type=int_at_least(1), default=32)
+    g.add_argument("--num-spec-tokens", type=int_at_least(0), default=0)
     g.add_argument("--drafter", default="mtp", choices=("mtp", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
     g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
+    g.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
     sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
     return p

@@ -21,6 +21,7 @@ from refengine.tools.default_workload import (
     DEFAULT_PROMPTS,
     default_params,
 )
+from refengine.tools.errors import OneLineParser, int_at_least
 
 
 @dataclass
@@ -100,13 +101,15 @@ def format_report(plain: RunResult, spec: RunResult, stats: AcceptanceStats, sam
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="refengine report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="refengine report", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
-    p.add_argument("--num-spec-tokens", type=int, default=DEFAULT_NUM_SPEC_TOKENS)
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    p.add_argument("--samples", type=int, default=len(DEFAULT_PROMPTS), help="sample continuations to print")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--num-spec-tokens", type=int_at_least(1), default=DEFAULT_NUM_SPEC_TOKENS,
+                   help=f"K, the MTP drafts per step (default {DEFAULT_NUM_SPEC_TOKENS})")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--samples", type=int_at_least(0), default=len(DEFAULT_PROMPTS),
+                   help="sample continuations to print")
+    p.add_argument("--threads", type=int_at_least(1), default=1,
                    help="torch intra-op threads (default 1: the model is tiny, more threads only contend)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     return p
@@ -114,9 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.num_spec_tokens < 1:
-        print("refengine report: --num-spec-tokens must be >= 1", file=sys.stderr)
-        return 2
     import torch
 
     torch.set_num_threads(args.threads)

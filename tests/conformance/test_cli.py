@@ -163,6 +163,16 @@ def test_usage_errors_exit_2(argv, tiny_checkpoint):
     assert run_cli(*argv)[0] == 2
 
 
+def test_an_engine_factory_that_raises_is_one_line(capsys):
+    """The user's factory raising is the engine being unusable: one line naming it and the error, exit 2."""
+    from tests.conformance.broken_factory import MESSAGE
+
+    engine = "tests.conformance.broken_factory:factory"
+    assert main(["run", "--engine", engine], out=io.StringIO()) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"conformance run: cannot load engine '{engine}': factory() raised RuntimeError: {MESSAGE}"]
+
+
 def test_bad_arguments_exit_2():
     with pytest.raises(SystemExit) as e:
         main(["run", "--tier", "weekly"])
