@@ -379,19 +379,23 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
         if c.details.get("warning"):
             warnings.warn(NotExercisedWarning(c.details["warning"]), stacklevel=1)
     verdict = judge(result, expectations)
-    result.expected = verdict.expected
+    strict = bool(request.config.getoption("conformance_strict_expectations"))
+    result.expected, result.stale, result.stale_fails = verdict.expected, verdict.stale, strict
     _record(node, result)
-    if verdict.stale:
-        if request.config.getoption("conformance_strict_expectations"):
-            pytest.fail(verdict.stale_message(expectations.source), pytrace=False)
-        warnings.warn(StaleExpectationWarning(verdict.stale_message(expectations.source)), stacklevel=1)
+    stale = verdict.stale_message(expectations.source) if verdict.stale else ""
+    if stale and not strict:
+        warnings.warn(StaleExpectationWarning(stale), stacklevel=1)
     if verdict.outcome == "skip":
         pytest.skip(result.skipped)
     if verdict.outcome == "error":
         _infrastructure_error(node, result)
+    stale_failure = f"{stale} (strict expectations: a stale entry fails the run)" if stale and strict else ""
     if verdict.outcome == "fail":
         node.user_properties.append(("failure_type", MISMATCH))
-        pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND, pytrace=False)
+        pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND
+                    + (f"\n\n{stale_failure}" if stale_failure else ""), pytrace=False)
+    if stale_failure:
+        pytest.fail(stale_failure, pytrace=False)
     if verdict.outcome == "xfail":
         pytest.xfail("; ".join(f"{k}: {v}" for k, v in verdict.expected.items()))
 

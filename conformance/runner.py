@@ -59,12 +59,24 @@ def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), stric
 def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label: str | None = None,
               **options) -> int:
     """Run the suite for ``sel`` in this process, printing to ``out``; returns the command's exit status."""
-    printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model")
+    printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model",
+                         expectations_note(sel, options.get("strict", False)))
     with _isolated_environment():
         code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
     if printer.setup_error is not None:
         print(f"conformance run: {printer.setup_error}", file=sys.stderr)
     return EXIT_STATUS.get(code, 1)
+
+
+def expectations_note(sel: session.Selection, strict: bool) -> str:
+    """What the run does with expected failures, said up front (the file, and what a stale entry does)."""
+    exp = sel.expectations()
+    if exp.source is None:
+        return "expected failures: none listed (no expectations file applies); every failing check fails the run"
+    stale = ("fails the run (--strict-expectations)" if strict
+             else "is a warning (--strict-expectations makes it fail the run)")
+    return (f"expected failures: {exp.source} ({len(exp.entries)} entries); a listed check that fails is an "
+            f"expected failure (XFAIL, exit 0), an entry that no longer fails {stale}")
 
 
 @contextmanager
@@ -86,8 +98,9 @@ def _isolated_environment():
 class RunPrinter:
     """A pytest plugin of the in-process run: prints what ``conformance run`` shows."""
 
-    def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str):
+    def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str, expectations: str = ""):
         self.out, self.sel, self.verbose, self.model_label = out, sel, verbose, model_label
+        self.expectations = expectations
         self.total = self.done = self.failed = 0
         self.start = time.perf_counter()
         self.setup_error: str | None = None  # the one line a run that could not start ends with
@@ -99,6 +112,8 @@ class RunPrinter:
         self.total = len(session.items)
         self._print(f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
                     f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}")
+        if self.expectations:
+            self._print(self.expectations)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -120,12 +135,15 @@ class RunPrinter:
             return
         self._print(status_line(result, self.done, self.total, elapsed))
         if hasattr(report, "wasxfail"):
-            self._print(f"  expected failure(s): {result.expected}")
+            self._print("  expected failure(s): " + ", ".join(f"{k} ({v})" for k, v in result.expected.items()))
+            if self.verbose:
+                self._print(format_result(result, show_passing=True))
             return
         if report.failed:
             self.failed += 1
-            if result.ok and not result.error:  # every check passed, yet the test failed: a stale entry (strict)
-                self._print(f"  FAILED: {report.longrepr.reprcrash.message if report.longrepr else ''}")
+            if not result.unexpected_failures and not result.error:  # only a stale entry failed it (strict)
+                message = report.longrepr.reprcrash.message if report.longrepr else ""
+                self._print(f"  FAILED: {message.removeprefix('Failed: ')}")
                 return
         if report.failed or self.verbose:
             self._print(format_result(result, show_passing=self.verbose))
