@@ -47,6 +47,7 @@ class RunSpec:
     observer: Callable[[Any], None]  # call with each step's StepRecord
     device: str = "cpu"
     seed: int = 0
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": the weights and activations, both engines
 
 
 class EngineInstance(Protocol):
@@ -126,7 +127,7 @@ class RefEngineAdapter:
         return LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
                    drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                    block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
-                   device=spec.device, seed=spec.seed, observer=spec.observer, **checked)
+                   device=spec.device, dtype=spec.dtype, seed=spec.seed, observer=spec.observer, **checked)
 
 
 def reference_adapter() -> RefEngineAdapter:

@@ -9,6 +9,8 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
   --conformance-tier T       default | nightly
   --conformance-model PATH   checkpoint (else $CONFORMANCE_MODEL, else ``conformance_default_model``,
                              None = the embedded default model)
+  --conformance-dtype D      float32 | bfloat16 | float16 | auto (the checkpoint's own), both engines
+                             (else $CONFORMANCE_DTYPE, else float32)
   --conformance-xfail-file F expected failures (TOML); default: conformance/expectations/<engine>.toml
   --conformance-strict-expectations   a listed expected failure that passes fails the scenario
   --conformance-scenario ID  only this scenario (repeatable; default: the whole tier)
@@ -45,6 +47,7 @@ from conformance.env import describe, environment
 from conformance.expectations import judge, unknown_entries
 from conformance.results import ScenarioResult
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
+from refengine.config import DTYPE_CHOICES
 
 SUITE_PATH = "conformance/suite/test_conformance.py"  # the shipped suite's test ids start with this
 SUITE_FILE = Path(__file__).resolve().parent / "suite" / "test_conformance.py"
@@ -76,6 +79,8 @@ def pytest_addoption(parser):
     g.addoption("--conformance-model", default=None, help="checkpoint folder (default: $CONFORMANCE_MODEL, else "
                 "the embedded default model)")
     g.addoption("--conformance-device", default=None, help="device for both engines (default: cpu)")
+    g.addoption("--conformance-dtype", default=None, help="dtype both engines run in: float32, bfloat16, float16 "
+                "or auto, the checkpoint's own (default: $CONFORMANCE_DTYPE, else float32)")
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")
     g.addoption("--conformance-strict-expectations", action="store_true",
@@ -177,6 +182,14 @@ def _check_options(config) -> None:
     threads = config.getoption("conformance_threads")
     if threads < 1:
         raise pytest.UsageError(f"conformance: --conformance-threads must be >= 1, got {threads}")
+    dtype = _dtype(config)
+    if dtype not in DTYPE_CHOICES:
+        where = "--conformance-dtype" if config.getoption("conformance_dtype") else f"${settings.ENV_DTYPE}"
+        raise pytest.UsageError(f"conformance: {where} must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+
+
+def _dtype(config) -> str:
+    return settings.pick(config.getoption("conformance_dtype"), settings.ENV_DTYPE, "float32")
 
 
 def pytest_sessionstart(session):
@@ -197,7 +210,7 @@ def pytest_sessionstart(session):
         if engine is not None:
             settings.resolve_engine(engine)
         if model is not None or device is not None:
-            preflight(model, device or "cpu")
+            preflight(model, device or "cpu", _dtype(config))
     except (UnusableSetup, FileNotFoundError, ValueError) as e:  # UnknownEngine is a ValueError
         raise pytest.UsageError(f"conformance: {e}") from None
 
@@ -212,7 +225,8 @@ def pytest_report_header(config):
     engine = engine or f"{settings.DEFAULT_ENGINE} (suite default; a conftest may choose another)"
     model = config.getoption("conformance_model") or os.environ.get(settings.ENV_MODEL) or "default"
     tier = config.getoption("conformance_tier") or "default"
-    return f"conformance: engine {engine}, tier {tier}, model {model}; {describe(environment(probe_device=False))}"
+    return (f"conformance: engine {engine}, tier {tier}, model {model}, dtype {_dtype(config)} (both engines); "
+            f"{describe(environment(probe_device=False))}")
 
 
 def _scenarios(config) -> list[str]:
@@ -273,7 +287,7 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         model=settings.pick(opt("conformance_model"), settings.ENV_MODEL, conformance_default_model),
         tier=opt("conformance_tier") or "default",
         device=settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
-        xfail_file=opt("conformance_xfail_file"))
+        xfail_file=opt("conformance_xfail_file"), dtype=_dtype(pytestconfig))
 
 
 @pytest.fixture(scope="session")

@@ -65,6 +65,7 @@ def format_result(result: ScenarioResult, show_passing: bool = False) -> str:
         "  compared against  : reference engine (refengine, no graphs), same configuration",
         f"  model             : {result.model}",
         f"  configuration     : {result.settings}  (tier {result.tier})",
+        f"  dtype             : {result.dtype} (both engines)",
     ]
     if result.skipped:
         lines.append(f"  skipped: {result.skipped}")
@@ -110,8 +111,10 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
     checks = [c for r in results for c in r.checks]
     by = {outcome: [r for r in results if r.outcome == outcome] for outcome in VERDICTS}
     failed = by["fail"] + by["error"]
+    dtypes = sorted({r.dtype for r in results})
     lines = [(
-        f"{len(results)} scenarios in {elapsed:.1f} s: {len(by['pass'])} passed, {len(failed)} failed, "
+        f"{len(results)} scenarios in {elapsed:.1f} s" + (f", both engines in {', '.join(dtypes)}" if dtypes else "")
+        + f": {len(by['pass'])} passed, {len(failed)} failed, "
         f"{len(by['xfail'])} expected failures, {len(by['skip'])} skipped; "
         f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
         f"{sum(c.status == FAIL for c in checks)} failed, {sum(c.status == NA for c in checks)} n/a")]

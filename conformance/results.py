@@ -49,6 +49,7 @@ class ScenarioResult:
     expected: dict[str, str] = field(default_factory=dict)  # failing checks an expectations file lists -> reason
     stale: list[str] = field(default_factory=list)  # listed "<scenario>/<check>" entries that did not fail
     stale_fails: bool = False  # strict expectations: a stale entry fails the scenario (else a warning)
+    dtype: str = "float32"  # what both engines ran in
 
     @property
     def failures(self) -> list[CheckResult]:

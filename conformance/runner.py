@@ -38,7 +38,7 @@ def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), stric
     args = ["--pyargs", "conformance.suite", "-p", "conformance.plugin", "-p", "no:cacheprovider",
             "-c", os.devnull, "--rootdir", str(root.parent), "--confcutdir", str(root), "-o", "addopts=",
             "--conformance-engine", sel.engine, "--conformance-tier", sel.tier, "--conformance-device", sel.device,
-            "--conformance-threads", str(threads)]
+            "--conformance-dtype", sel.dtype, "--conformance-threads", str(threads)]
     if sel.model is not None:
         args += ["--conformance-model", sel.model]
     if sel.xfail_file is not None:
@@ -57,15 +57,22 @@ def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), stric
 
 
 def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label: str | None = None,
-              **options) -> int:
-    """Run the suite for ``sel`` in this process, printing to ``out``; returns the command's exit status."""
+              dtype: str | None = None, **options) -> int:
+    """Run the suite for ``sel`` in this process, printing to ``out``; returns the command's exit status.
+    ``dtype``: what ``sel.dtype`` resolves to on this checkpoint, for the header ("auto" is resolved)."""
     printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model",
-                         expectations_note(sel, options.get("strict", False)))
+                         expectations_note(sel, options.get("strict", False)), dtype or sel.dtype)
     with _isolated_environment():
         code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
     if printer.setup_error is not None:
         print(f"conformance run: {printer.setup_error}", file=sys.stderr)
     return EXIT_STATUS.get(code, 1)
+
+
+def dtype_note(dtype: str) -> str:
+    """How the engines are compared in ``dtype``: the same kernels in the same dtype, so exactly."""
+    return (f"dtype: both engines run in {dtype} with the same kernels; tokens and acceptance are compared "
+            f"exactly and logits bitwise, in {dtype} as in float32")
 
 
 def expectations_note(sel: session.Selection, strict: bool) -> str:
@@ -98,9 +105,10 @@ def _isolated_environment():
 class RunPrinter:
     """A pytest plugin of the in-process run: prints what ``conformance run`` shows."""
 
-    def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str, expectations: str = ""):
+    def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str, expectations: str = "",
+                 dtype: str = "float32"):
         self.out, self.sel, self.verbose, self.model_label = out, sel, verbose, model_label
-        self.expectations = expectations
+        self.expectations, self.dtype = expectations, dtype
         self.total = self.done = self.failed = 0
         self.start = time.perf_counter()
         self.setup_error: str | None = None  # the one line a run that could not start ends with
@@ -112,6 +120,7 @@ class RunPrinter:
         self.total = len(session.items)
         self._print(f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
                     f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}")
+        self._print(dtype_note(self.dtype))
         if self.expectations:
             self._print(self.expectations)
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from refengine.tools.errors import OneLineParser, int_at_least
+from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
     g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add_dtype_flag(g, "the engine")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_spec_tokens,
-                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device)
+                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device, dtype=args.dtype)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
     except SETUP_ERRORS as e:
         return report("refengine generate", e)
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"drafts: {o.num_draft_tokens} proposed, {o.num_accepted_tokens} accepted "
                   f"over {steps} verify steps (acceptance length {mean:.2f})")
     total = sum(len(o.token_ids) for o in outs)
-    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s)")
+    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s); engine {args.engine}, "
+          f"dtype {llm.config.dtype}, device {llm.config.device}")
     return 0
 
 
