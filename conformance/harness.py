@@ -138,7 +138,7 @@ class Case:
 def skip_reason(scenario: Scenario, case: Case) -> str | None:
     s, facts = scenario.settings, case.facts
     if s.k and s.drafter == "mtp" and not facts.has_mtp:
-        return "the model has no MTP head (mtp.* weights)"
+        return "the model has no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)"
     if s.k and not case.adapter.supports("mtp" if s.drafter == "mtp" else "scripted_drafter"):
         return f"the engine under test does not support the {s.drafter} drafter"
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:

@@ -1,4 +1,6 @@
-"""``refengine generate``: run prompts through an engine and print tokens, finish reason, acceptance."""
+"""``refengine generate``: run prompts through an engine and print tokens, finish reason, acceptance.
+``refengine add-mtp-head SRC DST``: a copy of a checkpoint with an MTP head (refengine.tools.mtp_head).
+``refengine report`` and ``refengine bench``: refengine.tools.report and refengine.tools.bench."""
 
 from __future__ import annotations
 
@@ -6,7 +8,15 @@ import argparse
 import sys
 import time
 
-from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
+from refengine.tools import mtp_head
+from refengine.tools.errors import (
+    REQUEST_ERRORS,
+    SETUP_ERRORS,
+    OneLineParser,
+    add_dtype_flag,
+    int_at_least,
+    report,
+)
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -35,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
     sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
+    mtp = sub.add_parser("add-mtp-head", help="copy a checkpoint saved without an MTP head (as transformers "
+                         "saves one) and add a head initialised from the model's own layers",
+                         description=mtp_head.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mtp.add_argument("src", metavar="SRC", help="checkpoint folder without mtp.* tensors")
+    mtp.add_argument("dst", metavar="DST", help="new folder: SRC's files plus the head")
     return p
 
 
@@ -49,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "add-mtp-head":
+        return add_mtp_head_command(args.src, args.dst)
     import torch
 
     from refengine import LLM, SamplingParams
-    from refengine.tools.errors import REQUEST_ERRORS, SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)
     prompts = list(args.prompt) + list(args.prompt_ids)
@@ -85,6 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(len(o.token_ids) for o in outs)
     print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s); engine {args.engine}, "
           f"dtype {llm.config.dtype}, device {llm.config.device}")
+    return 0
+
+
+def add_mtp_head_command(src: str, dst: str) -> int:
+    try:
+        origin = mtp_head.add_mtp_head(src, dst)
+    except SETUP_ERRORS as e:
+        return report("refengine add-mtp-head", e)
+    layer = origin["mtp.layers.0.self_attn.o_proj.weight"].split(".self_attn.")[0]
+    print(f"wrote {dst}: {src} plus an MTP head of {len(origin)} mtp.* tensors in {dst}/{mtp_head.HEAD_FILE}, "
+          f"initialised from the model's own layers (attention from {layer}, MLP from layer 0), untrained: "
+          "its drafts are valid but rarely accepted until it is trained")
     return 0
 
 
