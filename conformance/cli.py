@@ -2,10 +2,13 @@
 
   conformance list [--tier T]                   scenario ids, one line each
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
-                  [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
-  conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH]
-  conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR]
-  conformance mutate [--mutant ID ...]
+                  [--dtype D] [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
+  conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH] [--dtype D]
+  conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR] [--dtype D]
+  conformance mutate [--mutant ID ...] [--dtype D]
+
+--dtype (float32, bfloat16, float16, or auto: the checkpoint's own) is what both engines run in; they
+run the same kernels, so they are compared exactly (tokens, acceptance, logits bitwise) in any dtype.
 
 Exit status: 0 when every check passed (or failed as an expectations file lists), 1 when a check
 failed or a run broke (fuzz: a generated workload failed a check), 2 for usage errors (unknown
@@ -26,6 +29,10 @@ from conformance.engines import BUILTIN_ENGINES, UnknownEngine
 from conformance.expectations import ExpectationError
 from conformance.workloads import TIERS, UnknownScenario, scenario_defs, scenario_ids
 from conformance.workloads.files import read_scenario_file
+from refengine.tools.errors import OneLineParser, add_dtype_flag, float_above, int_at_least
+
+THREADS_HELP = ("torch intra-op threads on CPU (default 1: the workloads are many small steps, where more "
+                "threads only contend)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,13 +42,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "embedded default model)")
     p.add_argument("--tier", default="default", choices=TIERS, help="workload sizes (default: default)")
     p.add_argument("--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (default 1: the "
-                   "workloads are many small steps, where more threads only contend)")
+    p.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
+    add_dtype_flag(p, "both engines", default=None, default_text=f"${session.ENV_DTYPE} or float32")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="conformance", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="conformance", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="list scenario ids with a one-line description")
     ls.add_argument("--tier", default=None, choices=TIERS, help="only this tier's scenarios (default: all)")
@@ -67,17 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rp)
     fz = sub.add_parser("fuzz", help="run generated workloads until a check fails, then shrink and write it out")
     _common(fz)
-    fz.add_argument("--seed", type=int, default=0, help="generation seed: the same seed gives the same workloads")
-    fz.add_argument("--examples", type=int, default=100, help="most workloads to generate (default 100)")
-    fz.add_argument("--budget-seconds", type=float, default=None, help="stop generating after this long "
+    fz.add_argument("--seed", type=int_at_least(0), default=0, help="generation seed: the same seed gives the same "
+                    "workloads")
+    fz.add_argument("--examples", type=int_at_least(1), default=100, help="most workloads to generate (default 100)")
+    fz.add_argument("--budget-seconds", type=float_above(0), default=None, help="stop generating after this long "
                     "(then the number of workloads depends on the machine)")
-    fz.add_argument("--shrink-seconds", type=float, default=300.0, help="time limit for shrinking a failure "
+    fz.add_argument("--shrink-seconds", type=float_above(0), default=300.0, help="time limit for shrinking a failure "
                     "(default 300)")
     fz.add_argument("--out", default=".", metavar="DIR", help="where the shrunk failing workload is written "
                     "(default: the current directory)")
-    fz.add_argument("--max-requests", type=int, default=6, help="most requests per workload (default 6)")
-    fz.add_argument("--max-prompt", type=int, default=40, help="longest prompt without a max_model_len (default 40)")
-    fz.add_argument("--max-new-tokens", type=int, default=12, help="most max_tokens per request (default 12)")
+    fz.add_argument("--max-requests", type=int_at_least(1), default=6, help="most requests per workload "
+                    "(default 6)")
+    fz.add_argument("--max-prompt", type=int_at_least(1), default=40, help="longest prompt without a "
+                    "max_model_len (default 40)")
+    fz.add_argument("--max-new-tokens", type=int_at_least(1), default=12, help="most max_tokens per request "
+                    "(default 12)")
     fz.add_argument("--no-aborts", action="store_true", help="generate no aborts")
     fz.add_argument("--no-shrink", action="store_true", help="write the first failing workload as found")
     fz.add_argument("-q", "--quiet", action="store_true", help="no line per workload")
@@ -85,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     mu.add_argument("--mutant", action="append", default=[], metavar="ID", help="only this mutant (repeatable)")
     mu.add_argument("--model", default=None, help="checkpoint folder (default: the embedded default model)")
     mu.add_argument("--tier", default="default", choices=TIERS)
-    mu.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    mu.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
+    add_dtype_flag(mu, "the reference and the mutated async engine", default=None,
+                   default_text=f"${session.ENV_DTYPE} or float32")
     mu.add_argument("--list", action="store_true", help="list the mutants and what they break")
     return parser
 
@@ -94,7 +107,8 @@ def _selection(args) -> session.Selection:
     sel = session.Selection(
         engine=session.pick(args.engine, session.ENV_ENGINE, session.DEFAULT_ENGINE),
         model=session.pick(args.model, session.ENV_MODEL, None), tier=args.tier,
-        device=session.pick(args.device, session.ENV_DEVICE, "cpu"), xfail_file=getattr(args, "xfail_file", None))
+        device=session.pick(args.device, session.ENV_DEVICE, "cpu"), xfail_file=getattr(args, "xfail_file", None),
+        dtype=session.pick(args.dtype, session.ENV_DTYPE, "float32"))
     if sel.device == "cpu":
         import torch
 
@@ -112,7 +126,7 @@ def cmd_list(args, out) -> int:
 
 def cmd_run(args, out) -> int:
     """The shipped pytest suite, run in-process with this command's options (conformance.runner)."""
-    from conformance.model import describe_model
+    from conformance.model import describe_model, run_dtype
     from conformance.runner import run_suite
     from refengine.config import check_device
 
@@ -124,7 +138,8 @@ def cmd_run(args, out) -> int:
     sel.expectations()  # ExpectationError for an unreadable file
     return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
                      strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
-                     report_json=args.report_json, verbose=args.verbose, model_label=facts.label)
+                     report_json=args.report_json, verbose=args.verbose, model_label=facts.label,
+                     dtype=run_dtype(sel.dtype, facts))
 
 
 def _warn(result, out) -> None:
@@ -181,7 +196,7 @@ def cmd_fuzz(args, out) -> int:
     case = sel.open_case()
     budget = f"{args.examples} workloads" + (f" or {args.budget_seconds:g} s" if args.budget_seconds else "")
     print(f"conformance fuzz: engine under test {sel.engine}, reference engine as oracle, model {case.facts.label}, "
-          f"seed {args.seed}, at most {budget}", file=out, flush=True)
+          f"dtype {case.dtype} (both engines), seed {args.seed}, at most {budget}", file=out, flush=True)
     shrinking = []
 
     def progress(e):
@@ -239,13 +254,17 @@ def cmd_mutate(args, out) -> int:
         return 0
     torch.set_num_threads(args.threads)
     model = session.pick(args.model, session.ENV_MODEL, None)
+    dtype = session.pick(args.dtype, session.ENV_DTYPE, "float32")
+    print(f"conformance mutate: the async engine with one seed bug re-created at a time, against the reference "
+          f"engine, model {model or 'embedded default model'}, tier {args.tier}, dtype {dtype} (both engines)",
+          file=out, flush=True)
 
     def progress(result, i, n):
         verdict = (f"caught by {result.scenario}" if result.caught
                    else f"not tried: {result.untried}" if result.untried else "MISSED")
         print(f"[{i}/{n}] {result.mutant.id}: {verdict} in {result.seconds:.1f} s", file=out, flush=True)
 
-    results = run_mutants(model, args.tier, args.mutant or None, progress=progress)
+    results = run_mutants(model, args.tier, args.mutant or None, progress=progress, dtype=dtype)
     print("\n" + format_score(results), file=out)
     return 0 if all(r.caught or r.untried for r in results) else 1
 

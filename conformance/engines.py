@@ -48,6 +48,7 @@ class RunSpec:
     observer: Callable[[Any], None]  # call with each step's StepRecord
     device: str = "cpu"
     seed: int = 0
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": the weights and activations, both engines
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class RefEngineAdapter:
         return LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
                    drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                    block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
-                   device=spec.device, seed=spec.seed, observer=spec.observer,
+                   device=spec.device, dtype=spec.dtype, seed=spec.seed, observer=spec.observer,
                    enable_prefix_caching=s.enable_prefix_caching, mamba_cache_mode=s.mamba_cache_mode, **checked)
 
 
@@ -167,12 +168,22 @@ def load_engine(name: str) -> EngineAdapter:
         obj = getattr(_import(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise UnknownEngine(f"cannot load engine {name!r}: {e}") from e
+    except Exception as e:  # the user's module broke while importing: one line, not a traceback
+        raise UnknownEngine(f"cannot load engine {name!r}: importing {module_name} raised {_one_line(e)}") from e
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "start")):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as e:  # the factory is the user's code: one line, not a traceback
+            raise UnknownEngine(f"cannot load engine {name!r}: {attr}() raised {_one_line(e)}") from e
     if not isinstance(obj, EngineAdapter):
         raise UnknownEngine(f"engine {name!r} gave {type(obj).__name__}, which lacks name/supports()/start() "
                             "(see conformance.engines.EngineAdapter)")
     return obj
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (a user's exception message may span several)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
 
 
 def _import(module_name: str):

@@ -174,7 +174,8 @@ def can_abort(case: Case) -> bool:
     from conformance.engines import RunSpec, reference_adapter
     from conformance.workloads import EngineSettings
 
-    spec = RunSpec(case.facts.path, EngineSettings(), case.facts.vocab_size, lambda record: None, case.device)
+    spec = RunSpec(case.facts.path, EngineSettings(), case.facts.vocab_size, lambda record: None, case.device,
+                   dtype=case.dtype)
     for adapter in (reference_adapter(), case.adapter):
         instance = adapter.start(spec)
         able = callable(getattr(instance, "abort", None))

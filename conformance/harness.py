@@ -27,7 +27,7 @@ class AbortsUnsupported(RuntimeError):
 
 
 def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, *, label: str,
-                 settings: EngineSettings | None = None, device: str = "cpu") -> Trace:
+                 settings: EngineSettings | None = None, device: str = "cpu", dtype: str = "float32") -> Trace:
     """Feed the scenario's requests at their arrival steps and record everything the engine reports.
 
     Before the engine's step ``s`` the harness adds every request arriving at ``s``, then aborts every
@@ -50,7 +50,8 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
     step = nxt = next_abort = 0
     added: set[str] = set()
     try:
-        engine = adapter.start(RunSpec(facts.path, settings, facts.vocab_size, recorder.on_step, device))
+        engine = adapter.start(RunSpec(facts.path, settings, facts.vocab_size, recorder.on_step, device,
+                                       dtype=dtype))
     except Exception:  # noqa: BLE001 - see below
         recorder.trace.error = traceback.format_exc()
         return recorder.finish(settings.k > 0)
@@ -103,6 +104,7 @@ class Case:
     model_arg: str | None  # what the user passed as --model (None: embedded default)
     tier: str = "default"
     device: str = "cpu"
+    dtype: str = "float32"  # both engines ("auto" already resolved to the checkpoint's dtype)
 
     def replay_command(self, scenario_id: str, request_id: str | None = None,
                        scenario_file: str | None = None) -> str:
@@ -117,6 +119,8 @@ class Case:
             cmd += ["--model", self.facts.path]
         if self.device != "cpu":
             cmd += ["--device", self.device]
+        if self.dtype != "float32":
+            cmd += ["--dtype", self.dtype]
         return shlex.join(cmd)
 
     def adapter_for(self, scenario: Scenario) -> EngineAdapter:
@@ -135,7 +139,7 @@ class Case:
 def skip_reason(scenario: Scenario, case: Case) -> str | None:
     s, facts = scenario.settings, case.facts
     if s.k and s.drafter == "mtp" and not facts.has_mtp:
-        return "the model has no MTP head (mtp.* weights)"
+        return "the model has no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)"
     if s.k and not case.adapter.supports("mtp" if s.drafter == "mtp" else "scripted_drafter"):
         return f"the engine under test does not support the {s.drafter} drafter"
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
@@ -160,7 +164,7 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
         scenario = get_def(scenario).materialize(case.tier, case.facts.vocab_size)
     result = ScenarioResult(scenario.id, scenario.description, case.tier, case.engine, case.facts.label,
                             describe_settings(scenario),
-                            replay=case.replay_command(scenario.id, scenario_file=scenario_file))
+                            replay=case.replay_command(scenario.id, scenario_file=scenario_file), dtype=case.dtype)
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)
     if result.skipped is None:
@@ -190,15 +194,15 @@ def describe_settings(scenario: Scenario) -> str:
 
 
 def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
-    ref_side = reference_adapter()
-    traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, device=case.device)}
+    ref_side, where = reference_adapter(), {"device": case.device, "dtype": case.dtype}
+    traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, **where)}
     if traces["reference"].error is not None:
         return traces
     label = "reference (under test)" if case.engine == "reference" else case.engine
-    traces["test"] = run_workload(case.adapter_for(scenario), scenario, case.facts, label=label, device=case.device)
+    traces["test"] = run_workload(case.adapter_for(scenario), scenario, case.facts, label=label, **where)
     if scenario.k or scenario.aborted:
         traces["plain"] = run_workload(ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
-                                       settings=scenario.settings.plain(), device=case.device)
+                                       settings=scenario.settings.plain(), **where)
     return traces
 
 

@@ -38,10 +38,11 @@ class UnusableSetup(ValueError):
     """The checkpoint or the device cannot run at all: reported once, before any scenario runs."""
 
 
-def preflight(model: str | None, device: str = "cpu") -> ModelFacts:
-    """Describe the checkpoint and prove it loads on ``device`` (weights, config, tokenizer), so a
-    broken checkpoint or an unusable device is one clear error instead of a failure per scenario."""
-    from refengine.config import check_device
+def preflight(model: str | None, device: str = "cpu", dtype: str = "float32") -> ModelFacts:
+    """Describe the checkpoint and prove it loads on ``device`` in ``dtype`` (weights, config,
+    tokenizer), so a broken checkpoint or an unusable device is one clear error instead of a failure
+    per scenario."""
+    from refengine.config import DTYPES, check_device
 
     check_device("device", device)
     facts = describe_model(model)
@@ -49,13 +50,27 @@ def preflight(model: str | None, device: str = "cpu") -> ModelFacts:
         from refengine.model.loader import load_model
         from refengine.tokenizer import load_tokenizer
 
-        load_model(facts.path, device=device)
+        load_model(facts.path, dtype=DTYPES[run_dtype(dtype, facts)], device=device)
         load_tokenizer(facts.path)
     except FileNotFoundError:
         raise
     except Exception as e:
         raise UnusableSetup(f"checkpoint {_where(model)} cannot be used: {type(e).__name__}: {e}") from e
     return facts
+
+
+def run_dtype(requested: str, facts: ModelFacts) -> str:
+    """The dtype both engines run in: ``requested``, or for "auto" the checkpoint's own dtype
+    (UnusableSetup when that is not one the engines run in, e.g. float64)."""
+    from refengine.config import DTYPE_CHOICES
+    from refengine.model.loader import resolve_dtype
+
+    if requested not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {requested!r}")
+    try:
+        return resolve_dtype(requested, facts.path)
+    except ValueError as e:  # CheckpointError: the checkpoint's dtype is not one the engines run in
+        raise UnusableSetup(f"checkpoint {facts.label}: {e}") from e
 
 
 def _where(model: str | None) -> str:

@@ -9,6 +9,8 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
   --conformance-tier T       default | nightly
   --conformance-model PATH   checkpoint (else $CONFORMANCE_MODEL, else ``conformance_default_model``,
                              None = the embedded default model)
+  --conformance-dtype D      float32 | bfloat16 | float16 | auto (the checkpoint's own), both engines
+                             (else $CONFORMANCE_DTYPE, else float32)
   --conformance-xfail-file F expected failures (TOML); default: conformance/expectations/<engine>.toml
   --conformance-strict-expectations   a listed expected failure that passes fails the scenario
   --conformance-scenario ID  only this scenario (repeatable; default: the whole tier)
@@ -45,6 +47,7 @@ from conformance.env import describe, environment
 from conformance.expectations import judge, unknown_entries
 from conformance.results import ScenarioResult
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
+from refengine.config import DTYPE_CHOICES
 
 SUITE_PATH = "conformance/suite/test_conformance.py"  # the shipped suite's test ids start with this
 SUITE_FILE = Path(__file__).resolve().parent / "suite" / "test_conformance.py"
@@ -76,6 +79,8 @@ def pytest_addoption(parser):
     g.addoption("--conformance-model", default=None, help="checkpoint folder (default: $CONFORMANCE_MODEL, else "
                 "the embedded default model)")
     g.addoption("--conformance-device", default=None, help="device for both engines (default: cpu)")
+    g.addoption("--conformance-dtype", default=None, help="dtype both engines run in: float32, bfloat16, float16 "
+                "or auto, the checkpoint's own (default: $CONFORMANCE_DTYPE, else float32)")
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")
     g.addoption("--conformance-strict-expectations", action="store_true",
@@ -158,6 +163,7 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a conformance-suite scenario test (conformance.suite)")
+    _check_options(config)
     if config.getoption("conformance_scenario") or config.getoption("conformance_scenario_file"):
         _scenarios(config)  # a mistyped id or a broken file: one usage error now, not a collection error later
     is_worker = hasattr(config, "workerinput")
@@ -171,23 +177,41 @@ def pytest_configure(config):
         config.stash[_EXPORTED_GPU_IDS] = True
 
 
+def _check_options(config) -> None:
+    """Option values out of range: one usage error naming the option and the value, before anything runs."""
+    threads = config.getoption("conformance_threads")
+    if threads < 1:
+        raise pytest.UsageError(f"conformance: --conformance-threads must be >= 1, got {threads}")
+    dtype = _dtype(config)
+    if dtype not in DTYPE_CHOICES:
+        where = "--conformance-dtype" if config.getoption("conformance_dtype") else f"${settings.ENV_DTYPE}"
+        raise pytest.UsageError(f"conformance: {where} must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+
+
+def _dtype(config) -> str:
+    return settings.pick(config.getoption("conformance_dtype"), settings.ENV_DTYPE, "float32")
+
+
 def pytest_sessionstart(session):
-    """Under xdist, the controller proves the checkpoint and device usable before any worker starts,
-    so a broken checkpoint is one usage error, not an error per scenario (a model that only a
-    conftest's ``conformance_default_model`` names is known inside the workers alone)."""
+    """Under xdist, the controller proves the engine, the checkpoint and the device usable before any
+    worker starts, so an engine that cannot be loaded (its factory raises) or a broken checkpoint is
+    one usage error, not an error per scenario (what only a conftest's ``conformance_default_engine``
+    or ``conformance_default_model`` names is known inside the workers alone; their fixtures check it)."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or not _is_active(config):
         return
     from conformance.model import UnusableSetup, preflight
 
     opt = config.getoption
+    engine = settings.pick(opt("conformance_engine"), settings.ENV_ENGINE, None)
     model = settings.pick(opt("conformance_model"), settings.ENV_MODEL, None)
     device = settings.pick(opt("conformance_device"), settings.ENV_DEVICE, None)
-    if model is None and device is None:
-        return  # nothing named explicitly: the workers' fixtures decide
     try:
-        preflight(model, device or "cpu")
-    except (UnusableSetup, FileNotFoundError, ValueError) as e:
+        if engine is not None:
+            settings.resolve_engine(engine)
+        if model is not None or device is not None:
+            preflight(model, device or "cpu", _dtype(config))
+    except (UnusableSetup, FileNotFoundError, ValueError) as e:  # UnknownEngine is a ValueError
         raise pytest.UsageError(f"conformance: {e}") from None
 
 
@@ -201,7 +225,8 @@ def pytest_report_header(config):
     engine = engine or f"{settings.DEFAULT_ENGINE} (suite default; a conftest may choose another)"
     model = config.getoption("conformance_model") or os.environ.get(settings.ENV_MODEL) or "default"
     tier = config.getoption("conformance_tier") or "default"
-    return f"conformance: engine {engine}, tier {tier}, model {model}; {describe(environment(probe_device=False))}"
+    return (f"conformance: engine {engine}, tier {tier}, model {model}, dtype {_dtype(config)} (both engines); "
+            f"{describe(environment(probe_device=False))}")
 
 
 def _scenarios(config) -> list[str]:
@@ -262,7 +287,7 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         model=settings.pick(opt("conformance_model"), settings.ENV_MODEL, conformance_default_model),
         tier=opt("conformance_tier") or "default",
         device=settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
-        xfail_file=opt("conformance_xfail_file"))
+        xfail_file=opt("conformance_xfail_file"), dtype=_dtype(pytestconfig))
 
 
 @pytest.fixture(scope="session")
@@ -368,19 +393,23 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
         if c.details.get("warning"):
             warnings.warn(NotExercisedWarning(c.details["warning"]), stacklevel=1)
     verdict = judge(result, expectations)
-    result.expected = verdict.expected
+    strict = bool(request.config.getoption("conformance_strict_expectations"))
+    result.expected, result.stale, result.stale_fails = verdict.expected, verdict.stale, strict
     _record(node, result)
-    if verdict.stale:
-        if request.config.getoption("conformance_strict_expectations"):
-            pytest.fail(verdict.stale_message(expectations.source), pytrace=False)
-        warnings.warn(StaleExpectationWarning(verdict.stale_message(expectations.source)), stacklevel=1)
+    stale = verdict.stale_message(expectations.source) if verdict.stale else ""
+    if stale and not strict:
+        warnings.warn(StaleExpectationWarning(stale), stacklevel=1)
     if verdict.outcome == "skip":
         pytest.skip(result.skipped)
     if verdict.outcome == "error":
         _infrastructure_error(node, result)
+    stale_failure = f"{stale} (strict expectations: a stale entry fails the run)" if stale and strict else ""
     if verdict.outcome == "fail":
         node.user_properties.append(("failure_type", MISMATCH))
-        pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND, pytrace=False)
+        pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND
+                    + (f"\n\n{stale_failure}" if stale_failure else ""), pytrace=False)
+    if stale_failure:
+        pytest.fail(stale_failure, pytrace=False)
     if verdict.outcome == "xfail":
         pytest.xfail("; ".join(f"{k}: {v}" for k, v in verdict.expected.items()))
 

@@ -17,32 +17,55 @@ How to read a failure:
   - replay: a command that reruns just that scenario and prints the request step by step."""
 
 
+VERDICTS = {"pass": "PASS", "fail": "FAIL", "xfail": "XFAIL", "skip": "SKIP", "error": "ERROR"}
+
+
 def status_line(result: ScenarioResult, index: int | None = None, total: int | None = None,
                 elapsed: float | None = None) -> str:
+    """One line per scenario: the verdict once the expectations are applied (an expected failure is
+    XFAIL, never FAIL; a stale entry under strict expectations is FAIL and says so), and the counts."""
     prefix = f"[{index:>{len(str(total))}}/{total}] " if index is not None and total is not None else ""
     if result.skipped:
-        verdict, detail = "SKIP", result.skipped
+        detail = result.skipped
     elif result.error:
-        verdict, detail = "ERROR", result.error.strip().splitlines()[-1]
+        detail = result.error.strip().splitlines()[-1]
     else:
-        counts = {s: sum(c.status == s for c in result.checks) for s in (PASS, FAIL, NA)}
-        verdict = "FAIL" if counts[FAIL] else "PASS"
-        detail = f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[NA]} n/a"
-        if counts[FAIL]:
-            detail += ": " + ", ".join(c.check for c in result.failures)
+        detail = _check_counts(result) + _stale_note(result)
     tail = f"  {result.duration_s:.1f} s" + (f" (elapsed {elapsed:.0f} s)" if elapsed is not None else "")
-    return f"{prefix}{verdict:<5} {result.scenario_id}  [{detail}]{tail}"
+    return f"{prefix}{VERDICTS[result.outcome]:<5} {result.scenario_id}  [{detail}]{tail}"
+
+
+def _check_counts(result: ScenarioResult) -> str:
+    unexpected = [c.check for c in result.unexpected_failures]
+    expected = [c.check for c in result.failures if c.check in result.expected]
+    counts = f"{sum(c.status == PASS for c in result.checks)} passed, {len(unexpected)} failed"
+    if expected:
+        counts += f", {len(expected)} failed as expected"
+    counts += f", {sum(c.status == NA for c in result.checks)} n/a"
+    if unexpected:
+        counts += ": " + ", ".join(unexpected)
+    if expected:
+        counts += f"; expected: {', '.join(expected)}"
+    return counts
+
+
+def _stale_note(result: ScenarioResult) -> str:
+    if not result.stale:
+        return ""
+    what = "fails the run (strict expectations)" if result.stale_fails else "a warning"
+    return f"; stale expected failure {', '.join(result.stale)} passed: {what}"
 
 
 def format_result(result: ScenarioResult, show_passing: bool = False) -> str:
     """The block printed for a scenario that failed (or for any scenario with ``show_passing``)."""
-    head = "FAILED" if not result.ok else "PASSED"
+    head = {"pass": "PASSED", "xfail": "EXPECTED FAILURE", "skip": "SKIPPED"}.get(result.outcome, "FAILED")
     lines = [
         f"{head} scenario {result.scenario_id}: {result.description}",
         f"  engine under test : {result.engine}",
         "  compared against  : reference engine (refengine, no graphs), same configuration",
         f"  model             : {result.model}",
         f"  configuration     : {result.settings}  (tier {result.tier})",
+        f"  dtype             : {result.dtype} (both engines)",
     ]
     if result.skipped:
         lines.append(f"  skipped: {result.skipped}")
@@ -51,12 +74,15 @@ def format_result(result: ScenarioResult, show_passing: bool = False) -> str:
         lines += ["    " + line for line in result.error.rstrip().splitlines()]
     for c in result.checks:
         if c.status == FAIL:
-            lines.append(f"  [FAIL] {c.check}: {c.summary}")
+            tag = f"XFAIL, expected: {result.expected[c.check]}" if c.check in result.expected else "FAIL"
+            lines.append(f"  [{tag}] {c.check}: {c.summary}")
             lines += ["      " + line for line in c.report.rstrip().splitlines()]
             if "replay" in c.details:
                 lines.append(f"      replay: {c.details['replay']}")
         elif show_passing:
             lines.append(f"  [{c.status.upper()}] {c.check}: {c.summary}")
+    if result.stale:
+        lines.append("  " + _stale_note(result).removeprefix("; "))
     if not show_passing:
         ok = [c.check for c in result.checks if c.status == PASS]
         na = [f"{c.check} ({c.summary})" for c in result.checks if c.status == NA]
@@ -80,20 +106,30 @@ def format_check_table(checks: list) -> str:
 
 
 def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
+    """Counts by verdict (expectations applied), the per-check table, then every scenario that failed,
+    failed as expected, or has a stale expected-failure entry."""
     checks = [c for r in results for c in r.checks]
-    failed = [r for r in results if r.unexpected_failures or r.error]
-    xfailed = [r for r in results if r.failures and not r.unexpected_failures and not r.error]
+    by = {outcome: [r for r in results if r.outcome == outcome] for outcome in VERDICTS}
+    failed = by["fail"] + by["error"]
+    dtypes = sorted({r.dtype for r in results})
     lines = [(
-        f"{len(results)} scenarios in {elapsed:.1f} s: {sum(r.ok and not r.skipped for r in results)} passed, "
-        f"{len(failed)} failed, {len(xfailed)} expected failures, {sum(bool(r.skipped) for r in results)} skipped; "
+        f"{len(results)} scenarios in {elapsed:.1f} s" + (f", both engines in {', '.join(dtypes)}" if dtypes else "")
+        + f": {len(by['pass'])} passed, {len(failed)} failed, "
+        f"{len(by['xfail'])} expected failures, {len(by['skip'])} skipped; "
         f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
         f"{sum(c.status == FAIL for c in checks)} failed, {sum(c.status == NA for c in checks)} n/a")]
     lines.append(format_check_table(checks))
     for r in failed:
-        what = ", ".join(c.check for c in r.unexpected_failures) or "infrastructure error"
-        lines.append(f"  FAILED {r.scenario_id}: {what}")
-    for r in xfailed:
+        what = [c.check for c in r.unexpected_failures] or (["infrastructure error"] if r.error else [])
+        if r.stale and r.stale_fails:
+            what.append(f"stale expected failure {', '.join(r.stale)} (strict expectations)")
+        lines.append(f"  FAILED {r.scenario_id}: {'; '.join(what)}")
+    for r in by["xfail"]:
         lines.append(f"  expected failure {r.scenario_id}: " + ", ".join(f"{k} ({v})" for k, v in r.expected.items()))
+    for r in results:
+        if r.stale and not r.stale_fails:
+            lines.append(f"  stale expected failure {', '.join(r.stale)}: passed; remove the entry (a warning; "
+                         "strict expectations fail the run on it)")
     return "\n".join(lines)
 
 

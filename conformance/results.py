@@ -47,6 +47,9 @@ class ScenarioResult:
     error: str | None = None  # the harness or the reference engine broke: an infrastructure error
     replay: str = ""  # command that reruns the whole scenario
     expected: dict[str, str] = field(default_factory=dict)  # failing checks an expectations file lists -> reason
+    stale: list[str] = field(default_factory=list)  # listed "<scenario>/<check>" entries that did not fail
+    stale_fails: bool = False  # strict expectations: a stale entry fails the scenario (else a warning)
+    dtype: str = "float32"  # what both engines ran in
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -59,6 +62,18 @@ class ScenarioResult:
     @property
     def ok(self) -> bool:
         return self.error is None and not self.failures
+
+    @property
+    def outcome(self) -> str:
+        """The verdict once the expectations are applied, as pytest reports it: "pass", "fail",
+        "xfail" (every failing check is listed as expected), "skip" or "error" (infrastructure)."""
+        if self.skipped:
+            return "skip"
+        if self.error:
+            return "error"
+        if self.unexpected_failures or (self.stale and self.stale_fails):
+            return "fail"
+        return "xfail" if self.failures else "pass"
 
     def to_dict(self) -> dict:
         return asdict(self)

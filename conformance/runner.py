@@ -38,7 +38,7 @@ def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), stric
     args = ["--pyargs", "conformance.suite", "-p", "conformance.plugin", "-p", "no:cacheprovider",
             "-c", os.devnull, "--rootdir", str(root.parent), "--confcutdir", str(root), "-o", "addopts=",
             "--conformance-engine", sel.engine, "--conformance-tier", sel.tier, "--conformance-device", sel.device,
-            "--conformance-threads", str(threads)]
+            "--conformance-dtype", sel.dtype, "--conformance-threads", str(threads)]
     if sel.model is not None:
         args += ["--conformance-model", sel.model]
     if sel.xfail_file is not None:
@@ -57,14 +57,33 @@ def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), stric
 
 
 def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label: str | None = None,
-              **options) -> int:
-    """Run the suite for ``sel`` in this process, printing to ``out``; returns the command's exit status."""
-    printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model")
+              dtype: str | None = None, **options) -> int:
+    """Run the suite for ``sel`` in this process, printing to ``out``; returns the command's exit status.
+    ``dtype``: what ``sel.dtype`` resolves to on this checkpoint, for the header ("auto" is resolved)."""
+    printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model",
+                         expectations_note(sel, options.get("strict", False)), dtype or sel.dtype)
     with _isolated_environment():
         code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
     if printer.setup_error is not None:
         print(f"conformance run: {printer.setup_error}", file=sys.stderr)
     return EXIT_STATUS.get(code, 1)
+
+
+def dtype_note(dtype: str) -> str:
+    """How the engines are compared in ``dtype``: the same kernels in the same dtype, so exactly."""
+    return (f"dtype: both engines run in {dtype} with the same kernels; tokens and acceptance are compared "
+            f"exactly and logits bitwise, in {dtype} as in float32")
+
+
+def expectations_note(sel: session.Selection, strict: bool) -> str:
+    """What the run does with expected failures, said up front (the file, and what a stale entry does)."""
+    exp = sel.expectations()
+    if exp.source is None:
+        return "expected failures: none listed (no expectations file applies); every failing check fails the run"
+    stale = ("fails the run (--strict-expectations)" if strict
+             else "is a warning (--strict-expectations makes it fail the run)")
+    return (f"expected failures: {exp.source} ({len(exp.entries)} entries); a listed check that fails is an "
+            f"expected failure (XFAIL, exit 0), an entry that no longer fails {stale}")
 
 
 @contextmanager
@@ -86,8 +105,10 @@ def _isolated_environment():
 class RunPrinter:
     """A pytest plugin of the in-process run: prints what ``conformance run`` shows."""
 
-    def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str):
+    def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str, expectations: str = "",
+                 dtype: str = "float32"):
         self.out, self.sel, self.verbose, self.model_label = out, sel, verbose, model_label
+        self.expectations, self.dtype = expectations, dtype
         self.total = self.done = self.failed = 0
         self.start = time.perf_counter()
         self.setup_error: str | None = None  # the one line a run that could not start ends with
@@ -99,6 +120,9 @@ class RunPrinter:
         self.total = len(session.items)
         self._print(f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
                     f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}")
+        self._print(dtype_note(self.dtype))
+        if self.expectations:
+            self._print(self.expectations)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -120,12 +144,15 @@ class RunPrinter:
             return
         self._print(status_line(result, self.done, self.total, elapsed))
         if hasattr(report, "wasxfail"):
-            self._print(f"  expected failure(s): {result.expected}")
+            self._print("  expected failure(s): " + ", ".join(f"{k} ({v})" for k, v in result.expected.items()))
+            if self.verbose:
+                self._print(format_result(result, show_passing=True))
             return
         if report.failed:
             self.failed += 1
-            if result.ok and not result.error:  # every check passed, yet the test failed: a stale entry (strict)
-                self._print(f"  FAILED: {report.longrepr.reprcrash.message if report.longrepr else ''}")
+            if not result.unexpected_failures and not result.error:  # only a stale entry failed it (strict)
+                message = report.longrepr.reprcrash.message if report.longrepr else ""
+                self._print(f"  FAILED: {message.removeprefix('Failed: ')}")
                 return
         if report.failed or self.verbose:
             self._print(format_result(result, show_passing=self.verbose))

@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from conformance.engines import EngineAdapter, UnknownEngine, load_engine
 from conformance.expectations import Expectations, expectations_file_for, load_expectations
 from conformance.harness import Case
-from conformance.model import preflight
+from conformance.model import preflight, run_dtype
 from conformance.mutants import MutantAdapter, get_mutant
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
+from refengine.config import DTYPE_CHOICES
 
 DEFAULT_ENGINE = "async"  # the engine under test unless --engine / CONFORMANCE_ENGINE says otherwise
 ENV_ENGINE = "CONFORMANCE_ENGINE"
 ENV_MODEL = "CONFORMANCE_MODEL"
 ENV_DEVICE = "CONFORMANCE_DEVICE"
+ENV_DTYPE = "CONFORMANCE_DTYPE"
 
 
 def resolve_engine(name: str) -> EngineAdapter:
@@ -43,16 +45,19 @@ class Selection:
     tier: str = "default"
     device: str = "cpu"
     xfail_file: str | None = None  # None: the engine's packaged expectations file, if any
+    dtype: str = "float32"  # both engines; "auto": the checkpoint's own dtype
 
     def __post_init__(self):
         if self.tier not in TIERS:
             raise ValueError(f"unknown tier {self.tier!r}; choose one of {', '.join(TIERS)}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
         adapter = resolve_engine(self.engine)
-        facts = preflight(self.model, self.device)
-        return Case(self.engine, adapter, facts, self.model, self.tier, self.device)
+        facts = preflight(self.model, self.device, self.dtype)
+        return Case(self.engine, adapter, facts, self.model, self.tier, self.device, run_dtype(self.dtype, facts))
 
     def expectations(self) -> Expectations:
         path = self.xfail_file or expectations_file_for(self.engine)

@@ -74,6 +74,7 @@ class GraphMode(enum.StrEnum):
 
 GRAPH_MODES = tuple(m.value for m in GraphMode)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = (*DTYPES, "auto")  # what LLM(dtype=...) and the commands' --dtype take; auto: the checkpoint's
 ENGINES = ("reference", "async")
 
 

@@ -37,6 +37,7 @@ NOT_RUN = {
     ("conformance", "fuzz"): "searches generated workloads (minutes); tests/conformance/test_fuzz.py runs it",
     ("refengine", "report"): "times the default workload three times; tests/refengine/test_default_model.py",
     ("refengine", "bench"): "times both engines; tests/refengine/test_bench.py runs bench.run",
+    ("refengine", "add-mtp-head"): "writes a checkpoint folder; tests/refengine/test_mtp_head.py runs it end to end",
     ("python3", "-m"): "creates a virtual environment (set-up, run by .ci/run)",
     (".", ".venv/bin/activate"): "activates the virtual environment (set-up, run by .ci/run)",
 }

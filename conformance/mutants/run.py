@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from conformance.harness import Case, run_scenario
-from conformance.model import preflight
+from conformance.model import preflight, run_dtype
 from conformance.mutants import MUTANTS, Mutant, MutantAdapter
 from conformance.workloads import scenario_ids
 
@@ -34,10 +34,10 @@ def scenario_order(mutant: Mutant, tier: str) -> list[str]:
 
 
 def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device: str = "cpu",
-               preferred_only: bool = False) -> MutantResult:
+               preferred_only: bool = False, dtype: str = "float32") -> MutantResult:
     """Run scenarios (the mutant's preferred ones first) until one fails."""
-    facts = preflight(model, device)
-    case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device)
+    facts = preflight(model, device, dtype)
+    case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device, run_dtype(dtype, facts))
     start = time.perf_counter()
     order = scenario_order(mutant, tier)
     if preferred_only:
@@ -62,14 +62,15 @@ def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device:
 
 
 def fuzz_mutant(mutant: Mutant, model: str | None, device: str = "cpu", *, seed: int = 0,
-                examples: int = FUZZ_BUDGET, out_dir: str | None = None) -> MutantResult:
+                examples: int = FUZZ_BUDGET, out_dir: str | None = None, dtype: str = "float32") -> MutantResult:
     """A fixed budget of generated workloads (no shrinking) against the mutant."""
     import tempfile
 
     from conformance.fuzz import fuzz
 
-    facts = preflight(model, device)
-    case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, "default", device)
+    facts = preflight(model, device, dtype)
+    case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, "default", device,
+                run_dtype(dtype, facts))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         report = fuzz(case, seed=seed, max_examples=examples, out_dir=out_dir or tmp, shrink=False)
@@ -81,7 +82,7 @@ def fuzz_mutant(mutant: Mutant, model: str | None, device: str = "cpu", *, seed:
 
 def run_mutants(model: str | None, tier: str = "default", only: list[str] | None = None, device: str = "cpu",
                 progress: Callable[[MutantResult, int, int], None] | None = None,
-                fuzz_budget: int = FUZZ_BUDGET) -> list[MutantResult]:
+                fuzz_budget: int = FUZZ_BUDGET, dtype: str = "float32") -> list[MutantResult]:
     """Each mutant through the hand-written tier (its own scenarios first), then, when that missed it,
     through ``fuzz_budget`` generated workloads."""
     chosen = [m for m in MUTANTS if not only or m.id in only]
@@ -90,9 +91,9 @@ def run_mutants(model: str | None, tier: str = "default", only: list[str] | None
         raise KeyError(f"unknown mutants: {', '.join(sorted(unknown))}")
     results = []
     for i, m in enumerate(chosen, 1):
-        result = run_mutant(m, model, tier, device)
+        result = run_mutant(m, model, tier, device, dtype=dtype)
         if not result.caught and not result.untried and fuzz_budget:
-            result = fuzz_mutant(m, model, device, examples=fuzz_budget)
+            result = fuzz_mutant(m, model, device, examples=fuzz_budget, dtype=dtype)
         results.append(result)
         if progress is not None:
             progress(results[-1], i, len(chosen))

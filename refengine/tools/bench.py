@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
+
 
 def _workload(llm, copies: int, seed: int):
     from refengine.tools.default_workload import default_params, default_prompts
@@ -47,7 +49,8 @@ def _kernel_launches(llm, prompts, params) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def engines(model: str | None, k: int, graph_mode: str, max_num_seqs: int, device: str = "cpu"):
+def engines(model: str | None, k: int, graph_mode: str, max_num_seqs: int, device: str = "cpu",
+            dtype: str = "float32"):
     """The reference and the async engine on the same checkpoint and settings.
 
     The async engine's settings are checked before either loads, so a bad graph mode or device
@@ -57,15 +60,17 @@ def engines(model: str | None, k: int, graph_mode: str, max_num_seqs: int, devic
     from refengine.config import EngineConfig, SchedulerConfig, SpeculativeConfig
 
     EngineConfig(engine="async", graph_mode=graph_mode, device=device,
+                 dtype="float32" if dtype == "auto" else dtype,  # auto: resolved by LLM from the checkpoint
                  scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
                  speculative=SpeculativeConfig(num_speculative_tokens=k))
-    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs, "device": device}
+    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs, "device": device,
+              "dtype": dtype}
     return LLM(engine="reference", **common), LLM(engine="async", graph_mode=graph_mode, **common)
 
 
 def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, max_num_seqs: int,
-        device: str = "cpu") -> dict:
-    ref, fast = engines(model, k, graph_mode, max_num_seqs, device)
+        device: str = "cpu", dtype: str = "float32") -> dict:
+    ref, fast = engines(model, k, graph_mode, max_num_seqs, device, dtype)
     return measure(ref, fast, repeat, copies)
 
 
@@ -101,7 +106,7 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
     stats = fast.engine.stats
     tps = {name: tokens / statistics.median(ts) for name, ts in times.items()}
     return {
-        "requests": len(prompts), "tokens": tokens, "tokens_per_s": tps,
+        "requests": len(prompts), "tokens": tokens, "tokens_per_s": tps, "dtype": fast.config.dtype,
         "ratio": tps["async"] / tps["reference"],
         "async_syncs_per_step": stats.syncs_per_step(fast.engine.stream.num_host_waits),
         "async_wasted_tokens": stats.wasted_tokens, "async_graph_steps": dict(stats.graph_steps),
@@ -113,15 +118,16 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="refengine bench", description=__doc__)
+    p = OneLineParser(prog="refengine bench", description=__doc__)
     p.add_argument("--model", default=None)
-    p.add_argument("--num-spec-tokens", type=int, default=3)
+    p.add_argument("--num-spec-tokens", type=int_at_least(0), default=3)
     p.add_argument("--graph-mode", default="full_and_piecewise")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--copies", type=int, default=1, help="repeat the default prompts this many times")
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
+    p.add_argument("--repeat", type=int_at_least(1), default=3)
+    p.add_argument("--copies", type=int_at_least(1), default=1, help="repeat the default prompts this many times")
+    p.add_argument("--max-num-seqs", type=int_at_least(1), default=16)
+    p.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both engines)")
+    add_dtype_flag(p, "both engines")
     return p
 
 
@@ -131,12 +137,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     try:
-        ref, fast = engines(args.model, args.num_spec_tokens, args.graph_mode, args.max_num_seqs, args.device)
+        ref, fast = engines(args.model, args.num_spec_tokens, args.graph_mode, args.max_num_seqs, args.device,
+                            args.dtype)
     except SETUP_ERRORS as e:
         return report("refengine bench", e)
     r = measure(ref, fast, args.repeat, args.copies)
     print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_spec_tokens}, "
-          f"graph mode {args.graph_mode}, device {args.device}, torch threads {torch.get_num_threads()}")
+          f"graph mode {args.graph_mode}, device {args.device}, dtype {r['dtype']} (both engines), "
+          f"torch threads {torch.get_num_threads()}")
     for name, tps in r["tokens_per_s"].items():
         print(f"  {name:9s} {tps:8.1f} tokens/s (median of {args.repeat})")
     print(f"  ratio async/reference: {r['ratio']:.2f}x")

@@ -1,10 +1,22 @@
-"""``refengine generate``: run prompts through an engine and print tokens, finish reason, acceptance."""
+"""``refengine generate``: run prompts through an engine and print tokens, finish reason, acceptance.
+``refengine add-mtp-head SRC DST``: a copy of a checkpoint with an MTP head (refengine.tools.mtp_head).
+``refengine report`` and ``refengine bench``: refengine.tools.report and refengine.tools.bench."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+
+from refengine.tools import mtp_head
+from refengine.tools.errors import (
+    REQUEST_ERRORS,
+    SETUP_ERRORS,
+    OneLineParser,
+    add_dtype_flag,
+    int_at_least,
+    report,
+)
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -15,27 +27,33 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="refengine", description=__doc__)
+    p = OneLineParser(prog="refengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate greedily from prompts")
     g.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
     g.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
     g.add_argument("--prompt-ids", action="append", type=_parse_ids, default=[],
                    help="a prompt as comma-separated token ids (repeatable)")
-    g.add_argument("--max-tokens", type=int, default=32)
-    g.add_argument("--num-spec-tokens", type=int, default=0)
+    g.add_argument("--max-tokens", type=int_at_least(1), default=32)
+    g.add_argument("--num-spec-tokens", type=int_at_least(0), default=0)
     g.add_argument("--drafter", default="mtp", choices=("mtp", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
     g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add_dtype_flag(g, "the engine")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--enable-prefix-caching", action="store_true",
                    help="share KV blocks and recurrent checkpoints between prompts with a common prefix")
     g.add_argument("--mamba-cache-mode", default=None,
                    help="with --enable-prefix-caching: align (default) | all; where recurrent states are kept")
-    g.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: small models)")
+    g.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
     sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
+    mtp = sub.add_parser("add-mtp-head", help="copy a checkpoint saved without an MTP head (as transformers "
+                         "saves one) and add a head initialised from the model's own layers",
+                         description=mtp_head.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mtp.add_argument("src", metavar="SRC", help="checkpoint folder without mtp.* tensors")
+    mtp.add_argument("dst", metavar="DST", help="new folder: SRC's files plus the head")
     return p
 
 
@@ -50,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "add-mtp-head":
+        return add_mtp_head_command(args.src, args.dst)
     import torch
 
     from refengine import LLM, SamplingParams
-    from refengine.tools.errors import REQUEST_ERRORS, SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)
     prompts = list(args.prompt) + list(args.prompt_ids)
@@ -62,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_spec_tokens,
-                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device,
+                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device, dtype=args.dtype,
                   enable_prefix_caching=args.enable_prefix_caching, mamba_cache_mode=args.mamba_cache_mode)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
     except SETUP_ERRORS as e:
@@ -90,7 +109,20 @@ def main(argv: list[str] | None = None) -> int:
         occ = llm.occupancy()
         print(f"prefix cache: {occ.prefix_cache_hits} of {occ.prefix_cache_queries} looked-up tokens hit")
     total = sum(len(o.token_ids) for o in outs)
-    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s)")
+    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s); engine {args.engine}, "
+          f"dtype {llm.config.dtype}, device {llm.config.device}")
+    return 0
+
+
+def add_mtp_head_command(src: str, dst: str) -> int:
+    try:
+        origin = mtp_head.add_mtp_head(src, dst)
+    except SETUP_ERRORS as e:
+        return report("refengine add-mtp-head", e)
+    layer = origin["mtp.layers.0.self_attn.o_proj.weight"].split(".self_attn.")[0]
+    print(f"wrote {dst}: {src} plus an MTP head of {len(origin)} mtp.* tensors in {dst}/{mtp_head.HEAD_FILE}, "
+          f"initialised from the model's own layers (attention from {layer}, MLP from layer 0), untrained: "
+          "its drafts are valid but rarely accepted until it is trained")
     return 0
 
 

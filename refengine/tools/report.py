@@ -1,6 +1,7 @@
 """Speculative-decoding figures for a model on the default workload (the embedded model by default).
 
     python -m refengine.tools.report [--model PATH] [--num-spec-tokens 3] [--max-tokens 64] [--samples N]
+                                     [--dtype float32|bfloat16|float16|auto]
 
 Prints the acceptance length (1 + accepted drafts per verify step), the acceptance rate of each
 draft position, the histogram of accepted counts 0..K, tokens/s with K=0 and with K drafts, whether
@@ -21,6 +22,7 @@ from refengine.tools.default_workload import (
     DEFAULT_PROMPTS,
     default_params,
 )
+from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
 
 
 @dataclass
@@ -57,6 +59,7 @@ def acceptance_stats(outputs: list[RequestOutput], k: int) -> AcceptanceStats:
 class RunResult:
     outputs: list[RequestOutput]
     seconds: float
+    dtype: str = "float32"  # what the engine ran in ("auto" resolved to the checkpoint's dtype)
 
     @property
     def num_tokens(self) -> int:
@@ -68,16 +71,16 @@ class RunResult:
 
 
 def run_workload(model: str | None = None, num_spec_tokens: int = 0, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 prompts: list[str] | None = None, device: str = "cpu") -> RunResult:
+                 prompts: list[str] | None = None, device: str = "cpu", dtype: str = "float32") -> RunResult:
     """Generate the workload (all prompts in one batch) with K = ``num_spec_tokens`` MTP drafts."""
     from refengine.llm import LLM
 
     prompts = [p.text for p in DEFAULT_PROMPTS] if prompts is None else prompts
     llm = LLM(model=model, num_speculative_tokens=num_spec_tokens, max_num_seqs=max(len(prompts), 1),
-              device=device)
+              device=device, dtype=dtype)
     start = time.perf_counter()
     outputs = llm.generate(prompts, default_params(max_tokens))
-    return RunResult(outputs, time.perf_counter() - start)
+    return RunResult(outputs, time.perf_counter() - start, llm.config.dtype)
 
 
 def format_report(plain: RunResult, spec: RunResult, stats: AcceptanceStats, samples: int) -> str:
@@ -85,7 +88,8 @@ def format_report(plain: RunResult, spec: RunResult, stats: AcceptanceStats, sam
     speedup = spec.tokens_per_s / plain.tokens_per_s
     identical = all(a.token_ids == b.token_ids for a, b in zip(plain.outputs, spec.outputs))
     lines = [
-        f"workload: {len(plain.outputs)} text prompts, {plain.num_tokens} generated tokens (greedy)",
+        (f"workload: {len(plain.outputs)} text prompts, {plain.num_tokens} generated tokens (greedy), "
+         f"dtype {plain.dtype}"),
         f"K={k} MTP drafts: {stats.verify_steps} verify steps, {stats.accepted} drafts accepted",
         f"acceptance length: {stats.acceptance_length:.3f}",
         "per-position acceptance: "
@@ -100,32 +104,32 @@ def format_report(plain: RunResult, spec: RunResult, stats: AcceptanceStats, sam
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="refengine report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="refengine report", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
-    p.add_argument("--num-spec-tokens", type=int, default=DEFAULT_NUM_SPEC_TOKENS)
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    p.add_argument("--samples", type=int, default=len(DEFAULT_PROMPTS), help="sample continuations to print")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--num-spec-tokens", type=int_at_least(1), default=DEFAULT_NUM_SPEC_TOKENS,
+                   help=f"K, the MTP drafts per step (default {DEFAULT_NUM_SPEC_TOKENS})")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--samples", type=int_at_least(0), default=len(DEFAULT_PROMPTS),
+                   help="sample continuations to print")
+    p.add_argument("--threads", type=int_at_least(1), default=1,
                    help="torch intra-op threads (default 1: the model is tiny, more threads only contend)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add_dtype_flag(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.num_spec_tokens < 1:
-        print("refengine report: --num-spec-tokens must be >= 1", file=sys.stderr)
-        return 2
     import torch
 
     torch.set_num_threads(args.threads)
     from refengine.tools.errors import SETUP_ERRORS, report
 
     try:  # a bad checkpoint or device fails the warm-up's engine, before any timing
-        run_workload(args.model, 0, 2, device=args.device)  # first-call allocations stay out of the timings
-        plain = run_workload(args.model, 0, args.max_tokens, device=args.device)
-        spec = run_workload(args.model, args.num_spec_tokens, args.max_tokens, device=args.device)
+        run_workload(args.model, 0, 2, device=args.device, dtype=args.dtype)  # first-call allocations: untimed
+        plain = run_workload(args.model, 0, args.max_tokens, device=args.device, dtype=args.dtype)
+        spec = run_workload(args.model, args.num_spec_tokens, args.max_tokens, device=args.device, dtype=args.dtype)
     except SETUP_ERRORS as e:
         return report("refengine report", e)
     print(format_report(plain, spec, acceptance_stats(spec.outputs, args.num_spec_tokens), args.samples))

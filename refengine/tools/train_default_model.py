@@ -32,6 +32,7 @@ from refengine.model.qwen3_next import Qwen3NextForCausalLM
 from refengine.tokenizer import write_byte_tokenizer
 from refengine.tools import corpus
 from refengine.tools import training as tr
+from refengine.tools.errors import OneLineParser, int_at_least
 
 EOS_ID = 256  # ids 0..255 are bytes
 VOCAB_SIZE = 260  # bytes, EOS and three unused ids
@@ -189,16 +190,21 @@ def save(model: Qwen3NextForCausalLM, spec: TrainSpec, out: Path) -> None:
     save_file(checkpoint_tensors(model), out / "model.safetensors", metadata={"format": "pt"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m refengine.tools.train_default_model", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m refengine.tools.train_default_model", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="output folder (config.json, model.safetensors)")
-    p.add_argument("--steps", type=int, default=None, help=f"training steps (default {TrainSpec.steps})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int_at_least(1), default=None, help=f"training steps (default {TrainSpec.steps})")
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--tiny", action="store_true", help="a tiny model and batch (for smoke tests)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default 1)")
-    p.add_argument("--max-files", type=int, default=None, help="read only this many stdlib files (smoke tests)")
-    args = p.parse_args(argv)
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch intra-op threads (default 1)")
+    p.add_argument("--max-files", type=int_at_least(1), default=None,
+                   help="read only this many stdlib files (smoke tests)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     spec = replace(TINY if args.tiny else TrainSpec(), seed=args.seed)
     if args.steps is not None:
         spec = replace(spec, steps=args.steps)

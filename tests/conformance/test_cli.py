@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -104,10 +105,22 @@ def test_the_cli_uses_the_packaged_expectations_and_strict_mode(tiny_checkpoint,
     code, out = run_cli(*argv)
     assert code == 0, out
     assert "warning: stale expected failure(s) in" in out and "short-prompts-k1/tokens no longer fail" in out
+    assert f"expected failures: {packaged} (1 entries)" in out and "no longer fails is a warning" in out
+    assert _status(out) == "PASS" and "stale expected failure short-prompts-k1/tokens passed: a warning" in out
+    assert "1 passed, 0 failed" in out and "stale expected failure short-prompts-k1/tokens: passed" in out
     code, out = run_cli(*argv, "--strict-expectations", "--junit-xml", str(tmp_path / "s.xml"))
     assert code == 1, out
-    assert "stale expected failure" in out
+    assert "an entry that no longer fails fails the run (--strict-expectations)" in out  # said up front
+    assert _status(out) == "FAIL" and "short-prompts-k1/tokens passed: fails the run (strict expectations)" in out
+    assert "0 passed, 1 failed" in out  # the summary counts it as the failure it is
+    assert "FAILED short-prompts-k1: stale expected failure short-prompts-k1/tokens (strict expectations)" in out
     assert list(_junit(tmp_path / "s.xml").values()) == [("failure", None)]
+
+
+def _status(out: str) -> str:
+    """The verdict of the one progress line of a one-scenario run."""
+    (line,) = [line for line in out.splitlines() if line.startswith("[1/1] ")]
+    return line.split()[1]
 
 
 class _BrokenReference:
@@ -163,6 +176,16 @@ def test_usage_errors_exit_2(argv, tiny_checkpoint):
     assert run_cli(*argv)[0] == 2
 
 
+def test_an_engine_factory_that_raises_is_one_line(capsys):
+    """The user's factory raising is the engine being unusable: one line naming it and the error, exit 2."""
+    from tests.conformance.broken_factory import MESSAGE
+
+    engine = "tests.conformance.broken_factory:factory"
+    assert main(["run", "--engine", engine], out=io.StringIO()) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"conformance run: cannot load engine '{engine}': factory() raised RuntimeError: {MESSAGE}"]
+
+
 def test_bad_arguments_exit_2():
     with pytest.raises(SystemExit) as e:
         main(["run", "--tier", "weekly"])
@@ -182,6 +205,10 @@ def test_xfail_file_turns_listed_failures_into_expected_ones(tiny_checkpoint, tm
                         "--xfail-file", str(xfails))
     assert code == 0, out
     assert "expected failure" in out and "short-prompts-k3/acceptance no longer fail" in out
+    assert _status(out) == "XFAIL" and not re.search(r"\bFAIL(ED)?\b", out)  # exit 0: nothing said to fail
+    assert "0 failed, 2 failed as expected" in out
+    assert "0 passed, 0 failed, 1 expected failures" in out
+    assert "expected failure short-prompts-k3: tokens (flipped on purpose), spec-lossless (flipped on purpose)" in out
 
 
 def test_replay_without_request_prints_every_step_of_the_scenario(tiny_checkpoint):

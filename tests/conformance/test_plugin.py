@@ -154,3 +154,22 @@ def test_a_broken_checkpoint_ends_the_pytest_run_once(tmp_path):
     lines = [line for line in out.splitlines() if f"checkpoint '{broken}' cannot be used" in line]
     assert len(lines) == 1 and "SafetensorError" in lines[0], out
     assert "Traceback" not in out and "test_scenario[" not in out, out
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_an_engine_factory_that_raises_ends_the_run_once(tmp_path, workers):
+    """A user's adapter whose factory raises is one usage error naming the engine and the error, as a
+    broken checkpoint is: not a traceback per scenario (23 of them, 924 lines, before)."""
+    from tests.conformance.broken_factory import MESSAGE
+
+    engine = "tests.conformance.broken_factory:factory"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("CONFORMANCE_ENGINE", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite",
+           "--conformance-engine", engine, *workers]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
+    lines = [line for line in out.splitlines() if MESSAGE in line]
+    assert len(lines) == 1 and f"cannot load engine '{engine}': factory() raised RuntimeError" in lines[0], out
+    assert "Traceback" not in out and "test_scenario[" not in out, out

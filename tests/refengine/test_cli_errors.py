@@ -105,9 +105,8 @@ def test_unknown_graph_mode(argv, prog, capsys):
     _one_line_error(capsys, main(argv), prog, "graph_mode must be one of .*got 'sometimes'")
 
 
-def test_bad_settings_and_prompts(capsys):
-    _one_line_error(capsys, main(["generate", "--prompt", "hi", "--num-spec-tokens", "-1"]), "generate",
-                    "num_speculative_tokens must be >= 0")
+def test_bad_prompts(capsys):
+    """(Flags out of range are tests/refengine/test_settings.py's BAD_FLAGS table.)"""
     _one_line_error(capsys, main(["generate", "--prompt-ids", "1,2,99999"]), "generate",
                     "prompt token 99999 at index 2")
 

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import conformance.cli
+from conformance import plugin
 from refengine import LLM, ConfigError, SamplingParams
 from refengine.config import DTYPES, CacheConfig, EngineConfig, GraphMode, SchedulerConfig, SpeculativeConfig
 from refengine.core import EngineError
+from refengine.tools import bench, cli, report, train_default_model
 
 NO_CUDA = not torch.cuda.is_available()
+REPO = Path(__file__).resolve().parents[2]
 
 # (dataclass, field, bad value): one row per bad value; the error must name the field and the value.
 BAD = [
@@ -148,3 +157,120 @@ def test_stop_ids_outside_the_vocabulary_are_refused_by_the_engine():
 def test_graph_mode_any_case_through_llm():
     llm = LLM(engine="async", graph_mode="FULL_AND_PIECEWISE")
     assert llm.config.graph_mode is GraphMode.FULL_AND_PIECEWISE
+
+
+# ---- the command-line flags ------------------------------------------------------------------------
+# (program, flag, bad value): every flag of every command that takes a number has at least one row
+# (test_every_numeric_flag_has_a_bad_row reads the parsers); each bad value is refused before any work
+# with one line naming the flag and the value, and exit status 2 (pytest's usage error, 4, for the plugin).
+BAD_FLAGS = [
+    ("conformance run", "--threads", "0"), ("conformance run", "--threads", "-1"),
+    ("conformance replay", "--threads", "0"), ("conformance fuzz", "--threads", "-1"),
+    ("conformance fuzz", "--examples", "0"), ("conformance fuzz", "--seed", "-1"),
+    ("conformance fuzz", "--budget-seconds", "0"), ("conformance fuzz", "--shrink-seconds", "-5"),
+    ("conformance fuzz", "--max-requests", "0"), ("conformance fuzz", "--max-prompt", "0"),
+    ("conformance fuzz", "--max-new-tokens", "0"), ("conformance mutate", "--threads", "0"),
+    ("refengine generate", "--threads", "0"), ("refengine generate", "--threads", "-1"),
+    ("refengine generate", "--max-tokens", "0"), ("refengine generate", "--num-spec-tokens", "-1"),
+    ("refengine report", "--threads", "0"), ("refengine report", "--samples", "-1"),
+    ("refengine report", "--num-spec-tokens", "0"), ("refengine report", "--max-tokens", "0"),
+    ("refengine bench", "--threads", "-1"), ("refengine bench", "--num-spec-tokens", "-1"),
+    ("refengine bench", "--repeat", "0"), ("refengine bench", "--copies", "0"),
+    ("refengine bench", "--max-num-seqs", "0"),
+    ("train_default_model", "--threads", "0"), ("train_default_model", "--steps", "0"),
+    ("train_default_model", "--seed", "-1"), ("train_default_model", "--max-files", "0"),
+    ("pytest --pyargs conformance.suite", "--conformance-threads", "0"),
+    ("pytest --pyargs conformance.suite", "--conformance-threads", "-1"),
+]
+TRAIN = "python -m refengine.tools.train_default_model"
+
+
+def _parsers() -> dict[str, object]:
+    """Every command's argparse parser, by the program name its errors start with."""
+    out = {}
+    for top in (conformance.cli.build_parser(), cli.build_parser()):
+        (sub,) = [a for a in top._actions if a.choices and isinstance(a.choices, dict)]
+        out.update({p.prog: p for p in sub.choices.values()})
+    out.update({"refengine report": report.build_parser(), "refengine bench": bench.build_parser(),
+                "train_default_model": train_default_model.build_parser()})
+    return out
+
+
+def _plugin_options() -> dict[str, dict]:
+    """The pytest plugin's options (flag -> addoption keywords), as pytest_addoption declares them."""
+    options: dict[str, dict] = {}
+
+    class Group:
+        def addoption(self, *names, **kwargs):
+            options.update({n: kwargs for n in names})
+
+    class Parser:
+        def getgroup(self, *args, **kwargs):
+            return Group()
+
+    plugin.pytest_addoption(Parser())
+    return options
+
+
+def test_every_numeric_flag_has_a_bad_row():
+    """A flag that takes a number declares its range (int_at_least / float_above) and has a row in
+    BAD_FLAGS; a plain ``type=int`` or ``type=float`` is the flag that would skip validation."""
+    covered = {(prog, flag) for prog, flag, _ in BAD_FLAGS}
+    numeric = set()
+    for prog, parser in _parsers().items():
+        if prog in ("refengine report", "refengine bench") and not parser.description:
+            continue  # the top-level placeholders; the real parsers are report/bench.build_parser
+        for action in parser._actions:
+            assert action.type not in (int, float), f"{prog} {action.option_strings}: no declared range"
+            if hasattr(action.type, "minimum"):
+                numeric.add((prog, action.option_strings[-1]))
+    for flag, kwargs in _plugin_options().items():
+        if kwargs.get("type") in (int, float):
+            numeric.add(("pytest --pyargs conformance.suite", flag))
+    assert numeric - covered == set(), "numeric flags without a bad row"
+    assert covered - numeric == set(), "rows naming no numeric flag"
+
+
+def test_every_ranged_flag_takes_its_minimum_and_refuses_below():
+    """The declared range is the one enforced: the bound itself parses, the number below it is refused."""
+    for prog, parser in _parsers().items():
+        for action in parser._actions:
+            minimum = getattr(action.type, "minimum", None)
+            if minimum is None:
+                continue
+            inclusive = action.type.__qualname__.startswith("int_at_least")
+            lowest = minimum if inclusive else minimum + 0.001
+            assert action.type(str(lowest)) == lowest, (prog, action.option_strings)
+            refused = minimum - 1 if inclusive else minimum
+            with pytest.raises(argparse.ArgumentTypeError, match=f"got {refused}$"):
+                action.type(str(refused))
+
+
+def _run_with_flag(prog: str, flag: str, value: str) -> int:
+    try:
+        if prog.startswith("conformance "):
+            return conformance.cli.main([prog.split()[1], flag, value])
+        if prog.startswith("refengine "):
+            return cli.main([prog.split()[1], flag, value])
+        return train_default_model.main(["--out", "unused", flag, value])
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("prog,flag,value", BAD_FLAGS, ids=[f"{p}-{f}={v}" for p, f, v in BAD_FLAGS])
+def test_bad_flag_is_one_line_naming_the_flag_and_the_value(prog, flag, value, capsys, tmp_path):
+    if prog.startswith("pytest"):
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *prog.split()[1:], flag,
+                               value], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120)
+        code, out, err = proc.returncode, "", proc.stdout + proc.stderr
+        wanted_code, prefix = pytest.ExitCode.USAGE_ERROR, "ERROR: conformance: "
+    else:
+        code = _run_with_flag(prog, flag, value)
+        out, err = capsys.readouterr()
+        wanted_code, prefix = 2, f"{TRAIN if prog == 'train_default_model' else prog}: "
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == wanted_code, (code, out, err)
+    assert len(lines) == 1 and not out.strip(), (out, err)
+    assert lines[0].startswith(prefix), lines[0]
+    assert flag in lines[0] and f"got {value}" in lines[0], lines[0]
