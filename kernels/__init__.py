@@ -1,5 +1,6 @@
 """Shared compute kernels: a torch reference and a Triton kernel per op (see kernels/README.md)."""
 
+from kernels._contract import KernelInputError
 from kernels.attention import paged_attention
 from kernels.constants import PAD_SLOT_ID
 from kernels.conv1d import causal_conv1d_fn, causal_conv1d_update
@@ -12,6 +13,7 @@ from kernels.verify import greedy_verify
 
 __all__ = [
     "PAD_SLOT_ID",
+    "KernelInputError",
     "causal_conv1d_fn",
     "causal_conv1d_update",
     "chunk_gated_delta_rule",

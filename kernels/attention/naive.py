@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.attention.contract import check_paged_attention_inputs
 from kernels.kv_cache.naive import token_rows
 
 
@@ -39,11 +40,8 @@ def naive_paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """``q [T, Hq, D]``, caches ``[num_blocks, block_size, Hkv, D]`` -> ``o [T, Hq, D]`` in ``q.dtype``."""
-    num_tokens_padded, num_q_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    assert k_cache.shape[3] == head_dim and v_cache.shape == k_cache.shape
-    assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
-    assert seq_lens.shape == (block_table.shape[0],) and query_start_loc.shape == (seq_lens.shape[0] + 1,)
+    num_tokens_padded, num_q_heads, head_dim, block_size, num_kv_heads, _ = check_paged_attention_inputs(
+        q, k_cache, v_cache, query_start_loc, seq_lens, block_table, scale)
     group = num_q_heads // num_kv_heads
     out = torch.zeros(num_tokens_padded, num_kv_heads, group, head_dim, dtype=torch.float32, device=q.device)
     rows, positions = token_positions(query_start_loc, seq_lens)

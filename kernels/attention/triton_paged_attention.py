@@ -23,7 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import as_index, unit_stride, with_unit_stride
 from kernels.attention import check_block_size
+from kernels.attention.contract import check_paged_attention_inputs
 
 
 @triton.jit(do_not_specialize=["N", "scale"])
@@ -106,21 +108,21 @@ def paged_attention_kernel(
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_rd)
 
 
-def attention_matmul(q: torch.Tensor, k_cache: torch.Tensor) -> str:
+def attention_matmul(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> str:
     """How the kernel forms Q K^T and P V.
 
     ``"products"`` (Triton interpreter): elementwise products summed with ``tl.sum``. The
     interpreter runs ``tl.dot`` as a NumPy matmul whose BLAS can give a row different bits at
     different row positions (which would break chunking invariance), and gets 16-bit dots wrong.
     ``"dot_fp32"``: float32 ``tl.dot`` in IEEE precision (no TF32). ``"dot"``: 16-bit ``tl.dot``
-    with a float32 accumulator (P rounded to the value dtype, as in flash attention).
+    with a float32 accumulator (P rounded to the value dtype, as in flash attention), when q and both
+    caches share one 16-bit dtype; any other mix is cast to float32 and takes ``"dot_fp32"``.
     """
     if not q.is_cuda:
         return "products"
-    if q.dtype == torch.float32 or k_cache.dtype == torch.float32:
-        return "dot_fp32"
-    assert q.dtype == k_cache.dtype, f"q {q.dtype} and the caches {k_cache.dtype} differ"
-    return "dot"
+    if q.dtype == k_cache.dtype == v_cache.dtype != torch.float32:
+        return "dot"
+    return "dot_fp32"
 
 
 def launch_constexprs(group: int, head_dim: int, block_size: int, n: int, matmul: str) -> dict:
@@ -130,6 +132,16 @@ def launch_constexprs(group: int, head_dim: int, block_size: int, n: int, matmul
             "BLOCK_Q": max(1, 16 // bg),  # BLOCK_Q * BG >= 16 query rows per program
             "BG": bg, "BD": max(16, triton.next_power_of_2(head_dim)), "BN": triton.next_power_of_2(n),
             "MATMUL": matmul}
+
+
+def kernel_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches as the kernel reads them: a unit stride over the head dim and one set of strides for
+    both. The caches themselves when they already are (the engines' caches); else copies with the
+    same (row-major) strides, which the kernel only reads."""
+    if unit_stride(k_cache) and k_cache.stride() == v_cache.stride():
+        return k_cache, v_cache
+    return (k_cache.clone(memory_format=torch.contiguous_format),
+            v_cache.clone(memory_format=torch.contiguous_format))
 
 
 def triton_paged_attention(
@@ -142,25 +154,22 @@ def triton_paged_attention(
     *,
     scale: float,
 ) -> torch.Tensor:
-    assert q.dim() == 3 and k_cache.dim() == 4, "q [T, Hq, D], caches [num_blocks, block_size, Hkv, D]"
-    num_tokens, num_q_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    n = seq_lens.shape[0]
-    assert v_cache.shape == k_cache.shape and k_cache.shape[3] == head_dim, "cache shapes"
-    assert k_cache.stride() == v_cache.stride() and k_cache.dtype == v_cache.dtype, "k/v caches differ"
-    assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
+    """Triton wrapper; same contract as ``kernels.attention.paged_attention``."""
+    num_tokens, num_q_heads, head_dim, block_size, num_kv_heads, n = check_paged_attention_inputs(
+        q, k_cache, v_cache, query_start_loc, seq_lens, block_table, scale)
     check_block_size(block_size)
-    assert q.stride(2) == 1 and k_cache.stride(3) == 1, "the head dim of q and the caches must be contiguous"
-    assert query_start_loc.shape == (n + 1,), "query_start_loc [N+1]"
-    assert query_start_loc.dtype == torch.int32, "query_start_loc must be int32"
-    assert seq_lens.dtype == torch.int32 and seq_lens.is_contiguous(), "seq_lens int32 [N]"
-    assert block_table.shape[0] == n and block_table.dtype == torch.int32, "block_table int32 [N, max_blocks]"
-    assert block_table.stride(1) == 1, "block_table rows must be contiguous"
+    q = with_unit_stride(q)
+    k_cache, v_cache = kernel_caches(k_cache, v_cache)
+    query_start_loc, seq_lens, block_table = (as_index(t) for t in (query_start_loc, seq_lens, block_table))
+    assert unit_stride(q) and unit_stride(k_cache), "the head dim of q and the caches must be contiguous"
+    assert k_cache.stride() == v_cache.stride(), "the kernel addresses both caches with one set of strides"
+    assert query_start_loc.dtype == seq_lens.dtype == block_table.dtype == torch.int32, "int32 row tensors"
     # Padding tokens (past query_start_loc[N]) are never written by the kernel.
     o = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or n == 0:
         return o
-    cfg = launch_constexprs(num_q_heads // num_kv_heads, head_dim, block_size, n, attention_matmul(q, k_cache))
+    matmul = attention_matmul(q, k_cache, v_cache)
+    cfg = launch_constexprs(num_q_heads // num_kv_heads, head_dim, block_size, n, matmul)
     paged_attention_kernel[(num_tokens // cfg["BLOCK_Q"] + n, num_kv_heads)](
         q, k_cache, v_cache, o, query_start_loc, seq_lens, block_table,
         n, scale,

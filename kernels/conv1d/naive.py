@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.constants import PAD_SLOT_ID
+from kernels.conv1d.contract import check_conv1d_fn_inputs, check_conv1d_update_inputs
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -41,6 +42,7 @@ def naive_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, has
     """Prefill form: ``window_in = conv_state[s, :, 0:W-1]`` (zeros without initial state);
     afterwards ``conv_state[s, :, 0:W-1] = full[:, -(W-1):]``. Rows of length 0 and rows whose
     slot is PAD_SLOT_ID read and write nothing (zero outputs)."""
+    check_conv1d_fn_inputs(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, activation)
     num_tokens, channels = x.shape
     width = weight.shape[1]
     w32 = weight.float()
@@ -68,6 +70,8 @@ def naive_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_ind
     ``window_in = conv_state[s, :, a-1 : a-1+W-1]``; afterwards
     ``conv_state[s, :, 0 : W-2+L] = full[:, 1:]``. All rows are processed together: they are
     padded to the longest row and only elementwise ops run across them."""
+    check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices, num_accepted_tokens,
+                               activation)
     num_tokens, channels = x.shape
     width = weight.shape[1]
     state_len = conv_state.shape[2]

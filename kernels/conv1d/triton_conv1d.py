@@ -16,7 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import as_contiguous, as_index, unit_stride, with_unit_stride, write_back
 from kernels.constants import PAD_SLOT_ID
+from kernels.conv1d.contract import check_conv1d_fn_inputs, check_conv1d_update_inputs
 
 
 @triton.heuristics({
@@ -79,48 +81,48 @@ def causal_conv1d_fwd_kernel(
     tl.store(p_s[:, None] + o_s[None, :], b_win.to(conv_state.dtype.element_ty), mask=m_write)
 
 
-def _launch(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
+def _launch(dims, x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
             activation, is_update):
-    num_tokens, channels = x.shape
-    assert weight.dim() == 2 and weight.shape[0] == channels and weight.shape[1] >= 2, "weight must be [C, W]"
-    width = weight.shape[1]
-    assert x.stride(1) == 1 and weight.stride(1) == 1, "x and weight need a unit stride on their last dim"
-    assert conv_state.dim() == 3 and conv_state.shape[1] == channels and conv_state.shape[2] >= width - 1, (
-        f"conv_state must be [S, {channels}, >= {width - 1}], got {tuple(conv_state.shape)}")
-    assert conv_state.stride(2) == 1, "conv_state needs a unit stride on its last dimension"
-    assert cu_seqlens.dtype == torch.int32 and cu_seqlens.dim() == 1 and cu_seqlens.is_contiguous()
-    n = cu_seqlens.numel() - 1
-    assert state_indices.dtype == torch.int32 and state_indices.shape[0] == n, "state_indices: int32 [N, ...]"
-    assert state_indices.dim() == 1 or (is_update and state_indices.dim() == 2)
-    if has_initial_state is not None:
-        assert has_initial_state.shape == (n,) and has_initial_state.dtype == torch.bool
-    if num_accepted_tokens is not None:
-        assert num_accepted_tokens.shape == (n,) and num_accepted_tokens.dtype == torch.int32
-    assert activation in ("silu", None), f"activation must be 'silu' or None, got {activation!r}"
+    """Convert what the kernel cannot take as given (only where needed), launch, write the state back."""
+    num_tokens, channels, width, n = dims
+    x, weight = with_unit_stride(x), with_unit_stride(weight)
+    cu_seqlens, state_indices, num_accepted_tokens = (as_index(t) for t in (cu_seqlens, state_indices,
+                                                                              num_accepted_tokens))
+    has_initial_state = as_contiguous(has_initial_state)
+    assert unit_stride(x) and unit_stride(weight), "x and weight need a unit stride on their last dim"
+    assert cu_seqlens.dtype == state_indices.dtype == torch.int32, "cu_seqlens and state_indices: int32"
+    assert num_accepted_tokens is None or num_accepted_tokens.dtype == torch.int32
     out = torch.zeros(num_tokens, channels, dtype=x.dtype, device=x.device)
     if n == 0 or num_tokens == 0:
         return out
+    state = with_unit_stride(conv_state)  # the kernel steps through a window one column at a time
+    assert unit_stride(state), "conv_state needs a unit stride on its last dimension"
     bc = min(triton.next_power_of_2(channels), 128)
     grid = (n, triton.cdiv(channels, bc))
     causal_conv1d_fwd_kernel[grid](
-        x, weight, out, conv_state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
-        channels, x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
+        x, weight, out, state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
+        channels, x.stride(0), out.stride(0), weight.stride(0), state.stride(0), state.stride(1),
         state_indices.stride(0),
-        W=width, BC=bc, BS=triton.next_power_of_2(conv_state.shape[2]), PAD=PAD_SLOT_ID,
+        W=width, BC=bc, BS=triton.next_power_of_2(state.shape[2]), PAD=PAD_SLOT_ID,
         IS_UPDATE=is_update, SILU=activation == "silu",
     )
+    write_back(conv_state, state)
     return out
 
 
 def triton_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, *,
                             activation="silu"):
     """Triton wrapper; same contract as ``kernels.conv1d.causal_conv1d_fn``."""
-    return _launch(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, None,
+    dims = check_conv1d_fn_inputs(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state,
+                                  activation)
+    return _launch(dims, x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, None,
                    activation, is_update=False)
 
 
 def triton_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_indices, *,
                                 num_accepted_tokens=None, activation="silu"):
     """Triton wrapper; same contract as ``kernels.conv1d.causal_conv1d_update``."""
-    return _launch(x, weight, conv_state, query_start_loc, state_indices, None, num_accepted_tokens,
+    dims = check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices,
+                                      num_accepted_tokens, activation)
+    return _launch(dims, x, weight, conv_state, query_start_loc, state_indices, None, num_accepted_tokens,
                    activation, is_update=True)

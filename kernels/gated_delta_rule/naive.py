@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.constants import PAD_SLOT_ID
+from kernels.gated_delta_rule.contract import check_chunk_inputs, check_recurrent_inputs
 
 L2_NORM_EPS = 1e-6
 
@@ -42,10 +43,8 @@ def _row_bounds(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
 def _read_slots(state_indices, num_accepted_tokens, lens) -> list[int]:
     """The pool slot each row reads its initial state from (PAD_SLOT_ID: padding row)."""
     if state_indices.dim() == 1:
-        assert num_accepted_tokens is None, "num_accepted_tokens needs 2-D state_indices"
         return [PAD_SLOT_ID if n == 0 else s for s, n in zip(state_indices.tolist(), lens)]
     idx = state_indices.tolist()
-    assert num_accepted_tokens is not None, "2-D state_indices need num_accepted_tokens"
     accepted = num_accepted_tokens.tolist()
     slots = []
     for i, row in enumerate(idx):
@@ -64,13 +63,15 @@ def naive_recurrent_gated_delta_rule(
 ):
     """Token-by-token gated delta rule over a pooled, paged state (see kernels/README.md).
 
-    q, k: [T, Hk, Dk]; v: [T, Hv, Dv]; g, beta: [T, Hv] float32; ssm_state: [S, Hv, Dk, Dv]
-    float32, updated in place; cu_seqlens: int32 [N+1]; state_indices: int32 [N] (plain rows,
+    q, k: [T, Hk, Dk]; v: [T, Hv, Dv]; g, beta: [T, Hv]; ssm_state: [S, Hv, Dk, Dv] (float32
+    arithmetic whatever the dtypes), updated in place; cu_seqlens: [N+1]; state_indices: [N] (plain rows,
     final state written to idx[i]) or [N, K+1] (speculative rows: initial state from column
     num_accepted_tokens[i] - 1, state after token t written to column t; PAD columns are not
     written). Rows whose read slot is PAD_SLOT_ID, and rows of length 0, read and write nothing.
     Returns o: [T, Hv, Dv] in v.dtype, zeros for tokens of skipped rows.
     """
+    check_recurrent_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_accepted_tokens,
+                           has_initial_state, scale, use_qk_l2norm)
     num_tokens, num_v_heads, dv = v.shape
     dk = q.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
@@ -165,10 +166,11 @@ def naive_chunk_gated_delta_rule(
     """Chunked gated delta rule, one sequence at a time (same semantics as the plain recurrent
     form with 1-D ``state_indices``). Agrees with the recurrent reference within float tolerance.
     """
+    check_chunk_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, has_initial_state, scale,
+                       use_qk_l2norm, chunk_size)
     num_tokens, num_v_heads, dv = v.shape
     dk = q.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
-    assert state_indices.dim() == 1, "the chunk form takes 1-D state_indices"
     starts, lens = _row_bounds(cu_seqlens)
     slots = state_indices.tolist()
     init = [True] * len(lens) if has_initial_state is None else has_initial_state.tolist()

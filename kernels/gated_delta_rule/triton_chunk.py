@@ -34,10 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import as_contiguous, as_index, write_back
 from kernels.constants import PAD_SLOT_ID
-from kernels.gated_delta_rule.triton_recurrent import _check_common
+from kernels.gated_delta_rule.contract import CHUNK_MAX_DK, CHUNK_MAX_SLOTS, CHUNK_SIZES, check_chunk_inputs
+from kernels.gated_delta_rule.triton_recurrent import kernel_inputs, kernel_pool
 
 MAX_K_TILES = 4  # the state kernel keeps the state as at most four [BK, BV] tiles
+MAX_BK = 64
+assert MAX_K_TILES * MAX_BK == CHUNK_MAX_DK, "the contract's Dk limit is the state kernel's"
 
 
 @triton.jit
@@ -160,13 +164,15 @@ def _state_tile_step(b_h, w_buf, k, o_tok, m_t, i_hk, i_hv, stride_k_t, stride_k
 def _store_state_tile(p, b_h, i_k: tl.constexpr, o_v, m_v, DK: tl.constexpr, DV: tl.constexpr,
                       BK: tl.constexpr):
     o_k = i_k * BK + tl.arange(0, BK)
-    tl.store(p + o_k[:, None] * DV + o_v[None, :], b_h, mask=(o_k < DK)[:, None] & m_v[None, :])
+    tl.store(p + o_k[:, None] * DV + o_v[None, :], b_h.to(p.dtype.element_ty),
+             mask=(o_k < DK)[:, None] & m_v[None, :])
 
 
 @triton.jit
 def _load_state_tile(p, i_k: tl.constexpr, o_v, m_v, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr):
     o_k = i_k * BK + tl.arange(0, BK)
-    return tl.load(p + o_k[:, None] * DV + o_v[None, :], mask=(o_k < DK)[:, None] & m_v[None, :], other=0.0)
+    b_h = tl.load(p + o_k[:, None] * DV + o_v[None, :], mask=(o_k < DK)[:, None] & m_v[None, :], other=0.0)
+    return b_h.to(tl.float32)
 
 
 @triton.jit
@@ -317,8 +323,9 @@ def chunk_gdn_output_kernel(
 
 def launch_config(dk: int, dv: int, chunk_size: int) -> dict:
     """Block sizes and warps of the three launches (shared with kernels/gated_delta_rule/compile_cases.py)."""
-    bk = min(64, max(16, triton.next_power_of_2(dk)))  # tl.dot needs every block dimension >= 16
-    assert triton.cdiv(dk, bk) <= MAX_K_TILES, f"Dk={dk}: the chunk kernels take Dk <= {MAX_K_TILES * bk}"
+    bk = min(MAX_BK, max(16, triton.next_power_of_2(dk)))  # tl.dot needs every block dimension >= 16
+    assert triton.cdiv(dk, bk) <= MAX_K_TILES, f"Dk={dk}: the chunk kernels take Dk <= {CHUNK_MAX_DK}"
+    assert chunk_size in CHUNK_SIZES, f"chunk_size={chunk_size}: the chunk kernels take {CHUNK_SIZES}"
     return {
         "BT": chunk_size, "BK": bk, "NK": triton.cdiv(dk, bk),
         # Eight warps spread the [BT, BT] products and the [Dk, BV] state tiles over more registers; two
@@ -336,21 +343,23 @@ def triton_chunk_gated_delta_rule(
     scale=None, use_qk_l2norm=True, chunk_size=64,
 ):
     """Triton wrapper; same contract as ``kernels.gated_delta_rule.chunk_gated_delta_rule``."""
-    num_tokens, hk, hv, dk, dv, n = _check_common(q, k, v, g, beta, ssm_state, cu_seqlens)
-    assert state_indices.shape == (n,) and state_indices.dtype == torch.int32, "state_indices: int32 [N]"
-    assert state_indices.is_contiguous()
+    num_tokens, hk, hv, dk, dv, n = check_chunk_inputs(
+        q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, has_initial_state, scale, use_qk_l2norm,
+        chunk_size)
+    q, k, v, g, beta, cu_seqlens = kernel_inputs(q, k, v, g, beta, cu_seqlens)
+    state_indices = as_index(state_indices)
+    assert state_indices.dtype == torch.int32 and state_indices.is_contiguous(), "state_indices: int32"
     if has_initial_state is None:
         has_initial_state = torch.ones(n, dtype=torch.bool, device=q.device)
-    assert has_initial_state.shape == (n,) and has_initial_state.dtype == torch.bool
-    assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0, "chunk_size: a power of two >= 16"
-    assert q.dtype == k.dtype, f"q {q.dtype} and k {k.dtype} differ"
+    has_initial_state = as_contiguous(has_initial_state)
     scale = dk ** -0.5 if scale is None else float(scale)
     o = torch.zeros(num_tokens, hv, dv, dtype=v.dtype, device=v.device)
     if num_tokens == 0 or n == 0:
         return o
+    pool = kernel_pool(ssm_state)
     cfg = launch_config(dk, dv, chunk_size)
     num_slots = num_tokens // chunk_size + n  # chunk slots, no host read of cu_seqlens (module docstring)
-    assert num_slots < 65536, f"{num_slots} chunk slots: more than a CUDA grid's second dimension takes"
+    assert num_slots <= CHUNK_MAX_SLOTS, f"{num_slots} chunk slots: more than a CUDA grid axis takes"
     dev = q.device
     w_buf = torch.empty(num_tokens, hv, dk, dtype=torch.float32, device=dev)
     u_buf = torch.empty(num_tokens, hv, dv, dtype=torch.float32, device=dev)  # u, then v'
@@ -360,7 +369,8 @@ def triton_chunk_gated_delta_rule(
     common = {"HK": hk, "HV": hv, "DK": dk, "DV": dv, "BT": chunk_size, "BK": cfg["BK"], "NK": cfg["NK"],
               "PAD": PAD_SLOT_ID,
               "DOT_PRECISION": "tf32x3"}
-    lowp_qk = q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+    # 16-bit q k^T products straight from the inputs when q and k share a 16-bit dtype; float32 otherwise.
+    lowp_qk = q.is_cuda and q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float16)
     bn = triton.next_power_of_2(n)
     chunk_gdn_wy_kernel[(num_slots, hv)](
         k, v, g, beta, w_buf, u_buf, c_buf, rk_buf, cu_seqlens, state_indices, n,
@@ -369,7 +379,7 @@ def triton_chunk_gated_delta_rule(
         num_warps=cfg["wy"]["num_warps"], num_stages=cfg["wy"]["num_stages"], **common,
     )
     chunk_gdn_state_kernel[(triton.cdiv(dv, cfg["state"]["BV"]), n * hv)](
-        k, w_buf, u_buf, c_buf, rk_buf, h_buf, ssm_state, cu_seqlens, state_indices, has_initial_state,
+        k, w_buf, u_buf, c_buf, rk_buf, h_buf, pool, cu_seqlens, state_indices, has_initial_state,
         k.stride(0), k.stride(1),
         BV=cfg["state"]["BV"], num_warps=cfg["state"]["num_warps"], num_stages=cfg["state"]["num_stages"], **common,
     )
@@ -379,4 +389,5 @@ def triton_chunk_gated_delta_rule(
         BV=cfg["output"]["BV"], BN=bn, USE_QK_L2NORM=use_qk_l2norm, LOWP_QK=lowp_qk,
         num_warps=cfg["output"]["num_warps"], num_stages=cfg["output"]["num_stages"], **common,
     )
+    write_back(ssm_state, pool)
     return o

@@ -11,7 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import FLOATS, as_contiguous, as_index, unit_stride, with_unit_stride, write_back
 from kernels.constants import PAD_SLOT_ID
+from kernels.gated_delta_rule.contract import check_recurrent_inputs
 
 
 @triton.heuristics({
@@ -58,7 +60,7 @@ def fused_recurrent_gated_delta_rule_fwd_kernel(
     if HAS_INIT_FLAGS:
         use_init = tl.load(has_initial_state + i_n) != 0
     if use_init:
-        b_h = tl.load(ssm_state + i_read * HV * DK * DV + o_h, mask=mask_h, other=0.0)
+        b_h = tl.load(ssm_state + i_read * HV * DK * DV + o_h, mask=mask_h, other=0.0).to(tl.float32)
 
     for i_t in range(eos - bos):
         t = bos + i_t
@@ -80,28 +82,30 @@ def fused_recurrent_gated_delta_rule_fwd_kernel(
             # The state after token i_t goes to column i_t (PAD columns are not written).
             i_write = tl.load(p_idx + i_t, mask=i_t < num_cols, other=PAD).to(tl.int64)
             if i_write != PAD:
-                tl.store(ssm_state + i_write * HV * DK * DV + o_h, b_h, mask=mask_h)
+                p_write = ssm_state + i_write * HV * DK * DV + o_h
+                tl.store(p_write, b_h.to(ssm_state.dtype.element_ty), mask=mask_h)
     if not IS_SPEC:
-        tl.store(ssm_state + i_read * HV * DK * DV + o_h, b_h, mask=mask_h)
+        tl.store(ssm_state + i_read * HV * DK * DV + o_h, b_h.to(ssm_state.dtype.element_ty), mask=mask_h)
 
 
-def _check_common(q, k, v, g, beta, ssm_state, cu_seqlens):
-    """Shape / dtype / stride assertions shared by the recurrent and chunk wrappers."""
-    num_tokens, hk, dk = q.shape
-    assert k.shape == q.shape, f"k {tuple(k.shape)} != q {tuple(q.shape)}"
-    assert v.dim() == 3 and v.shape[0] == num_tokens, f"v must be [T, Hv, Dv], got {tuple(v.shape)}"
-    hv, dv = v.shape[1:]
-    assert hv % hk == 0, f"Hv={hv} must be a multiple of Hk={hk}"
-    assert g.shape == (num_tokens, hv) and beta.shape == (num_tokens, hv), "g and beta must be [T, Hv]"
-    assert g.dtype == torch.float32 and beta.dtype == torch.float32, "g and beta must be float32"
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        assert x.stride(-1) == 1, f"{name} needs a unit stride on its last dimension"
-    assert g.stride(1) == 1 and beta.stride(1) == 1, "g and beta need a unit stride over heads"
-    assert ssm_state.dim() == 4 and ssm_state.shape[1:] == (hv, dk, dv), (
-        f"ssm_state must be [S, {hv}, {dk}, {dv}], got {tuple(ssm_state.shape)}")
-    assert ssm_state.dtype == torch.float32 and ssm_state.is_contiguous(), "ssm_state: contiguous float32"
-    assert cu_seqlens.dtype == torch.int32 and cu_seqlens.dim() == 1 and cu_seqlens.is_contiguous()
-    return num_tokens, hk, hv, dk, dv, cu_seqlens.numel() - 1
+def kernel_inputs(q, k, v, g, beta, cu_seqlens):
+    """The inputs in the form the GDN kernels read, converted only where the caller's are not in it:
+    q, k, v, g, beta with a unit stride on their last dimension, cu_seqlens int32 contiguous."""
+    q, k, v, g, beta = (with_unit_stride(x) for x in (q, k, v, g, beta))
+    cu_seqlens = as_index(cu_seqlens)
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        assert unit_stride(x), f"{name} needs a unit stride on its last dimension"
+    assert cu_seqlens.dtype == torch.int32 and cu_seqlens.is_contiguous(), "cu_seqlens: contiguous int32"
+    return q, k, v, g, beta, cu_seqlens
+
+
+def kernel_pool(ssm_state: torch.Tensor) -> torch.Tensor:
+    """The state pool the kernels address as ``slot * Hv * Dk * Dv``: ``ssm_state`` itself when contiguous,
+    else a contiguous copy (written back after the launch). Any float dtype: read and written through
+    float32 inside the kernels."""
+    pool = as_contiguous(ssm_state)
+    assert pool.is_contiguous() and pool.dtype in FLOATS, "ssm_state: a contiguous float pool"
+    return pool
 
 
 def launch_config(dk: int, dv: int) -> dict:
@@ -120,28 +124,28 @@ def triton_recurrent_gated_delta_rule(
     num_accepted_tokens=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
 ):
     """Triton wrapper; same contract as ``kernels.gated_delta_rule.fused_recurrent_gated_delta_rule``."""
-    num_tokens, hk, hv, dk, dv, n = _check_common(q, k, v, g, beta, ssm_state, cu_seqlens)
-    assert state_indices.dtype == torch.int32, "state_indices must be int32"
-    assert state_indices.dim() in (1, 2), "state_indices: [N] or [N, K+1]"
-    assert state_indices.shape[0] == n, f"state_indices has {state_indices.shape[0]} rows, cu_seqlens {n}"
-    assert state_indices.stride(-1) == 1, "state_indices needs a unit stride on its last dimension"
-    if state_indices.dim() == 2:
-        assert num_accepted_tokens is not None, "2-D state_indices need num_accepted_tokens"
-        assert num_accepted_tokens.shape == (n,) and num_accepted_tokens.dtype == torch.int32
-    else:
-        assert num_accepted_tokens is None, "num_accepted_tokens needs 2-D state_indices"
-    if has_initial_state is not None:
-        assert has_initial_state.shape == (n,) and has_initial_state.dtype == torch.bool
+    num_tokens, hk, hv, dk, dv, n = check_recurrent_inputs(
+        q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state, scale,
+        use_qk_l2norm)
+    q, k, v, g, beta, cu_seqlens = kernel_inputs(q, k, v, g, beta, cu_seqlens)
+    state_indices, num_accepted_tokens = as_index(state_indices), as_index(num_accepted_tokens)
+    has_initial_state = as_contiguous(has_initial_state)
+    assert state_indices.dtype == torch.int32 and unit_stride(state_indices), "state_indices: int32 rows"
+    assert num_accepted_tokens is None or num_accepted_tokens.dtype == torch.int32
     scale = dk ** -0.5 if scale is None else float(scale)
     o = torch.zeros(num_tokens, hv, dv, dtype=v.dtype, device=v.device)
+    if num_tokens == 0 or n == 0:
+        return o
+    pool = kernel_pool(ssm_state)
     cfg = launch_config(dk, dv)
     grid = (triton.cdiv(dv, cfg["BV"]), n * hv)
     fused_recurrent_gated_delta_rule_fwd_kernel[grid](
-        q, k, v, g, beta, o, ssm_state, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
+        q, k, v, g, beta, o, pool, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
         scale, state_indices.shape[-1] if state_indices.dim() == 2 else 1,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), state_indices.stride(0),
         HK=hk, HV=hv, DK=dk, DV=dv, BK=cfg["BK"], BV=cfg["BV"], PAD=PAD_SLOT_ID, USE_QK_L2NORM=use_qk_l2norm,
         num_warps=cfg["num_warps"],
     )
+    write_back(ssm_state, pool)
     return o

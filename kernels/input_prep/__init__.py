@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from kernels._dispatch import resolve_backend
 from kernels.input_prep.naive import naive_post_update, naive_prepare_inputs
 
@@ -11,10 +9,6 @@ from kernels.input_prep.naive import naive_post_update, naive_prepare_inputs
 def prepare_inputs(*, idx_mapping, query_start_loc, is_decode, num_computed, last_sampled, draft_tokens, token_ids,
                    block_table, block_size: int, num_tokens_padded: int, backend: str | None = None):
     """Keyword-only (many look-alike int tensors); see ``naive_prepare_inputs`` for the contract."""
-    n = idx_mapping.shape[0]
-    assert query_start_loc.shape == (n + 1,) and is_decode.shape == (n,), "prepare_inputs: row tensors disagree"
-    assert is_decode.dtype == torch.bool, "prepare_inputs: is_decode must be bool"
-    assert draft_tokens.dim() == 2 and token_ids.dim() == 2 and block_table.dim() == 2
     if resolve_backend(backend, idx_mapping) == "triton":
         from kernels.input_prep.triton_input_prep import triton_prepare_inputs
 
@@ -27,9 +21,6 @@ def prepare_inputs(*, idx_mapping, query_start_loc, is_decode, num_computed, las
 def post_update(*, idx_mapping, query_lens, num_draft_tokens, is_sampling, sampled, num_valid, num_computed,
                 num_valid_state, last_sampled, token_ids, num_tokens, backend: str | None = None) -> None:
     """Keyword-only (many look-alike int tensors); see ``naive_post_update`` for the contract."""
-    n = idx_mapping.shape[0]
-    assert query_lens.shape == (n,) and is_sampling.shape == (n,) and num_valid.shape == (n,)
-    assert sampled.dim() == 2 and sampled.shape[0] == n, "post_update: sampled must be [N, K+1]"
     if resolve_backend(backend, idx_mapping) == "triton":
         from kernels.input_prep.triton_input_prep import triton_post_update
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.constants import PAD_SLOT_ID
+from kernels.input_prep.contract import check_post_update_inputs, check_prepare_inputs_inputs
 
 
 def naive_prepare_inputs(idx_mapping, query_start_loc, is_decode, num_computed, last_sampled, draft_tokens,
@@ -22,6 +23,8 @@ def naive_prepare_inputs(idx_mapping, query_start_loc, is_decode, num_computed, 
     ``last_sampled[r]`` (j = 0) then ``draft_tokens[r, j - 1]``. Padding rows get seq_len 0 and
     tokens past ``query_start_loc[N]`` get id 0, position 0 and ``PAD_SLOT_ID``.
     """
+    check_prepare_inputs_inputs(idx_mapping, query_start_loc, is_decode, num_computed, last_sampled,
+                                draft_tokens, token_ids, block_table, block_size, num_tokens_padded)
     device = idx_mapping.device
     n = idx_mapping.shape[0]
     qsl = query_start_loc.long()
@@ -60,6 +63,8 @@ def naive_post_update(idx_mapping, query_lens, num_draft_tokens, is_sampling, sa
     last becomes ``last_sampled`` and ``num_valid_state`` (the next state offset + 1) is
     ``num_valid``. A partial prefill row advances by q and keeps ``num_valid_state`` at 1.
     """
+    check_post_update_inputs(idx_mapping, query_lens, num_draft_tokens, is_sampling, sampled, num_valid,
+                             num_computed, num_valid_state, last_sampled, token_ids, num_tokens)
     real = idx_mapping >= 0
     rows = torch.nonzero(real).flatten()
     if rows.numel() == 0:
@@ -75,12 +80,12 @@ def naive_post_update(idx_mapping, query_lens, num_draft_tokens, is_sampling, sa
     if srows.numel() == 0:
         return
     snv = nv[s]
-    last_sampled[sr] = sampled[srows, snv - 1]
+    last_sampled[sr] = sampled[srows, snv - 1].to(last_sampled.dtype)
     width = sampled.shape[1]
     cols = torch.arange(width, device=sampled.device)
     keep = cols[None, :] < snv[:, None]  # [Ns, K+1]
     base = num_tokens.long()[sr]
     dst_r = sr[:, None].expand(-1, width)[keep]
     dst_c = (base[:, None] + cols[None, :])[keep]
-    token_ids[dst_r, dst_c] = sampled[srows][keep]
+    token_ids[dst_r, dst_c] = sampled[srows][keep].to(token_ids.dtype)
     num_tokens[sr] += snv.to(num_tokens.dtype)

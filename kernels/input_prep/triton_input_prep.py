@@ -11,7 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import as_contiguous, as_index, unit_stride, with_unit_stride, write_back
 from kernels.constants import PAD_SLOT_ID
+from kernels.input_prep.contract import check_post_update_inputs, check_prepare_inputs_inputs
 
 
 @triton.jit
@@ -115,16 +117,9 @@ def post_update_kernel(
     tl.store(p_ntok, (n_tok + n_valid).to(num_tokens.dtype.element_ty), mask=is_samp)
 
 
-def _check_vector(name: str, t: torch.Tensor, n: int, dtype: torch.dtype) -> None:
-    assert t.shape == (n,), f"{name}: expected shape ({n},), got {tuple(t.shape)}"
-    assert t.dtype == dtype, f"{name}: expected {dtype}, got {t.dtype}"
-    assert t.is_contiguous(), f"{name}: must be contiguous"
-
-
-def _check_matrix(name: str, t: torch.Tensor, rows: int, dtype: torch.dtype) -> None:
-    assert t.dim() == 2 and t.shape[0] == rows, f"{name}: expected [{rows}, *], got {tuple(t.shape)}"
-    assert t.dtype == dtype, f"{name}: expected {dtype}, got {t.dtype}"
-    assert t.stride(1) == 1 or t.shape[1] <= 1, f"{name}: rows must be contiguous"
+def _assert_kernel_form(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    assert t.dtype in dtypes, f"{name}: expected {dtypes}, got {t.dtype}"
+    assert unit_stride(t), f"{name}: needs a unit stride on its last dimension"
 
 
 def triton_prepare_inputs(
@@ -139,19 +134,21 @@ def triton_prepare_inputs(
     block_size: int,
     num_tokens_padded: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    n = idx_mapping.shape[0]
-    r = num_computed.shape[0]
-    _check_vector("idx_mapping", idx_mapping, n, torch.int32)
-    _check_vector("query_start_loc", query_start_loc, n + 1, torch.int32)
-    _check_vector("is_decode", is_decode, n, torch.bool)
-    _check_vector("num_computed", num_computed, r, torch.int32)
-    _check_vector("last_sampled", last_sampled, r, torch.int64)
-    _check_matrix("draft_tokens", draft_tokens, r, torch.int64)
-    _check_matrix("token_ids", token_ids, r, torch.int64)
-    _check_matrix("block_table", block_table, r, torch.int32)
-    assert token_ids.shape[1] > 0, "token_ids: needs at least one column"
-    assert isinstance(block_size, int) and block_size > 0, f"block_size must be a positive int, got {block_size!r}"
-    assert isinstance(num_tokens_padded, int) and num_tokens_padded >= 0, "num_tokens_padded must be an int >= 0"
+    """Triton wrapper; same contract as ``kernels.input_prep.prepare_inputs``."""
+    n, _ = check_prepare_inputs_inputs(idx_mapping, query_start_loc, is_decode, num_computed, last_sampled,
+                                       draft_tokens, token_ids, block_table, block_size, num_tokens_padded)
+    # Every input is read only: converted to the dtypes the kernel is compiled for where it is not.
+    idx_mapping, query_start_loc, num_computed, block_table = (
+        as_index(t) for t in (idx_mapping, query_start_loc, num_computed, block_table))
+    last_sampled, draft_tokens, token_ids = (
+        as_index(t, torch.int64) for t in (last_sampled, draft_tokens, token_ids))
+    is_decode = as_contiguous(is_decode)
+    i32, i64 = torch.int32, torch.int64
+    for name, t, dtype in (("idx_mapping", idx_mapping, i32), ("query_start_loc", query_start_loc, i32),
+                           ("is_decode", is_decode, torch.bool), ("num_computed", num_computed, i32),
+                           ("last_sampled", last_sampled, i64), ("draft_tokens", draft_tokens, i64),
+                           ("token_ids", token_ids, i64), ("block_table", block_table, i32)):
+        _assert_kernel_form(name, t, (dtype,))
     # query_start_loc[N] <= num_tokens_padded is not checked: it would need a host sync. Tokens
     # past num_tokens_padded are not written.
     device = idx_mapping.device
@@ -182,26 +179,33 @@ def triton_post_update(
     token_ids: torch.Tensor,
     num_tokens: torch.Tensor,
 ) -> None:
-    n = idx_mapping.shape[0]
-    r = num_computed.shape[0]
-    _check_vector("idx_mapping", idx_mapping, n, torch.int32)
-    _check_vector("query_lens", query_lens, n, torch.int32)
-    _check_vector("num_draft_tokens", num_draft_tokens, n, torch.int32)
-    _check_vector("is_sampling", is_sampling, n, torch.bool)
-    _check_matrix("sampled", sampled, n, torch.int64)
-    _check_vector("num_valid", num_valid, n, torch.int32)
-    _check_vector("num_computed", num_computed, r, torch.int32)
-    _check_vector("num_valid_state", num_valid_state, r, torch.int32)
-    _check_vector("last_sampled", last_sampled, r, torch.int64)
-    _check_matrix("token_ids", token_ids, r, torch.int64)
-    _check_vector("num_tokens", num_tokens, r, torch.int32)
-    width = sampled.shape[1]
-    assert width >= 1, "sampled: [N, K+1] needs at least one column"
+    """Triton wrapper; same contract as ``kernels.input_prep.post_update``."""
+    n, _ = check_post_update_inputs(idx_mapping, query_lens, num_draft_tokens, is_sampling, sampled,
+                                    num_valid, num_computed, num_valid_state, last_sampled, token_ids, num_tokens)
     if n == 0:
         return
+    # Read-only inputs: converted to the dtypes the kernel is compiled for where they are not.
+    idx_mapping, query_lens, num_draft_tokens, num_valid = (
+        as_index(t) for t in (idx_mapping, query_lens, num_draft_tokens, num_valid))
+    sampled, is_sampling = as_index(sampled, torch.int64), as_contiguous(is_sampling)
+    i32 = torch.int32
+    for name, t, dtype in (("idx_mapping", idx_mapping, i32), ("query_lens", query_lens, i32),
+                           ("num_draft_tokens", num_draft_tokens, i32), ("num_valid", num_valid, i32),
+                           ("sampled", sampled, torch.int64), ("is_sampling", is_sampling, torch.bool)):
+        _assert_kernel_form(name, t, (dtype,))
+    # Updated in place: int32 or int64 as the caller keeps them (the kernel casts what it stores); a
+    # copy, written back, only where the last dimension is strided.
+    inplace = (num_computed, num_valid_state, last_sampled, token_ids, num_tokens)
+    work = tuple(with_unit_stride(t) for t in inplace)
+    for name, t in zip(("num_computed", "num_valid_state", "last_sampled", "token_ids", "num_tokens"), work):
+        _assert_kernel_form(name, t, (torch.int32, torch.int64))
+    w_computed, w_valid_state, w_last, w_tokens, w_num_tokens = work
+    width = sampled.shape[1]
     post_update_kernel[(n,)](
         idx_mapping, query_lens, num_draft_tokens, is_sampling, sampled, num_valid,
-        num_computed, num_valid_state, last_sampled, token_ids, num_tokens,
-        width, token_ids.shape[1], sampled.stride(0), token_ids.stride(0),
+        w_computed, w_valid_state, w_last, w_tokens, w_num_tokens,
+        width, w_tokens.shape[1], sampled.stride(0), w_tokens.stride(0),
         BW=triton.next_power_of_2(width),
     )
+    for original, result in zip(inplace, work):
+        write_back(original, result)

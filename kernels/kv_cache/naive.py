@@ -9,18 +9,14 @@ from __future__ import annotations
 import torch
 
 from kernels.constants import PAD_SLOT_ID
+from kernels.kv_cache.contract import check_reshape_and_cache_inputs
 
 
 def naive_reshape_and_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Write ``k, v [T, Hkv, D]`` into the caches at ``slot_mapping [T]`` (in place)."""
-    assert k.dim() == 3 and v.shape == k.shape, "reshape_and_cache: k, v [T, Hkv, D]"
-    assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, "caches [num_blocks, block_size, Hkv, D]"
-    assert k_cache.shape[2:] == k.shape[1:], (
-        f"cache heads/dim {tuple(k_cache.shape[2:])} != {tuple(k.shape[1:])}"
-    )
-    assert slot_mapping.shape == (k.shape[0],), "slot_mapping [T]"
+    check_reshape_and_cache_inputs(k, v, k_cache, v_cache, slot_mapping)
     block_size = k_cache.shape[1]
     keep = slot_mapping != PAD_SLOT_ID
     slots = slot_mapping[keep].long()

@@ -6,7 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import as_index, write_back
 from kernels.constants import PAD_SLOT_ID
+from kernels.kv_cache.contract import check_reshape_and_cache_inputs
 
 
 @triton.jit
@@ -30,22 +32,40 @@ def reshape_and_cache_kernel(
     tl.store(v_cache + p_slot, b_v.to(v_cache.dtype.element_ty), mask=mask_hd)
 
 
+def slot_contiguous(t: torch.Tensor) -> bool:
+    """Whether the ``[Hkv, D]`` values of one token (or cache slot) lie contiguous, as the kernel reads them."""
+    hkv, d = t.shape[-2:]
+    return (d <= 1 or t.stride(-1) == 1) and (hkv <= 1 or t.stride(-2) == d)
+
+
+def kernel_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches the kernel writes: the caches themselves when each slot is contiguous and both share
+    strides (the engines' caches), else row-major copies, written back after the launch."""
+    if slot_contiguous(k_cache) and k_cache.stride() == v_cache.stride():
+        return k_cache, v_cache
+    return (k_cache.clone(memory_format=torch.contiguous_format),
+            v_cache.clone(memory_format=torch.contiguous_format))
+
+
 def triton_reshape_and_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    assert k.dim() == 3 and v.shape == k.shape, "reshape_and_cache: k, v [T, Hkv, D]"
-    assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, "caches [num_blocks, block_size, Hkv, D]"
-    assert k_cache.shape[2:] == k.shape[1:], f"cache {tuple(k_cache.shape)} does not fit k {tuple(k.shape)}"
-    assert slot_mapping.shape == (k.shape[0],) and slot_mapping.dtype == torch.int64, "slot_mapping int64 [T]"
-    assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides"
-    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
-        # The [Hkv, D] values of one token / one slot must be contiguous.
-        assert t.stride(-1) == 1 and t.stride(-2) == t.shape[-1], f"{name}: [Hkv, D] must be contiguous"
+    """Triton wrapper; same contract as ``kernels.kv_cache.reshape_and_cache``."""
+    check_reshape_and_cache_inputs(k, v, k_cache, v_cache, slot_mapping)
     num_tokens, hkv, d = k.shape
     if num_tokens == 0:
         return
+    k, v = (t if slot_contiguous(t) else t.contiguous() for t in (k, v))
+    slot_mapping = as_index(slot_mapping, torch.int64)
+    k_work, v_work = kernel_caches(k_cache, v_cache)
+    for name, t in (("k", k), ("v", v), ("k_cache", k_work), ("v_cache", v_work)):
+        assert slot_contiguous(t), f"{name}: [Hkv, D] must be contiguous"
+    assert k_work.stride() == v_work.stride(), "the kernel addresses both caches with one set of strides"
+    assert slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous(), "slot_mapping: int64"
     reshape_and_cache_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), v.stride(0), k_cache.stride(0), k_cache.stride(1),
+        k, v, k_work, v_work, slot_mapping,
+        k.stride(0), v.stride(0), k_work.stride(0), k_work.stride(1),
         BLOCK_SIZE=k_cache.shape[1], HD=hkv * d, BHD=triton.next_power_of_2(hkv * d), PAD_ID=PAD_SLOT_ID,
     )
+    write_back(k_cache, k_work)
+    write_back(v_cache, v_work)

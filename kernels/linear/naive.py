@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.linear.contract import check_linear_inputs
+
 # Rows per GEMM. Fixed: changing it may change the bits of every result. 16 trades the
 # padding cost of small (decode) calls against the per-chunk cost of large ones.
 ROW_CHUNK = 16
@@ -20,11 +22,7 @@ ROW_CHUNK = 16
 
 def naive_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x [M, K] @ weight[N, K].T -> [M, N]`` in ``x.dtype``, batch-invariant per row."""
-    assert x.dim() == 2 and weight.dim() == 2, "linear: x [M, K] and weight [N, K]"
-    assert x.shape[1] == weight.shape[1], f"linear: K mismatch {x.shape[1]} != {weight.shape[1]}"
-    assert x.dtype == weight.dtype, f"linear: x {x.dtype} and weight {weight.dtype} differ"
-    m, k = x.shape
-    n = weight.shape[0]
+    m, k, n = check_linear_inputs(x, weight)
     num_chunks = -(-m // ROW_CHUNK)
     if num_chunks == 0:
         return x.new_empty(0, n)

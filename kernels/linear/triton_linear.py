@@ -16,6 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import unit_stride, with_unit_stride
+from kernels.linear.contract import check_linear_inputs
+
 # Fixed tile sizes (never chosen from M: that would break batch invariance).
 BM, BN, BK = 32, 64, 32
 
@@ -55,11 +58,10 @@ def linear_matmul(x: torch.Tensor) -> str:
 
 
 def triton_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1], "x [M, K], weight [N, K]"
-    assert x.dtype == weight.dtype, f"linear: x {x.dtype} and weight {weight.dtype} differ"
-    assert x.stride(1) == 1 and weight.stride(1) == 1, "linear: the K axis of x and weight must be contiguous"
-    m, k = x.shape
-    n = weight.shape[0]
+    """Triton wrapper; same contract as ``kernels.linear.linear``."""
+    m, k, n = check_linear_inputs(x, weight)
+    x, weight = with_unit_stride(x), with_unit_stride(weight)
+    assert unit_stride(x) and unit_stride(weight), "linear: the K axis of x and weight must be contiguous"
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y

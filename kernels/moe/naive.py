@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from kernels.linear.naive import naive_linear
+from kernels.moe.contract import check_fused_moe_inputs, check_moe_route_inputs
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -33,32 +34,12 @@ def naive_moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``router_logits [T, E]`` -> ``topk_weights [T, K]`` (router_logits.dtype), ``topk_ids [T, K]`` int32."""
-    assert router_logits.dim() == 2, "moe_route: router_logits must be [T, E]"
-    assert 1 <= top_k <= router_logits.shape[1], f"moe_route: top_k {top_k} not in [1, {router_logits.shape[1]}]"
+    check_moe_route_inputs(router_logits, top_k, renormalize)
     probs = torch.softmax(router_logits.float(), dim=-1)  # [T, E] float32
     weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(router_logits.dtype), ids.to(torch.int32)
-
-
-def check_moe_args(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-) -> tuple[int, int, int, int, int]:
-    """Assert the shapes and dtypes shared by both backends; returns (T, H, E, I, K)."""
-    assert x.dim() == 2, "fused_moe: x must be [T, H]"
-    assert w13.dim() == 3 and w2.dim() == 3, "fused_moe: w13 [E, 2I, H] and w2 [E, H, I]"
-    t, h = x.shape
-    e, two_i, h13 = w13.shape
-    assert h13 == h and two_i % 2 == 0, f"fused_moe: w13 {tuple(w13.shape)} does not fit hidden {h}"
-    i = two_i // 2
-    assert tuple(w2.shape) == (e, h, i), f"fused_moe: w2 {tuple(w2.shape)}, expected {(e, h, i)}"
-    assert x.dtype == w13.dtype == w2.dtype, f"fused_moe: dtypes differ: x {x.dtype}, w13 {w13.dtype}, w2 {w2.dtype}"
-    assert topk_ids.dim() == 2 and topk_ids.shape[0] == t, "fused_moe: topk_ids must be [T, K]"
-    assert topk_ids.dtype in (torch.int32, torch.int64), f"fused_moe: topk_ids dtype {topk_ids.dtype}"
-    assert topk_weights.shape == topk_ids.shape, "fused_moe: topk_weights and topk_ids must both be [T, K]"
-    assert topk_weights.is_floating_point(), "fused_moe: topk_weights must be floating point"
-    return t, h, e, i, topk_ids.shape[1]
 
 
 def naive_fused_moe(
@@ -68,7 +49,7 @@ def naive_fused_moe(
     topk_weights: torch.Tensor,  # [T, K]
     topk_ids: torch.Tensor,  # [T, K] int32/int64, values in [0, E)
 ) -> torch.Tensor:  # [T, H] in x.dtype
-    t, h, _, i, k = check_moe_args(x, w13, w2, topk_weights, topk_ids)
+    t, h, _, i, k = check_fused_moe_inputs(x, w13, w2, topk_weights, topk_ids)
     y = x.new_zeros(t, k, h)  # per (token, slot) expert output
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():

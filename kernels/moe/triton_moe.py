@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import unit_stride, with_unit_stride
 from kernels.linear.triton_linear import linear_matmul
-from kernels.moe.naive import check_moe_args
+from kernels.moe.contract import check_fused_moe_inputs
 
 # Fixed tile sizes (never chosen from T: that would break batch invariance).
 BM, BN, BK = 16, 64, 64  # rows (pairs) per block, output columns per program, reduction step
@@ -169,10 +170,11 @@ def moe_block_table(
 def triton_fused_moe(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
 ) -> torch.Tensor:
-    t, h, e, i, k = check_moe_args(x, w13, w2, topk_weights, topk_ids)
-    assert x.stride(1) == 1, "fused_moe: the hidden axis of x must be contiguous"
-    assert w13.is_contiguous() and w2.is_contiguous(), "fused_moe: w13 and w2 must be contiguous"
-    assert topk_weights.stride(1) == 1, "fused_moe: topk_weights rows must be contiguous"
+    """Triton wrapper; same contract as ``kernels.moe.fused_moe``."""
+    t, h, e, i, k = check_fused_moe_inputs(x, w13, w2, topk_weights, topk_ids)
+    x, w13, w2, topk_weights = (with_unit_stride(a) for a in (x, w13, w2, topk_weights))
+    for name, a in (("x", x), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights)):
+        assert unit_stride(a), f"fused_moe: {name} needs a unit stride on its last dimension"
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
     if t == 0:
         return out

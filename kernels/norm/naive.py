@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.norm.contract import check_gated_rms_norm_inputs, check_rms_norm_inputs
+
 
 def silu_fp32(z: torch.Tensor) -> torch.Tensor:
     """``z * sigmoid(z)`` for float32 ``z``, position-independent bits."""
@@ -27,7 +29,7 @@ def naive_rms_norm(
 ) -> torch.Tensor:
     """``x [M, H]``, ``weight [H]``:
     ``(x32 * rsqrt(mean(x32^2) + eps) * (1 + w32 if zero_centered else w32)).to(x.dtype)``."""
-    assert x.dim() == 2 and weight.shape == (x.shape[1],), "rms_norm: x [M, H], weight [H]"
+    check_rms_norm_inputs(x, weight, eps, zero_centered)
     w32 = weight.float()
     scale = 1.0 + w32 if zero_centered else w32
     return (_rms_normalize(x.float(), eps) * scale).to(x.dtype)
@@ -36,7 +38,6 @@ def naive_rms_norm(
 def naive_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x, z [M, Hv, Dv]``, ``weight [Dv]`` (norm before gate, weight used as-is):
     ``(w * (x32 * rsqrt(mean(x32^2 over Dv) + eps)).to(x.dtype)) * silu(z32)``, cast to ``x.dtype``."""
-    assert x.dim() == 3 and z.shape == x.shape, "gated_rms_norm: x, z [M, Hv, Dv]"
-    assert weight.shape == (x.shape[2],), "gated_rms_norm: weight [Dv]"
+    check_gated_rms_norm_inputs(x, z, weight, eps)
     normed = _rms_normalize(x.float(), eps).to(x.dtype)
     return ((weight * normed) * silu_fp32(z.float())).to(x.dtype)

@@ -6,6 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import as_contiguous, unit_stride, with_unit_stride
+from kernels.norm.contract import check_gated_rms_norm_inputs, check_rms_norm_inputs
+
 
 @triton.jit
 def rms_norm_kernel(
@@ -49,9 +52,10 @@ def gated_rms_norm_kernel(
 def triton_rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered: bool = True
 ) -> torch.Tensor:
-    assert x.dim() == 2 and weight.shape == (x.shape[1],), "rms_norm: x [M, H], weight [H]"
-    assert x.stride(1) == 1 and weight.is_contiguous(), "rms_norm: rows of x and weight must be contiguous"
-    m, h = x.shape
+    """Triton wrapper; same contract as ``kernels.norm.rms_norm``."""
+    m, h = check_rms_norm_inputs(x, weight, eps, zero_centered)
+    x, weight = with_unit_stride(x), with_unit_stride(weight)
+    assert unit_stride(x) and unit_stride(weight), "rms_norm: rows of x and weight must be contiguous"
     y = torch.empty(m, h, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -63,9 +67,10 @@ def triton_rms_norm(
 
 
 def triton_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    assert x.dim() == 3 and z.shape == x.shape and weight.shape == (x.shape[2],), "x, z [M, Hv, Dv], w [Dv]"
-    assert x.is_contiguous() and z.is_contiguous() and weight.is_contiguous(), "gated_rms_norm: strided"
-    m, hv, d = x.shape
+    """Triton wrapper; same contract as ``kernels.norm.gated_rms_norm``."""
+    m, hv, d = check_gated_rms_norm_inputs(x, z, weight, eps)
+    x, z, weight = as_contiguous(x), as_contiguous(z), as_contiguous(weight)
+    assert x.is_contiguous() and z.is_contiguous() and weight.is_contiguous(), "gated_rms_norm: contiguous"
     y = torch.empty(m, hv, d, dtype=x.dtype, device=x.device)
     if m * hv == 0:
         return y

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.verify.contract import check_greedy_verify_inputs
+
 
 def naive_greedy_verify(
     target_logits: torch.Tensor,
@@ -18,9 +20,7 @@ def naive_greedy_verify(
     ``draft[j] != target[j]`` (``num_draft_tokens[i]`` when all match), the row's output is
     ``target[0..m]`` followed by ``-1``; ``num_valid[i] = m + 1``.
     """
-    assert target_logits.dim() == 2 and draft_tokens.dim() == 2
-    n, k = draft_tokens.shape
-    assert num_draft_tokens.shape == (n,) and cu_num_logits.shape == (n + 1,)
+    n, k = check_greedy_verify_inputs(target_logits, draft_tokens, num_draft_tokens, cu_num_logits)
     device = target_logits.device
     if n == 0:
         return torch.empty(0, k + 1, dtype=torch.int64, device=device), torch.empty(

@@ -6,6 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._contract import as_index, unit_stride, with_unit_stride
+from kernels.verify.contract import check_greedy_verify_inputs
+
 
 @triton.jit
 def row_argmax(p_row, V, BV: tl.constexpr):
@@ -56,12 +59,15 @@ def triton_greedy_verify(
     num_draft_tokens: torch.Tensor,
     cu_num_logits: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    assert target_logits.dim() == 2 and target_logits.stride(1) == 1, "target_logits [num_logits, V]"
-    assert draft_tokens.dim() == 2 and draft_tokens.dtype == torch.int64, "draft_tokens int64 [N, K]"
-    n, k = draft_tokens.shape
-    assert draft_tokens.stride(1) == 1 or k <= 1, "draft_tokens rows must be contiguous"
-    assert num_draft_tokens.shape == (n,) and not num_draft_tokens.is_floating_point(), "num_draft_tokens [N]"
-    assert cu_num_logits.shape == (n + 1,) and not cu_num_logits.is_floating_point(), "cu_num_logits [N+1]"
+    """Triton wrapper; same contract as ``kernels.verify.greedy_verify``."""
+    n, k = check_greedy_verify_inputs(target_logits, draft_tokens, num_draft_tokens, cu_num_logits)
+    target_logits = with_unit_stride(target_logits)
+    draft_tokens = as_index(draft_tokens, torch.int64)
+    num_draft_tokens, cu_num_logits = as_index(num_draft_tokens), as_index(cu_num_logits)
+    assert unit_stride(target_logits), "target_logits rows must be contiguous"
+    assert draft_tokens.dtype == torch.int64 and unit_stride(draft_tokens), "draft_tokens: int64 rows"
+    for name, t in (("num_draft_tokens", num_draft_tokens), ("cu_num_logits", cu_num_logits)):
+        assert t.dtype == torch.int32 and t.is_contiguous(), f"{name}: contiguous int32"
     device = target_logits.device
     output_tokens = torch.empty(n, k + 1, dtype=torch.int64, device=device)
     num_valid = torch.empty(n, dtype=torch.int32, device=device)

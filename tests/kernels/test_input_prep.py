@@ -8,6 +8,7 @@ from types import MappingProxyType
 import pytest
 import torch
 
+from kernels import KernelInputError
 from kernels.constants import PAD_SLOT_ID
 from kernels.input_prep import post_update, prepare_inputs
 from tests.kernels.conftest import generator, requires_triton
@@ -368,21 +369,27 @@ def test_next_step_reads_committed_state(backend):
 # ---- wrapper checks ---------------------------------------------------------------------------
 
 
-@requires_triton
-def test_triton_wrappers_reject_bad_inputs():
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=requires_triton)])
+def test_wrong_shapes_are_refused_by_name(backend):
     state, step = build("k1-bs16")
-    bad = dict(step, idx_mapping=step["idx_mapping"].long())
-    with pytest.raises(AssertionError, match="idx_mapping"):
-        run_prepare(state, bad, "triton")
-    strided = dict(state, block_table=state["block_table"].t().contiguous().t())
-    with pytest.raises(AssertionError, match="block_table: rows must be contiguous"):
-        run_prepare(strided, step, "triton")
-    bad = dict(step, num_valid=step["num_valid"].long())
-    with pytest.raises(AssertionError, match="num_valid"):
-        run_post_update(clone_state(state), bad, "triton")
     short = dict(state, num_tokens=state["num_tokens"][:-1])
-    with pytest.raises(AssertionError, match="num_tokens"):
-        run_post_update(short, step, "triton")
+    message = r"post_update: num_tokens must be an int32 or int64 tensor of shape \[R\] = \[9\]"
+    with pytest.raises(KernelInputError, match=message):
+        run_post_update(short, step, backend)
+    bad = dict(step, is_decode=step["is_decode"].int())
+    with pytest.raises(KernelInputError, match="prepare_inputs: is_decode must be a bool tensor"):
+        run_prepare(state, bad, backend)
+
+
+@requires_triton
+def test_triton_takes_int64_rows_and_a_strided_block_table():
+    # The wrappers narrow int64 row tensors and copy a column-major block table; the same results.
+    state, step = build("k1-bs16")
+    expected = run_prepare(state, step, "torch")
+    strided = dict(state, block_table=state["block_table"].t().contiguous().t())
+    got = run_prepare(strided, dict(step, idx_mapping=step["idx_mapping"].long()), "triton")
+    for name, g, e in zip(PREPARE_NAMES, got, expected):
+        assert_same(name, g, e)
 
 
 def _forbid_host_reads(m: pytest.MonkeyPatch) -> None:

@@ -60,9 +60,14 @@ def test_reshape_and_cache_triton_matches_torch_on_strided_tokens():
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
 
 
-@requires_triton
-def test_reshape_and_cache_triton_rejects_strided_heads():
-    k_cache, v_cache = make_cache(2, 4, 2, 8, torch.float32)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reshape_and_cache_takes_strided_heads_and_caches(backend):
+    # k as a slice of a wider tensor and a v cache with strided slots (written through a copy by the
+    # Triton wrapper): the same writes as contiguous tensors.
     k = torch.randn(3, 2, 16)[:, :, ::2]
-    with pytest.raises(AssertionError, match="contiguous"):
-        reshape_and_cache(k, k, k_cache, v_cache, torch.tensor([0, 1, 2]), backend="triton")
+    k_cache, v_cache = make_cache(2, 4, 2, 8, torch.float32)
+    v_strided = torch.full((2, 4, 2, 16), -HUGE)[..., ::2]
+    slots = torch.tensor([0, PAD_SLOT_ID, 6], dtype=torch.int32)
+    reshape_and_cache(k.contiguous(), k.contiguous(), k_cache, v_cache, slots.long(), backend="torch")
+    reshape_and_cache(k, k, k_cache.clone(), v_strided, slots, backend=backend)
+    assert torch.equal(v_strided, v_cache)

@@ -97,5 +97,6 @@ def test_triton_rms_norm_strided_rows():
     wide = torch.randn(6, 80)
     x, w = wide[:, :64], torch.randn(64)
     assert_close("y", rms_norm(x, w, EPS, backend="torch"), rms_norm(x, w, EPS, backend="triton"), 2e-3)
-    with pytest.raises(AssertionError, match="contiguous"):
-        rms_norm(torch.randn(64, 6).t(), w, EPS, backend="triton")
+    # A strided H axis (a transposed tensor) is copied by the wrapper: the same result.
+    x_t = torch.randn(64, 6).t()
+    assert_close("y", rms_norm(x_t, w, EPS, backend="torch"), rms_norm(x_t, w, EPS, backend="triton"), 2e-3)

@@ -1,0 +1,42 @@
+"""Input contracts of the MoE ops (kernels/_contract.py), called first by every implementation."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kernels._contract import FLOATS, INDEX, Contract, describe, dtype_name
+
+
+class MoeDims(NamedTuple):
+    num_tokens: int
+    hidden: int
+    num_experts: int
+    intermediate: int
+    top_k: int
+
+
+def check_moe_route_inputs(router_logits, top_k, renormalize) -> None:
+    """The contract of ``moe_route`` (kernels/README.md)."""
+    c = Contract("moe_route")
+    c.tensor("router_logits", router_logits, FLOATS, "T, E")
+    c.integer("top_k", top_k, 1, c.sizes["E"])
+    c.flag("renormalize", renormalize)
+
+
+def check_fused_moe_inputs(x, w13, w2, topk_weights, topk_ids) -> MoeDims:
+    """The contract of ``fused_moe`` (kernels/README.md)."""
+    c = Contract("fused_moe")
+    c.tensor("x", x, FLOATS, "T, H")
+    c.tensor("w13", w13, FLOATS, "E, 2I, H")
+    c.at_least("w13", "E", 1)
+    two_i = c.sizes["2I"]
+    c.require(two_i % 2 == 0, "w13", "a tensor with an even 2I (I gate rows, then I up rows)",
+              f"2I = {two_i}")
+    c.bind("I", two_i // 2)
+    c.tensor("w2", w2, FLOATS, "E, H, I")
+    for name, t in (("w13", w13), ("w2", w2)):
+        c.require(t.dtype == x.dtype, name, f"of x's dtype {dtype_name(x.dtype)}", describe(t))
+    c.tensor("topk_ids", topk_ids, INDEX, "T, K")
+    c.tensor("topk_weights", topk_weights, FLOATS, "T, K")
+    s = c.sizes
+    return MoeDims(s["T"], s["H"], s["E"], s["I"], s["K"])
