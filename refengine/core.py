@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernels._dispatch import backend_for
+from kernels.attention import check_block_size
 from refengine.config import EngineConfig
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.request import Request
@@ -54,9 +56,6 @@ def num_rejected(row, valid: list[int]) -> int:
 
 def check_kernel_settings(config: EngineConfig) -> None:
     """Refuse, when the engine is built, settings the kernels it will run cannot serve."""
-    from kernels._dispatch import backend_for
-    from kernels.attention import check_block_size
-
     if backend_for(config.device) == "triton":
         check_block_size(config.cache.block_size)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
+from refengine.async_engine import AsyncEngine
 from refengine.config import (
     DTYPES,
     CacheConfig,
@@ -18,10 +20,12 @@ from refengine.config import (
 )
 from refengine.core import EngineError, Occupancy
 from refengine.drafters import ScriptedDrafter
+from refengine.model.loader import load_model, read_config, resolve_dtype, resolve_model_path
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.reference import ReferenceEngine
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams
+from refengine.tokenizer import load_tokenizer
 
 
 class LLM:
@@ -37,11 +41,6 @@ class LLM:
         """Every setting is checked before anything is loaded: a bad one raises ``ConfigError``
         naming it. ``dtype="auto"`` takes the checkpoint's dtype. ``allow_non_finite_weights`` loads
         a checkpoint holding NaN/Inf (debugging only)."""
-        from pathlib import Path
-
-        from refengine.model.loader import load_model, read_config, resolve_dtype, resolve_model_path
-        from refengine.tokenizer import load_tokenizer
-
         if observer is not None and not callable(observer):
             raise ConfigError(f"observer must be callable or None, got {observer!r}")
         for name, value in (("delay_copies", delay_copies), ("hazard_check", hazard_check),
@@ -156,8 +155,6 @@ def _check_params(params) -> None:
 def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_options):
     if config.engine == "reference":
         return ReferenceEngine(config, net, model_config, tokenizer)
-    from refengine.async_engine import AsyncEngine
-
     return AsyncEngine(config, net, model_config, tokenizer, **async_options)
 
 

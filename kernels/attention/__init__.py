@@ -5,25 +5,8 @@ from __future__ import annotations
 import torch
 
 from kernels._dispatch import resolve_backend
+from kernels.attention.contract import MAX_TRITON_BLOCK_SIZE, check_block_size
 from kernels.attention.naive import naive_paged_attention
-
-# The Triton kernel groups cache blocks into tiles of max(block_size, 16) keys, so a block size must
-# be a power of two; above 64 a float32 tile at head dim 256 needs more shared memory than an A100
-# or H100 block may have (kernels/attention/compile_cases.py, python -m kernels.compile_check).
-MAX_TRITON_BLOCK_SIZE = 64
-
-
-def check_block_size(block_size: int) -> None:
-    """Raise ValueError, naming ``block_size``, when the Triton paged attention cannot take it.
-
-    It takes a power of two from 1 to ``MAX_TRITON_BLOCK_SIZE`` (the torch reference takes any
-    positive size). Engines call this when they are built for a CUDA device.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise ValueError(f"block_size must be an int, got {block_size!r}")  # noqa: TRY004 -- a bad setting
-    if not 1 <= block_size <= MAX_TRITON_BLOCK_SIZE or block_size & (block_size - 1):
-        raise ValueError(f"block_size={block_size} cannot be served by the Triton paged attention: it takes a "
-                         f"power of two from 1 to {MAX_TRITON_BLOCK_SIZE}")
 
 
 def paged_attention(

@@ -24,8 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels._contract import as_index, unit_stride, with_unit_stride
-from kernels.attention import check_block_size
-from kernels.attention.contract import check_paged_attention_inputs
+from kernels.attention.contract import check_block_size, check_paged_attention_inputs
 
 
 @triton.jit(do_not_specialize=["N", "scale"])
