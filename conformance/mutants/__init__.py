@@ -190,10 +190,10 @@ def _prefill_in_decode_graph(engine) -> None:
     dispatch = graphs.dispatch
     k = graphs.num_speculative_tokens
 
-    def dispatch_by_length(query_lens, is_decode, num_drafts):
+    def dispatch_by_length(query_lens, is_decode, num_draft_positions):
         if all(q == 1 + k for q in query_lens):
             is_decode = [True] * len(query_lens)
-        return dispatch(query_lens, is_decode, num_drafts)
+        return dispatch(query_lens, is_decode, num_draft_positions)
 
     graphs.dispatch = dispatch_by_length
 
@@ -217,9 +217,9 @@ def _zero_draft_rows_read_drafts(engine) -> None:
 
     def verify_all_as_k(shape, rows, step, hidden):
         k = runner.num_speculative_tokens
-        full = torch.full_like(rows.num_drafts, k)
+        full = torch.full_like(rows.num_draft_positions, k)
         shape = replace(shape, num_logits=full.shape[0] * (k + 1))
-        return verify(shape, replace(rows, num_drafts=full), step, hidden)
+        return verify(shape, replace(rows, num_draft_positions=full), replace(step, num_drafts=full), hidden)
 
     runner.verify = verify_all_as_k
 

@@ -23,7 +23,7 @@ class ReferenceEngine(Engine):
         self.config = config
         self.model = model
         self.core = EngineCore(config, model_config, tokenizer)
-        self.drafter = make_drafter(config.speculative, model_config.vocab_size)
+        self.drafter = make_drafter(config.speculative, model_config.vocab_size, config.scheduler.max_model_len)
         if self.drafter is not None:
             self.drafter.check_model(model)
         self.caches = ModelCaches(model_config, config.num_kv_blocks, config.cache.block_size,
@@ -58,6 +58,6 @@ class ReferenceEngine(Engine):
             req.num_computed_tokens += row.num_tokens - num_rejected(row, valid)
             req.num_valid = len(valid)
             req.draft_token_ids = []
-            if self.core.commit(req, row, valid, is_decode=rec.kind == "decode"):
+            if self.core.commit(req, valid, num_drafts=len(row.draft_token_ids) if rec.kind == "decode" else None):
                 finished.append(req)
         return finished
