@@ -34,7 +34,10 @@ FEATURES = (
     "pools",  # can tell whether its KV-block and state-slot pools are empty
     "mtp",  # drafts with the model's MTP head
     "scripted_drafter",  # takes refengine's ScriptedDrafter
+    "ngram_drafter",  # drafts by n-gram prompt lookup (vLLM's "ngram", prompt_lookup_min/max): 0..K per step
 )
+# The feature a scenario's drafter needs (EngineSettings.drafter -> FEATURES entry).
+DRAFTER_FEATURES = {"mtp": "mtp", "scripted": "scripted_drafter", "ngram": "ngram_drafter"}
 BUILTIN_ENGINES = ("reference", "async", *(f"async:{m}" for m in GRAPH_MODES))
 
 
@@ -136,10 +139,15 @@ class RefEngineAdapter:
         from refengine.drafters import ScriptedDrafter
 
         s = spec.settings if not self.uncached else spec.settings.uncached()
-        drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern) if s.drafter == "scripted" and s.k else "mtp"
+        drafter, lookup = "mtp", {}
+        if s.drafter == "scripted" and s.k:
+            drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern)
+        elif s.drafter == "ngram":
+            drafter, lookup = "ngram", {"prompt_lookup_min": s.prompt_lookup_min,
+                                        "prompt_lookup_max": s.prompt_lookup_max}
         checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
         return LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
-                   drafter=drafter, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                   drafter=drafter, **lookup, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                    block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
                    device=spec.device, dtype=spec.dtype, seed=spec.seed, observer=spec.observer,
                    enable_prefix_caching=s.enable_prefix_caching, mamba_cache_mode=s.mamba_cache_mode, **checked)

@@ -8,7 +8,14 @@ import traceback
 from dataclasses import dataclass
 
 from conformance import checks
-from conformance.engines import EngineAdapter, RequestParams, RunSpec, load_engine, reference_adapter
+from conformance.engines import (
+    DRAFTER_FEATURES,
+    EngineAdapter,
+    RequestParams,
+    RunSpec,
+    load_engine,
+    reference_adapter,
+)
 from conformance.model import ModelFacts
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
@@ -140,7 +147,7 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
     s, facts = scenario.settings, case.facts
     if s.k and s.drafter == "mtp" and not facts.has_mtp:
         return "the model has no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)"
-    if s.k and not case.adapter.supports("mtp" if s.drafter == "mtp" else "scripted_drafter"):
+    if s.k and not case.adapter.supports(DRAFTER_FEATURES[s.drafter]):
         return f"the engine under test does not support the {s.drafter} drafter"
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
         return "text prompts need a model with a tokenizer"

@@ -151,7 +151,11 @@ class SchedulerConfig:
 @dataclass(slots=True)
 class SpeculativeConfig:
     num_speculative_tokens: int = 0
-    drafter: object = "mtp"  # "mtp", "scripted", or a Drafter instance
+    drafter: object = "mtp"  # "mtp", "scripted", "ngram", or a Drafter instance
+    # drafter="ngram": the n-gram lengths prompt lookup tries (vLLM's names and defaults: both 5 when
+    # neither is given, the given one when only one is)
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
 
     def __post_init__(self):
         self.num_speculative_tokens = check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
@@ -160,6 +164,18 @@ class SpeculativeConfig:
             callable(getattr(d, m, None)) for m in ("check_model", "host_proposer", "device_proposer"))
         if not is_instance and d not in DRAFTERS:
             raise ConfigError(f"drafter must be one of {tuple(DRAFTERS)} or a Drafter instance, got {d!r}")
+        lo = check_int("prompt_lookup_min", self.prompt_lookup_min, 1, optional=True)
+        hi = check_int("prompt_lookup_max", self.prompt_lookup_max, 1, optional=True)
+        if d != "ngram":
+            given = [f"{n}={v!r}" for n, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)) if v is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)}: prompt lookup settings apply to drafter='ngram' only, "
+                                  f"got drafter={d!r}")
+            return
+        lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
+        if lo > hi:
+            raise ConfigError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
+        self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
 
     @property
     def enabled(self) -> bool:

@@ -144,14 +144,17 @@ class EngineCore:
             return "length"
         return None
 
-    def commit(self, req: Request, row, valid: list[int], *, is_decode: bool) -> bool:
+    def commit(self, req: Request, valid: list[int], *, num_drafts: int | None) -> bool:
         """Commit a sampling row's verifier output (``valid``: kept tokens, bonus included) to ``req``:
-        a decode row's draft acceptance is counted, then the tokens are appended. True if it finished."""
-        if is_decode and self.config.speculative.enabled:
+        a decode row's draft acceptance is counted, then the tokens are appended. True if it finished.
+
+        ``num_drafts``: the drafts a decode row verified (0..K: a drafter may propose fewer than K),
+        None for a prefill row (it verified nothing)."""
+        if num_drafts is not None and self.config.speculative.enabled:
             req.num_verify_steps += 1
-            req.num_draft_tokens += len(row.draft_token_ids)
+            req.num_draft_tokens += num_drafts
             req.num_accepted_tokens += len(valid) - 1
-            req.acceptance.append((len(row.draft_token_ids), len(valid) - 1))
+            req.acceptance.append((num_drafts, len(valid) - 1))
         return self.append(req, valid)
 
     # ---- faults -------------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ from refengine.tokenizer import load_tokenizer
 
 class LLM:
     def __init__(self, model: str | None = None, engine: str = "reference", num_speculative_tokens: int = 0,
-                 drafter="mtp", max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
+                 drafter="mtp", prompt_lookup_min: int | None = None, prompt_lookup_max: int | None = None,
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 256,
                  block_size: int = 16, num_kv_blocks: int | None = None, dtype: str = "float32",
                  device: str = "cpu", seed: int = 0, max_model_len: int | None = None,
                  graph_mode: str = "none", recurrent_prefill_chunked: bool = False,
@@ -61,7 +62,8 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=min(positions, 1024) if max_model_len is None
                                       else max_model_len),
-            speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter),
+            speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter,
+                                          prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max),
         )
         if self.config.scheduler.max_model_len > positions:
             raise ConfigError(f"max_model_len={max_model_len!r} exceeds the model's max_position_embeddings "

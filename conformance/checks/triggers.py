@@ -60,6 +60,25 @@ def _accepted(t: Trace) -> set[int]:
     return {a for req in t.requests.values() for _, a in req.acceptance}
 
 
+def _zero_draft_after_accept(sc: Scenario, t: Trace) -> bool:
+    """A request's verify step accepted drafts and its next verify step (no re-prefill between) had none:
+    the step that must read the state of the last accepted token, not the first slot (vLLM #52942)."""
+    for rid in t.requests:
+        previous = None
+        for r in t.rows_of(rid):
+            if r.kind != "decode" or r.num_accepted is None:
+                previous = None
+                continue
+            if previous is not None and previous.num_accepted >= 1 and not r.draft_token_ids:
+                return True
+            previous = r
+    return False
+
+
+def _partial_drafts(sc: Scenario, t: Trace) -> bool:
+    return any(0 < d < sc.k for req in t.requests.values() for d, _ in req.acceptance)
+
+
 def _stop_mid_window(sc: Scenario, t: Trace) -> bool:
     for req in t.requests.values():
         produced = sum(len(r.output_token_ids) for r in t.rows_of(req.request_id) if r.output_token_ids)
@@ -81,6 +100,9 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
     "every-accept-count": ("every accepted count 0..K occurred", lambda sc, t: set(range(sc.k + 1)) <= _accepted(t)),
     "spec-verify": ("speculative verify steps ran", lambda sc, t: bool(_accepted(t))),
     "stop-mid-window": ("a stop token ended a request inside a verified window", _stop_mid_window),
+    "zero-draft-after-accept": ("a request verified no drafts right after a step that accepted some",
+                                _zero_draft_after_accept),
+    "partial-drafts": ("a verify step had drafts, but fewer than K", _partial_drafts),
 })
 
 

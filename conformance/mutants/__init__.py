@@ -190,10 +190,10 @@ def _prefill_in_decode_graph(engine) -> None:
     dispatch = graphs.dispatch
     k = graphs.num_speculative_tokens
 
-    def dispatch_by_length(query_lens, is_decode, num_drafts):
+    def dispatch_by_length(query_lens, is_decode, num_draft_positions):
         if all(q == 1 + k for q in query_lens):
             is_decode = [True] * len(query_lens)
-        return dispatch(query_lens, is_decode, num_drafts)
+        return dispatch(query_lens, is_decode, num_draft_positions)
 
     graphs.dispatch = dispatch_by_length
 
@@ -217,9 +217,9 @@ def _zero_draft_rows_read_drafts(engine) -> None:
 
     def verify_all_as_k(shape, rows, step, hidden):
         k = runner.num_speculative_tokens
-        full = torch.full_like(rows.num_drafts, k)
+        full = torch.full_like(rows.num_draft_positions, k)
         shape = replace(shape, num_logits=full.shape[0] * (k + 1))
-        return verify(shape, replace(rows, num_drafts=full), step, hidden)
+        return verify(shape, replace(rows, num_draft_positions=full), replace(step, num_drafts=full), hidden)
 
     runner.verify = verify_all_as_k
 
@@ -237,6 +237,56 @@ def _accepted_off_by_one(engine) -> None:
         return step
 
     runner.prepare = prepare_off_by_one
+
+
+def _zero_draft_reads_first_slot(engine) -> None:
+    """vLLM #52942: a decode row with no drafts takes the non-speculative path, which reads the state
+    from the first slot s_0; after a step that accepted drafts the live state is s_{a-1}, so the
+    recurrent layers start from a state that lacks the accepted tokens."""
+    runner = engine.runner
+    prepare = runner.prepare
+
+    def prepare_zero_draft_as_plain_decode(shape, rows, num_computed):
+        step = prepare(shape, rows, num_computed)
+        decode = step.recurrent.decode
+        if decode is not None and decode.num_valid is not None:
+            nd = decode.num_valid.shape[0]
+            none = step.num_drafts[:nd] == 0
+            decode.num_valid.masked_fill_(none, 1)
+            step.used_num_valid[:nd].masked_fill_(none, 1)
+        return step
+
+    runner.prepare = prepare_zero_draft_as_plain_decode
+
+
+def _zero_draft_keeps_offset(engine) -> None:
+    """Own (contract 1): a step that verified no drafts leaves the request's state offset as it was,
+    though it kept one token (the live state is now s_0), so the next step reads a stale slot."""
+    runner, st = engine.runner, engine.runner.state
+    commit = runner.commit
+
+    def commit_skipping_zero_draft_rows(rows, v):
+        idx = rows.idx
+        before = st.num_valid[idx].clone()
+        none = rows.is_decode.bool() & (st.num_drafts[idx] == 0)  # the drafts this step verified
+        commit(rows, v)
+        st.num_valid[idx] = torch.where(none, before, st.num_valid[idx])
+
+    runner.commit = commit_skipping_zero_draft_rows
+
+
+def _drafts_counted_from_host(engine) -> None:
+    """Own (contract 5): a decode row verifies, and reports, the K draft positions the host scheduled
+    instead of the drafts the device proposed, fillers included."""
+    runner = engine.runner
+    prepare = runner.prepare
+
+    def prepare_with_host_count(shape, rows, num_computed):
+        step = prepare(shape, rows, num_computed)
+        step.num_drafts.copy_(torch.where(rows.is_decode.bool(), rows.num_draft_positions, step.num_drafts))
+        return step
+
+    runner.prepare = prepare_with_host_count
 
 
 def _select(staged, keep: torch.Tensor):
@@ -315,6 +365,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("zero-draft-rows-read-drafts", "own", "contract 5: drafts are what was proposed",
            "rows that carry no drafts (a finished prefill) are verified against K stale draft columns",
            _zero_draft_rows_read_drafts, scenarios=("mtp-k3", "chunk-tails-k3")),
+    Mutant("zero-draft-reads-first-slot", "vLLM #52942", "contract 1: the live state is s_{a-1}",
+           "a decode row with no drafts reads the state of slot s_0, not that of the last accepted token",
+           _zero_draft_reads_first_slot, scenarios=("ngram-k3", "ngram-k1")),
+    Mutant("zero-draft-keeps-offset", "own", "contract 1: the live state is s_{a-1}",
+           "a step that verified no drafts leaves the state offset of the step before it",
+           _zero_draft_keeps_offset, scenarios=("ngram-k3", "ngram-k1")),
+    Mutant("drafts-counted-from-host", "own", "contract 5: only the drafts proposed are verified",
+           "a decode row verifies and reports the host's K draft positions, fillers included",
+           _drafts_counted_from_host, graph_mode="full", scenarios=("ngram-k1", "ngram-k3")),
     Mutant("accepted-count-off-by-one", "own", "contract 1: the live state is s_{a-1}",
            "the GDN kernels read the state slot one past the live one",
            _accepted_off_by_one, scenarios=("mtp-k3", "scripted-ragged-k3")),

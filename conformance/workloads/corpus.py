@@ -142,6 +142,23 @@ def _stop_tokens(k: int) -> ScenarioDef:
         build, ("stop-mid-window",))
 
 
+def _ngram(k: int, lookup: tuple[int, int]) -> ScenarioDef:
+    def build(b):
+        # Prompts repeating a phrase of 1..3 ids (the lookup hits them, also near their end: fewer
+        # than K drafts) next to random ones (it misses until the output repeats itself), arriving
+        # two per step so rows move and FULL steps pad.
+        for i in range(b.size(8, 16)):
+            b.add(b.rng.randint(4, 24), b.size(40, 64), arrival=i // 2, repeat=i % 4)
+
+    triggers = ("zero-draft-after-accept", "partial-drafts") if k > 1 else ("zero-draft-after-accept",)
+    lo, hi = lookup
+    return ScenarioDef(
+        f"ngram-k{k}", f"n-gram prompt lookup ({lo}..{hi}-grams) proposes 0..K drafts per step: a request that "
+        f"accepted drafts may verify none in its next step (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="ngram", prompt_lookup_min=lo, prompt_lookup_max=hi),
+        build, ("spec-verify", *triggers))
+
+
 def _soak(k: int) -> ScenarioDef:
     def build(b):
         for i in range(60):
@@ -189,6 +206,8 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         _scripted(3, "all-reject", "all-reject", ("reject-all",), NIGHTLY),
         _scripted(1, "hash", "ragged", ("every-accept-count",), NIGHTLY),
         *(_mtp(k) for k in (1, 3)),
+        _ngram(1, (2, 4)),
+        _ngram(3, (1, 3)),
         _stop_tokens(3),
         *(_soak(k) for k in (0, 3)),
         _long_prompts(3),

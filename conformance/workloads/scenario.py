@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 TIERS = ("default", "nightly")
-DRAFTERS = ("mtp", "scripted")
+DRAFTERS = ("mtp", "scripted", "ngram")
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
 MAMBA_CACHE_MODES = ("align", "all")
 
@@ -29,8 +29,10 @@ class EngineSettings:
     """The engine configuration a scenario runs under (identical for both engines)."""
 
     num_speculative_tokens: int = 0  # K
-    drafter: str = "mtp"  # "mtp" | "scripted"
+    drafter: str = "mtp"  # "mtp" | "scripted" | "ngram"
     pattern: str = "hash"  # scripted drafter: how many drafts per verify step are correct
+    prompt_lookup_min: int | None = None  # ngram drafter: shortest n-gram looked up (None: the engine's default)
+    prompt_lookup_max: int | None = None  # ngram drafter: longest n-gram looked up (None: the engine's default)
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
     block_size: int = 16
@@ -48,6 +50,13 @@ class EngineSettings:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if self.pattern not in PATTERNS:
             raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
+        lookup = {"prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        given = {name: v for name, v in lookup.items() if v is not None}
+        if given and self.drafter != "ngram":
+            raise ValueError(f"{', '.join(given)} apply to drafter 'ngram' only, got drafter {self.drafter!r}")
+        for name, v in given.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1 or None, got {v!r}")
 
     @property
     def k(self) -> int:
@@ -55,8 +64,8 @@ class EngineSettings:
 
     def plain(self) -> EngineSettings:
         """The same configuration without speculation: the lossless-speculation baseline."""
-        return replace(self, num_speculative_tokens=0, drafter="mtp", pattern="hash", enable_prefix_caching=False,
-                       mamba_cache_mode=None)
+        return replace(self, num_speculative_tokens=0, drafter="mtp", pattern="hash", prompt_lookup_min=None,
+                       prompt_lookup_max=None, enable_prefix_caching=False, mamba_cache_mode=None)
 
     def uncached(self) -> EngineSettings:
         """The same configuration without prefix caching: what the oracle runs."""
@@ -66,6 +75,8 @@ class EngineSettings:
         parts = [f"K={self.k}"]
         if self.k:
             parts.append(f"drafter={self.drafter}" + (f"/{self.pattern}" if self.drafter == "scripted" else ""))
+            parts += [f"{name}={v}" for name, v in (("prompt_lookup_min", self.prompt_lookup_min),
+                                                   ("prompt_lookup_max", self.prompt_lookup_max)) if v is not None]
         parts += [f"max_num_seqs={self.max_num_seqs}", f"max_num_batched_tokens={self.max_num_batched_tokens}",
                   f"block_size={self.block_size}"]
         if self.num_kv_blocks is not None:
@@ -144,13 +155,18 @@ class Builder:
     def size(self, default: int, nightly: int) -> int:
         return nightly if self.nightly else default
 
-    def prompt(self, length: int) -> tuple[int, ...]:
+    def prompt(self, length: int, repeat: int = 0) -> tuple[int, ...]:
+        """``length`` seeded random ids; with ``repeat``, one random phrase of that many ids over and over
+        (n-gram prompt lookup finds its matches there)."""
         if length < 1:
             raise ValueError(f"prompt length must be >= 1, got {length}")
-        return tuple(self.rng.randrange(self.vocab_size) for _ in range(length))
+        if repeat < 0:
+            raise ValueError(f"repeat must be >= 0, got {repeat}")
+        phrase = [self.rng.randrange(self.vocab_size) for _ in range(repeat or length)]
+        return tuple(phrase[i % len(phrase)] for i in range(length))
 
-    def add(self, length: int, max_tokens: int, arrival: int = 0, **kw) -> RequestSpec:
-        spec = RequestSpec(f"r{len(self.requests):02d}", self.prompt(length), max_tokens, arrival, **kw)
+    def add(self, length: int, max_tokens: int, arrival: int = 0, *, repeat: int = 0, **kw) -> RequestSpec:
+        spec = RequestSpec(f"r{len(self.requests):02d}", self.prompt(length, repeat), max_tokens, arrival, **kw)
         self.requests.append(spec)
         return spec
 

@@ -91,7 +91,7 @@ class AsyncEngine(Engine):
         self._finalizer = weakref.finalize(self, self.stream.close)
         self.core = EngineCore(c, model_config, tokenizer, request_type=AsyncRequest,
                                num_tokens=scheduled_num_tokens, on_release=self._on_release, on_preempt=forget)
-        self.drafter = make_drafter(c.speculative, model_config.vocab_size)
+        self.drafter = make_drafter(c.speculative, model_config.vocab_size, c.scheduler.max_model_len)
         if self.drafter is not None:
             self.drafter.check_model(model)
         self.caches = ModelCaches(model_config, c.num_kv_blocks, c.cache.block_size, c.num_state_slots, k,
@@ -193,7 +193,7 @@ class AsyncEngine(Engine):
         inputs.write(StepRows.pack([
             {"idx": r.request.idx, "query_len": r.num_tokens, "is_decode": i < num_decode,
              "has_initial_state": r.request.has_initial_state, "is_sampling": r.samples,
-             "num_drafts": len(r.draft_token_ids), "backup_token": backup_token(r.request, r.num_tokens)}
+             "num_draft_positions": len(r.draft_token_ids), "backup_token": backup_token(r.request, r.num_tokens)}
             for i, r in enumerate(rows)]))
         plan = StepPlan(self._plans, rows, shape, num_decode, qsl, inputs,
                         [list(r.request.state_slots) for r in rows], list(sched.preempted), list(sched.resumed),
@@ -237,7 +237,7 @@ class AsyncEngine(Engine):
     def process(self, fut: StepFuture) -> list[Request]:
         """Commit a finished step's tokens through the core; the requests it finished are returned."""
         plan = fut.plan
-        tokens = fut.result()
+        tokens, drafted = fut.result()  # drafted: the device's draft count per row (the host scheduled K)
         self.stats.steps += 1
         finished = []
         discarded = {i for i, row in enumerate(plan.rows) if row.request.is_finished}
@@ -250,15 +250,16 @@ class AsyncEngine(Engine):
                 continue
             valid = tokens[i]
             settle(req, row, valid)
-            if i < plan.num_decode:
-                self.stats.count_acceptance(len(row.draft_token_ids), len(valid) - 1)
+            num_drafts = drafted[i] if i < plan.num_decode else None
+            if num_drafts is not None:
+                self.stats.count_acceptance(num_drafts, len(valid) - 1)
             self.stats.tokens += len(valid)
-            if self.core.commit(req, row, valid, is_decode=i < plan.num_decode):
+            if self.core.commit(req, valid, num_drafts=num_drafts):
                 finished.append(req)
         self.core.finished(finished)
         if plan.record:
             k = self.config.speculative.num_speculative_tokens
-            rows = [r for i, r in enumerate(build_records(plan, tokens, fut.payload, k)) if i not in discarded]
+            rows = [r for i, r in enumerate(build_records(plan, tokens, drafted, fut.payload, k)) if i not in discarded]
             self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
                                         plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
         return finished

@@ -44,7 +44,7 @@ class StepShape:
     num_tokens_padded: int  # rows of every per-token tensor
     num_decode_rows: int  # leading rows that run the decode form (FULL: every padded row)
     num_decode_tokens: int  # tokens of those rows (FULL: every padded token)
-    num_logits: int  # verified logits rows: 1 + drafts summed over the padded rows
+    num_logits: int  # verified logits rows: 1 + draft positions summed over the padded rows
 
 
 class GraphDispatcher:
@@ -55,7 +55,7 @@ class GraphDispatcher:
         self.request_sizes = capture_sizes(max_num_seqs)
         self.token_sizes = capture_sizes(max_num_batched_tokens)
 
-    def dispatch(self, query_lens: list[int], is_decode: list[bool], num_drafts: list[int]) -> StepShape:
+    def dispatch(self, query_lens: list[int], is_decode: list[bool], num_draft_positions: list[int]) -> StepShape:
         """Rows come decode rows first. A FULL step is a uniform decode (every row a decode of 1+K
         tokens); a batch with a real prefill never replays a decode graph (contract 6)."""
         n, t, k = len(query_lens), sum(query_lens), self.num_speculative_tokens
@@ -67,7 +67,7 @@ class GraphDispatcher:
                 return StepShape(GraphMode.FULL, n, n_pad, t, t_pad, n_pad, t_pad, t_pad)
         num_decode = sum(is_decode)
         decode_tokens = sum(query_lens[:num_decode])
-        logits = n + sum(num_drafts)
+        logits = n + sum(num_draft_positions)
         if self.graph_mode.has_piecewise:
             t_pad = pad_to(self.token_sizes, t)
             if t_pad is not None:

@@ -42,13 +42,14 @@ class StepRows(RowTable):
     is_decode: torch.Tensor  # [N] 1: the request is past its prompt (contract 2), else 0
     has_initial_state: torch.Tensor  # [N] 1: the request has computed tokens, so its state is live
     is_sampling: torch.Tensor  # [N] 1: the row reaches the request's last token and picks tokens
-    num_drafts: torch.Tensor  # [N] drafts at the row's tail (0 for prefill rows, K for padding rows)
+    num_draft_positions: torch.Tensor  # [N] draft positions at the row's tail: the host schedules K per decode row
+    #                                    (the device's drafts, fillers past their count); 0 for prefill rows, K for padding
     backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1
 
     @classmethod
     def inert_row(cls, num_speculative_tokens: int, device) -> torch.Tensor:
-        """[F] a padding row: no request slot, zero tokens, samples nothing. It carries K drafts so a
-        FULL step's logits count (1 + drafts per row) depends on its padded size only."""
+        """[F] a padding row: no request slot, zero tokens, samples nothing. It carries K draft positions so
+        a FULL step's logits count (1 + draft positions per row) depends on its padded size only."""
         values = {"idx": -1, "query_len": 0, "is_decode": 1, "has_initial_state": 1, "is_sampling": 0,
-                  "num_drafts": num_speculative_tokens, "backup_token": 0}
+                  "num_draft_positions": num_speculative_tokens, "backup_token": 0}
         return torch.tensor(cls.pack([values])[0], dtype=torch.int64, device=device)

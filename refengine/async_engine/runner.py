@@ -7,15 +7,16 @@ by request count (``Np`` rows; padding rows have request slot -1 and run zero to
     stage    admissions and block-table growth land in the persistent state (outside the program)
     prepare  input ids, positions and slot mappings on the device; padded attention/recurrent metadata
     run      the model
-    verify   greedy verification of every row's last 1 + drafts tokens; rows that do not sample
-             (prompt chunks, padding) are flagged and keep nothing
+    verify   greedy verification of every row's last 1 + drafts tokens against the drafts the device
+             holds (a decode row runs 1+K tokens; its drafter may have proposed fewer, and only those
+             are compared); rows that do not sample (prompt chunks, padding) are flagged and keep nothing
     commit   the device-authoritative state advances by what was kept
-    draft    the drafter proposes the next step's drafts into the device state
+    draft    the drafter proposes the next step's drafts (and how many) into the device state
 
 The program reads the row table, the persistent state and the step's padded shape (host ints that
 a FULL graph's key fixes), and nothing back to the host, so a FULL step captures it once per padded
 size and replays it; other steps run it eagerly. Then the kept tokens are copied back (the one sync
-the host waits on).
+the host waits on), with how many drafts each row verified.
 """
 
 from __future__ import annotations
@@ -75,14 +76,16 @@ class PreparedStep:
     slot_mapping: torch.Tensor  # [Tp] int64
     attn: AttnMetadata  # padded per the step's shape
     recurrent: RecurrentMetadata  # padded per the step's shape
-    prev_drafts: torch.Tensor  # [Np, K] int64, the drafts this step verifies
+    prev_drafts: torch.Tensor  # [Np, K] int64, the drafts this step verifies (filler ids past num_drafts)
+    num_drafts: torch.Tensor  # [Np] int64, drafts each row verifies: the device's count (<= the host's K) for
+    #                           decode rows, 0 for prefill rows
     used_num_valid: torch.Tensor  # [Np] int32, the num_valid the recurrent kernels were handed (1: prefill)
     used_initial_state: torch.Tensor  # [Np] bool, has_initial_state the kernels were handed (decodes: True)
 
 
 @dataclass
 class Verified:
-    cu: torch.Tensor  # [Np+1] int64, logits rows of each row (1 + its drafts)
+    cu: torch.Tensor  # [Np+1] int64, logits rows of each row (1 + its draft positions)
     logits: torch.Tensor  # [M, V] float32
     sampled: torch.Tensor  # [Np, K+1] int64, kept tokens then -1 (all -1 for rows that do not sample)
     num_valid: torch.Tensor  # [Np] int32, tokens kept per row (1 for rows that do not sample)
@@ -97,6 +100,7 @@ class StepOutputs:
     kept: torch.Tensor  # [Np] int64, positions of each row now committed
     drafts: DraftOutputs | None  # None without a drafter
     next_drafts: torch.Tensor  # [Np, K] int64, the drafts proposed for the next step
+    next_num_drafts: torch.Tensor  # [Np] int32, how many of them were proposed
 
 
 @dataclass
@@ -114,6 +118,7 @@ class StepPayload:
     first_pass_ids: torch.Tensor | None  # [T] ids the drafter's first pass was fed, or None
     chain_ids: torch.Tensor | None  # [n, c] ids fed to the drafter's chained passes, or None
     next_drafts: torch.Tensor  # [n, K] int64
+    next_num_drafts: torch.Tensor  # [n] int32
     metadata_shapes: dict  # "group.field" -> shape of every per-request tensor handed to the kernels
 
     @classmethod
@@ -126,7 +131,8 @@ class StepPayload:
             s.input_ids[:t].cpu(), s.positions[:t].cpu(), s.used_num_valid[:n].cpu(), s.used_initial_state[:n].cpu(),
             s.prev_drafts[:n].cpu(), v.logits[:m].cpu(), v.cu[: n + 1].cpu(), out.kept[:n].cpu(),
             None if d is None or d.first_pass_ids is None else d.first_pass_ids[:t].cpu(),
-            None if d is None else d.chain_ids[:n].cpu(), out.next_drafts[:n].cpu(), shapes)
+            None if d is None else d.chain_ids[:n].cpu(), out.next_drafts[:n].cpu(), out.next_num_drafts[:n].cpu(),
+            shapes)
 
 
 @dataclass
@@ -135,12 +141,14 @@ class StepFuture:
     event: Event | None
     sampled: torch.Tensor  # [n, K+1] host, kept tokens then -1
     num_valid: torch.Tensor  # [n] host
+    num_drafts: torch.Tensor  # [n] host, drafts each row verified (the device's count)
     payload: StepPayload | None = None  # observer data, filled on the device timeline when recording
 
-    def result(self) -> list[list[int]]:
+    def result(self) -> tuple[list[list[int]], list[int]]:
+        """Once the step is done: each row's kept tokens (bonus included) and the drafts it verified."""
         self.event.wait()
         tokens, counts = self.sampled.tolist(), self.num_valid.tolist()
-        return [t[:c] for t, c in zip(tokens, counts)]
+        return [t[:c] for t, c in zip(tokens, counts)], self.num_drafts.tolist()
 
 
 class AsyncRunner:
@@ -166,7 +174,8 @@ class AsyncRunner:
         n, k = plan.shape.num_reqs, self.num_speculative_tokens
         table = torch.empty(n, len(StepRows.columns()), dtype=torch.int64, device=self.device)
         self.stream.copy(table, plan.inputs.tensor[:n], host=plan.inputs)
-        fut = StepFuture(plan, None, torch.full((n, k + 1), -1, dtype=torch.int64), torch.ones(n, dtype=torch.int64))
+        fut = StepFuture(plan, None, torch.full((n, k + 1), -1, dtype=torch.int64), torch.ones(n, dtype=torch.int64),
+                         torch.zeros(n, dtype=torch.int64))
         self.stream.submit(lambda: self._execute(plan, table, fut))
         fut.event = self.stream.record_event()
         return fut
@@ -183,6 +192,7 @@ class AsyncRunner:
                             out.step.positions[:t], self.vocab_size)
         fut.sampled.copy_(out.verified.sampled[:n], non_blocking=True)
         fut.num_valid.copy_(out.verified.num_valid[:n], non_blocking=True)
+        fut.num_drafts.copy_(out.step.num_drafts[:n], non_blocking=True)
         if plan.record:
             m = sum(1 + len(row.draft_token_ids) for row in plan.rows)
             fut.payload = StepPayload.of(out, n, shape.num_tokens, m)
@@ -194,7 +204,8 @@ class AsyncRunner:
         verified = self.verify(shape, rows, step, hidden)
         self.commit(rows, verified)
         kept, drafts = self.draft(rows, step, hidden, verified)
-        return StepOutputs(step, verified, kept, drafts, self.state.draft_tokens[rows.idx])
+        st = self.state
+        return StepOutputs(step, verified, kept, drafts, st.draft_tokens[rows.idx], st.num_drafts[rows.idx])
 
     # ---- the stages ----------------------------------------------------------------------------------
     def stage(self, plan: StepPlan) -> None:
@@ -232,8 +243,11 @@ class AsyncRunner:
         used_initial_state = torch.ones(n_pad, dtype=torch.bool, device=dev)
         if recurrent.prefill is not None:
             used_initial_state[shape.num_decode_rows:] = recurrent.prefill.has_initial_state
+        # A decode row runs the host's K draft positions; the drafter may have filled fewer of them.
+        num_drafts = torch.minimum(st.num_drafts[rows.idx].long(), rows.num_draft_positions)
+        num_drafts = torch.where(is_decode, num_drafts, torch.zeros_like(num_drafts))
         return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, recurrent,
-                            st.draft_tokens[rows.idx], used_num_valid, used_initial_state)
+                            st.draft_tokens[rows.idx], num_drafts, used_num_valid, used_initial_state)
 
     def run(self, step: PreparedStep) -> torch.Tensor:
         ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,
@@ -242,20 +256,21 @@ class AsyncRunner:
         return self.model(step.input_ids, step.positions, ctx)
 
     def verify(self, shape: StepShape, rows: StepRows, step: PreparedStep, hidden: torch.Tensor) -> Verified:
-        """Greedy verification of every row's last 1 + drafts tokens; rows that do not sample keep nothing.
+        """Greedy verification of every row's last 1 + draft positions; rows that do not sample keep nothing.
 
-        ``shape.num_logits`` (the sum of 1 + drafts over the padded rows) sizes the logits, so no
-        index arithmetic reads the device.
+        The logits cover the host-scheduled draft positions (``shape.num_logits``, the sum of 1 + draft
+        positions over the padded rows, sizes them, so no index arithmetic reads the device); only the
+        drafts the device holds (``step.num_drafts``) are compared, so a row keeps at most 1 + those.
         """
         dev, m = self.device, shape.num_logits
-        counts = rows.num_drafts + 1  # [Np]
+        counts = rows.num_draft_positions + 1  # [Np]
         cu = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=dev)
         cu[1:] = counts.cumsum(0)
         starts = (step.qsl[1:].long() - counts).clamp(min=0)  # each row's last committed token
         offsets = torch.arange(m, device=dev) - torch.repeat_interleave(cu[:-1], counts, output_size=m)
         logit_idx = torch.repeat_interleave(starts, counts, output_size=m) + offsets
         logits = self.model.compute_logits(hidden[logit_idx])
-        tokens, num_valid = kernels.greedy_verify(logits, step.prev_drafts, rows.num_drafts.to(torch.int32),
+        tokens, num_valid = kernels.greedy_verify(logits, step.prev_drafts, step.num_drafts.to(torch.int32),
                                                   cu.to(torch.int32))
         sampling = rows.is_sampling.bool()
         sampled = torch.where(sampling[:, None], tokens, torch.full_like(tokens, -1))
@@ -263,9 +278,11 @@ class AsyncRunner:
         return Verified(cu, logits, sampled, num_valid)
 
     def commit(self, rows: StepRows, v: Verified) -> None:
+        """Counted against the host-scheduled draft positions: a row's positions past its kept tokens are
+        rejected, whether they held drafts or fillers, so ``num_computed`` advances by ``num_valid``."""
         st = self.state
         post_update(idx_mapping=rows.idx.to(torch.int32), query_lens=rows.query_len.to(torch.int32),
-                    num_draft_tokens=rows.num_drafts.to(torch.int32), is_sampling=rows.is_sampling.bool(),
+                    num_draft_tokens=rows.num_draft_positions.to(torch.int32), is_sampling=rows.is_sampling.bool(),
                     sampled=v.sampled, num_valid=v.num_valid, num_computed=st.num_computed,
                     num_valid_state=st.num_valid, last_sampled=st.last_sampled, token_ids=st.token_ids,
                     num_tokens=st.num_tokens)
@@ -274,13 +291,16 @@ class AsyncRunner:
               v: Verified) -> tuple[torch.Tensor, DraftOutputs | None]:
         """Returns the kept positions per row [Np] and what the proposer reports (None without one)."""
         sampling = rows.is_sampling.bool()
-        rejected = rows.num_drafts - (v.num_valid.long() - 1)
+        rejected = rows.num_draft_positions - (v.num_valid.long() - 1)
         kept = rows.query_len - torch.where(sampling, rejected, torch.zeros_like(rejected))
         if self.proposer is None:
             return kept, None
         out = self.proposer.propose(DraftInputs(
             idx=rows.idx, query_start_loc=step.qsl, is_sampling=sampling, backup_token=rows.backup_token,
             kept=kept, input_ids=step.input_ids, positions=step.positions, hidden=hidden, attn=step.attn))
+        st = self.state
+        proposed = torch.full_like(rows.idx, self.num_speculative_tokens) if out.num_drafts is None else out.num_drafts
+        st.num_drafts[rows.idx] = torch.where(sampling, proposed, st.num_drafts[rows.idx].long()).to(torch.int32)
         return kept, out
 
 

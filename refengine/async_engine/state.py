@@ -49,6 +49,7 @@ class DeviceState:
         self.num_valid = torch.ones(num_slots, **i32)  # [R] tokens the previous step kept (bonus included)
         self.last_sampled = torch.zeros(num_slots, **i64)  # [R] last committed token
         self.draft_tokens = torch.zeros(num_slots, num_speculative_tokens, **i64)  # [R, K] next step's drafts
+        self.num_drafts = torch.zeros(num_slots, **i32)  # [R] how many of them were proposed (0..K)
         self.token_ids = torch.full((num_slots, max_len), -1, **i64)  # [R, L] committed tokens, -1 beyond
         self.block_table = torch.full((num_slots, max_blocks), sink_block, **i32)  # [R, B] KV block ids
         self.state_slots = torch.zeros(num_slots, 1 + num_speculative_tokens, **i32)  # [R, K+1] slots s_0..s_K
@@ -61,5 +62,6 @@ class DeviceState:
         self.num_tokens[idx] = num_tokens
         self.num_prompt[idx] = num_prompt
         self.num_valid[idx] = 1
+        self.num_drafts[idx] = 0
         self.token_ids[idx] = token_rows
         self.state_slots[idx] = slots

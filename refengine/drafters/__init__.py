@@ -1,7 +1,7 @@
 """Drafters: one module per method, registered by name.
 
 ``make_drafter`` turns the speculative configuration into a ``Drafter`` (or None without
-speculation). To add a method (EAGLE, n-gram, ...), write its module with a class following
+speculation). To add a method (EAGLE, ...), write its module with a class following
 ``refengine.drafters.base.Drafter`` and register its constructor here.
 """
 
@@ -15,23 +15,26 @@ from refengine.drafters.base import (
     HostDraftContext,
 )
 from refengine.drafters.mtp import MTPDrafter
+from refengine.drafters.ngram import NgramDrafter
 from refengine.drafters.scripted import PATTERNS, ScriptedDrafter
 
-# name -> constructor taking (num_speculative_tokens, vocab_size)
+# name -> constructor taking (SpeculativeConfig, vocab_size, max_model_len)
 DRAFTERS = {
-    "mtp": lambda k, vocab: MTPDrafter(k),
-    "scripted": lambda k, vocab: ScriptedDrafter(k, vocab),
+    "mtp": lambda spec, vocab, max_len: MTPDrafter(spec.num_speculative_tokens),
+    "scripted": lambda spec, vocab, max_len: ScriptedDrafter(spec.num_speculative_tokens, vocab),
+    "ngram": lambda spec, vocab, max_len: NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min,
+                                                       spec.prompt_lookup_max, max_len),
 }
 
 
-def make_drafter(spec, vocab_size: int) -> Drafter | None:
+def make_drafter(spec, vocab_size: int, max_model_len: int) -> Drafter | None:
     """The configured drafter: a registered name or an instance; None when speculation is off."""
     if not spec.enabled:
         return None
     if isinstance(spec.drafter, str):
         if spec.drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {spec.drafter!r}; registered: {', '.join(DRAFTERS)}")
-        return DRAFTERS[spec.drafter](spec.num_speculative_tokens, vocab_size)
+        return DRAFTERS[spec.drafter](spec, vocab_size, max_model_len)
     drafter = spec.drafter
     if getattr(drafter, "num_speculative_tokens", None) != spec.num_speculative_tokens:
         raise ValueError(f"drafter {getattr(drafter, 'method', drafter)!r} proposes "
@@ -41,4 +44,4 @@ def make_drafter(spec, vocab_size: int) -> Drafter | None:
 
 
 __all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "Drafter", "DrafterInputError",
-           "HostDraftContext", "MTPDrafter", "ScriptedDrafter", "make_drafter"]
+           "HostDraftContext", "MTPDrafter", "NgramDrafter", "ScriptedDrafter", "make_drafter"]

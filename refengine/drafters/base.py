@@ -7,8 +7,10 @@ model and the caches). Each engine asks it for a proposer of its own kind:
   ``draft_token_ids`` of every request that sampled, reading plain request state.
 - ``device_proposer``: the async engine's. It runs on the device timeline right after
   verification, from device-authoritative state only, and writes the next drafts into
-  ``state.draft_tokens``. Tables it needs per request (the scripted drafter's truth, say) are its
-  own: staged on the host when a request is admitted (``stage``), written on the device (``admit``).
+  ``state.draft_tokens``; a method that may propose fewer than K (n-gram lookup) reports how many
+  per row (``DraftOutputs.num_drafts``) and fills the other columns with ids inside the vocabulary.
+  Tables it needs per request (the scripted drafter's truth, say) are its own: staged on the host
+  when a request is admitted (``stage``), written on the device (``admit``).
 
 Both proposers see committed tokens only (contract 5: never a placeholder, never -1).
 To add a method: one module in this package with its ``Drafter`` class, and one line in
@@ -86,11 +88,12 @@ class DraftInputs:
 
 @dataclass
 class DraftOutputs:
-    """What a device proposer reports for observers (the drafts themselves are in ``state.draft_tokens``)."""
+    """What a device proposer reports (the drafts themselves are in ``state.draft_tokens``)."""
 
     first_pass_ids: torch.Tensor | None  # [Tp] ids fed with the target's hidden states, or None
     chain_ids: torch.Tensor  # [Np, c] ids fed to the chained steps of each row (meaningful for sampling rows)
     metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of per-request metadata
+    num_drafts: torch.Tensor | None = None  # [Np] int64 drafts proposed per sampling row (0..K); None: K each
 
 
 class HostProposer(Protocol):
@@ -107,7 +110,8 @@ class DeviceProposer(Protocol):
 
     def propose(self, d: DraftInputs) -> DraftOutputs:
         """Device timeline: drafts for the sampling rows into ``state.draft_tokens`` (other rows keep
-        theirs), with static shapes and no host reads, so a FULL step may capture it."""
+        theirs) and, when fewer than K, their count in the outputs; static shapes and no host reads,
+        so a FULL step may capture it."""
 
 
 class Drafter(Protocol):

@@ -28,7 +28,7 @@ class ReferenceEngine(Engine):
         k = config.speculative.num_speculative_tokens
         self.config = config
         self.model = model
-        self.drafter = make_drafter(config.speculative, model_config.vocab_size)
+        self.drafter = make_drafter(config.speculative, model_config.vocab_size, config.scheduler.max_model_len)
         if self.drafter is not None:
             self.drafter.check_model(model)
         self.drafter_kv = self.drafter is not None and self.drafter.uses_kv_cache
@@ -79,7 +79,7 @@ class ReferenceEngine(Engine):
             req.num_computed_tokens += row.num_tokens - num_rejected(row, valid)
             req.num_valid = len(valid)
             req.draft_token_ids = []
-            if self.core.commit(req, row, valid, is_decode=rec.kind == "decode"):
+            if self.core.commit(req, valid, num_drafts=len(row.draft_token_ids) if rec.kind == "decode" else None):
                 finished.append(req)
         return finished
 

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a prompt as comma-separated token ids (repeatable)")
     g.add_argument("--max-tokens", type=int_at_least(1), default=32)
     g.add_argument("--num-spec-tokens", type=int_at_least(0), default=0)
-    g.add_argument("--drafter", default="mtp", choices=("mtp", "scripted"))
+    g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
     g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")

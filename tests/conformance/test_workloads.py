@@ -107,3 +107,9 @@ def test_only_the_regression_folders_own_files_join_the_corpus(tmp_path):
     (tmp_path / "joined.json").write_text(json.dumps({**data, "id": "regression-joined"}))
     (tmp_path / "pending" / "waiting.json").write_text(json.dumps({**data, "id": "regression-waiting"}))
     assert [d.id for d in regression_defs(tmp_path)] == ["regression-joined"]
+
+
+def test_the_readme_lists_every_trigger():
+    readme = (REPO / "conformance" / "README.md").read_text()
+    listed = {line.split("`")[1] for line in readme.splitlines() if line.startswith("| `") and line.count("|") == 3}
+    assert set(TRIGGERS) <= listed, f"triggers missing from conformance/README.md: {set(TRIGGERS) - listed}"

@@ -106,7 +106,7 @@ def test_a_missing_model_folder_is_named(tmp_path):
     ({"num_speculative_tokens": 3, "max_num_batched_tokens": 3}, "max_num_batched_tokens \\(3\\) must be >= 1"),
     ({"num_kv_blocks": 2}, "num_kv_blocks \\(2\\) cannot hold one request"),
     ({"num_speculative_tokens": -1}, "num_speculative_tokens must be >= 0"),
-    ({"drafter": "oracle", "num_speculative_tokens": 1}, "drafter must be one of \\('mtp', 'scripted'\\)"),
+    ({"drafter": "oracle", "num_speculative_tokens": 1}, "drafter must be one of \\('mtp', 'scripted', 'ngram'\\)"),
     ({"dtype": "float64"}, "dtype must be one of"),
 ])
 def test_impossible_configs_name_the_field(kwargs, message):

@@ -84,7 +84,7 @@ def _run_without_data(monkeypatch, runner, shape, table):
         return runner.program(shape, StepRows.view(table))
 
 
-@pytest.mark.parametrize("k,drafter", [(3, "mtp"), (2, "scripted"), (0, "mtp")])
+@pytest.mark.parametrize("k,drafter", [(3, "mtp"), (2, "scripted"), (3, "ngram"), (0, "mtp")])
 def test_full_step_program_reads_nothing_back(monkeypatch, k, drafter):
     runner, shape, table = _captured_step(k, drafter, "full")
     out = _run_without_data(monkeypatch, runner, shape, table)
