@@ -6,7 +6,9 @@ the call. Here every GEMM has the same shape ``[ROW_CHUNK, K] x [K, N]``: the ro
 up to a multiple of ``ROW_CHUNK`` and the chunks go through one batched matmul with the weight
 broadcast (a stride-0 batch), so each chunk is the same fixed-size GEMM. A row's result then
 depends only on the row and the weight, not on M or on its neighbours (checked by
-tests/kernels/test_linear.py).
+tests/kernels/test_linear.py). Half-precision inputs are multiplied in float32 and rounded once, as
+the Triton kernel accumulates: the CPU's bfloat16/float16 ``bmm`` picks its reduction by the number
+of chunks, so a row's bits would depend on M.
 """
 
 from __future__ import annotations
@@ -31,6 +33,6 @@ def naive_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     else:
         x_pad = x.new_zeros(num_chunks * ROW_CHUNK, k)
         x_pad[:m] = x
-    w_t = weight.t().expand(num_chunks, k, n)
-    y = torch.bmm(x_pad.view(num_chunks, ROW_CHUNK, k), w_t)
-    return y.view(num_chunks * ROW_CHUNK, n)[:m]
+    w_t = weight.t().float().expand(num_chunks, k, n)
+    y = torch.bmm(x_pad.float().view(num_chunks, ROW_CHUNK, k), w_t)
+    return y.view(num_chunks * ROW_CHUNK, n)[:m].to(x.dtype)

@@ -90,3 +90,17 @@ def test_triton_row_invariance():
     for m, at, pad in [(2, 1, 0), (33, 32, 3), (64, 17, 0), (64, 63, 5)]:
         got = row_in_batch(lambda x, w: linear(x, w, backend="triton"), row, w, m, at, pad)
         assert torch.equal(got, alone), f"M={m} at={at} pad={pad}: row differs from the row alone"
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_reference_half_precision_rows_do_not_depend_on_m(dtype):
+    """A half-precision row gives the same bits whatever M (one chunk or several): small projections
+    (N=4, as a GDN gate) over many random draws, where the CPU's half bmm varied with the chunk count."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        w = (torch.randn(4, 64, generator=g) * 0.1).to(dtype)
+        x = torch.randn(64, 64, generator=g).to(dtype)
+        full = naive_linear(x, w)
+        for m in (4, 16, 20, 33):
+            assert torch.equal(naive_linear(x[:m], w), full[:m]), f"M={m}"
