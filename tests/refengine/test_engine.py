@@ -37,7 +37,8 @@ def greedy(ckpt, prompts, max_tokens=32, **kw):
     return [o.token_ids for o in outs], outs, llm
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", [PRESETS[0], PRESETS[2], *(pytest.param(p, marks=pytest.mark.slow)
+                                                               for p in (PRESETS[1], PRESETS[3]))])
 def test_transformers_parity(checkpoints, preset):
     """All prompts in one call (so they share batches) equal transformers one prompt at a time."""
     ckpt = checkpoints[preset]
@@ -51,7 +52,7 @@ def test_transformers_parity(checkpoints, preset):
             assert got == hf_generate(hf, prompt, 32), f"prompt of {len(prompt)} tokens differs from generate()"
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("k", [1, 3, *(pytest.param(k, marks=pytest.mark.slow) for k in (2, 4))])
 def test_mtp_speculation_is_lossless(checkpoints, k):
     ckpt = checkpoints["next-tiny"]
     prompts = prompts_of([1, 3, 5, 17, 40], 256, seed=7)
@@ -63,7 +64,7 @@ def test_mtp_speculation_is_lossless(checkpoints, k):
         assert o.num_draft_tokens == k * len(o.acceptance)
 
 
-@pytest.mark.parametrize("k", [1, 3, 4])
+@pytest.mark.parametrize("k", [3, *(pytest.param(k, marks=pytest.mark.slow) for k in (1, 4))])
 def test_scripted_drafter_is_lossless_and_reaches_every_count(checkpoints, k):
     ckpt = checkpoints["qwen35-tiny"]
     prompts = prompts_of([1, 2, k + 1, k + 2, 17, 33], 256, seed=3)

@@ -181,7 +181,7 @@ BAD_FLAGS = [
     ("refengine bench", "--max-num-seqs", "0"),
     ("train_default_model", "--threads", "0"), ("train_default_model", "--steps", "0"),
     ("train_default_model", "--seed", "-1"), ("train_default_model", "--max-files", "0"),
-    ("pytest --pyargs conformance.suite", "--conformance-threads", "0"),
+    pytest.param("pytest --pyargs conformance.suite", "--conformance-threads", "0", marks=pytest.mark.slow),
     ("pytest --pyargs conformance.suite", "--conformance-threads", "-1"),
 ]
 TRAIN = "python -m refengine.tools.train_default_model"
