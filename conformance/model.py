@@ -29,6 +29,8 @@ def resolve_model(model: str | None) -> tuple[str, str]:
         path = Path(resolve_model_path(model))  # a folder, or a hub id in the local cache
     except CheckpointError as exc:
         raise FileNotFoundError(str(exc)) from exc
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint folder {model} does not exist")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {model!r} (expected a folder with config.json)")
     return str(path.resolve()), str(path.resolve())

@@ -271,3 +271,13 @@ def test_an_unusable_device_is_one_error_up_front(capsys):
     assert main(["run", "--device", device], out=io.StringIO()) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and device in err[0], err
+
+
+def test_a_missing_checkpoint_folder_is_named_as_missing(capsys, tmp_path):
+    """The same words as refengine's loader: a folder that is not there is said to be missing; a folder
+    without config.json is not a checkpoint."""
+    missing = tmp_path / "nowhere"
+    assert main(["run", "--engine", "reference", "--model", str(missing)], out=io.StringIO()) == 2
+    assert capsys.readouterr().err.strip() == f"conformance run: checkpoint folder {missing} does not exist"
+    assert main(["run", "--engine", "reference", "--model", str(tmp_path)], out=io.StringIO()) == 2
+    assert "expected a folder with config.json" in capsys.readouterr().err
