@@ -120,7 +120,7 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="refengine bench", description=__doc__)
     p.add_argument("--model", default=None)
-    p.add_argument("--num-spec-tokens", type=int_at_least(0), default=3)
+    p.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=3)
     p.add_argument("--graph-mode", default="full_and_piecewise")
     p.add_argument("--repeat", type=int_at_least(1), default=3)
     p.add_argument("--copies", type=int_at_least(1), default=1, help="repeat the default prompts this many times")
@@ -137,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     try:
-        ref, fast = engines(args.model, args.num_spec_tokens, args.graph_mode, args.max_num_seqs, args.device,
+        ref, fast = engines(args.model, args.num_speculative_tokens, args.graph_mode, args.max_num_seqs, args.device,
                             args.dtype)
     except SETUP_ERRORS as e:
         return report("refengine bench", e)
     r = measure(ref, fast, args.repeat, args.copies)
-    print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_spec_tokens}, "
+    print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_speculative_tokens}, "
           f"graph mode {args.graph_mode}, device {args.device}, dtype {r['dtype']} (both engines), "
           f"torch threads {torch.get_num_threads()}")
     for name, tps in r["tokens_per_s"].items():

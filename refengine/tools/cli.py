@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-ids", action="append", type=_parse_ids, default=[],
                    help="a prompt as comma-separated token ids (repeatable)")
     g.add_argument("--max-tokens", type=int_at_least(1), default=32)
-    g.add_argument("--num-spec-tokens", type=int_at_least(0), default=0)
+    g.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=0)
     g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
     g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print("refengine generate: give at least one --prompt or --prompt-ids", file=sys.stderr)
         return 2
     try:
-        llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_spec_tokens,
+        llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_speculative_tokens,
                   drafter=args.drafter, graph_mode=args.graph_mode, device=args.device, dtype=args.dtype,
                   enable_prefix_caching=args.enable_prefix_caching, mamba_cache_mode=args.mamba_cache_mode)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"text: {o.text!r}")
         print(f"tokens: {o.token_ids}")
         print(f"finish_reason: {o.finish_reason}")
-        if args.num_spec_tokens:
+        if args.num_speculative_tokens:
             steps = len(o.acceptance)
             mean = 1 + o.num_accepted_tokens / steps if steps else 1.0
             print(f"drafts: {o.num_draft_tokens} proposed, {o.num_accepted_tokens} accepted "

@@ -27,7 +27,7 @@ from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
 
 @dataclass
 class AcceptanceStats:
-    num_spec_tokens: int
+    num_speculative_tokens: int
     verify_steps: int
     accepted: int
     histogram: list[int]  # [K+1]: verify steps that accepted 0..K drafts
@@ -70,13 +70,13 @@ class RunResult:
         return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
-def run_workload(model: str | None = None, num_spec_tokens: int = 0, max_tokens: int = DEFAULT_MAX_TOKENS,
+def run_workload(model: str | None = None, num_speculative_tokens: int = 0, max_tokens: int = DEFAULT_MAX_TOKENS,
                  prompts: list[str] | None = None, device: str = "cpu", dtype: str = "float32") -> RunResult:
-    """Generate the workload (all prompts in one batch) with K = ``num_spec_tokens`` MTP drafts."""
+    """Generate the workload (all prompts in one batch) with K = ``num_speculative_tokens`` MTP drafts."""
     from refengine.llm import LLM
 
     prompts = [p.text for p in DEFAULT_PROMPTS] if prompts is None else prompts
-    llm = LLM(model=model, num_speculative_tokens=num_spec_tokens, max_num_seqs=max(len(prompts), 1),
+    llm = LLM(model=model, num_speculative_tokens=num_speculative_tokens, max_num_seqs=max(len(prompts), 1),
               device=device, dtype=dtype)
     start = time.perf_counter()
     outputs = llm.generate(prompts, default_params(max_tokens))
@@ -84,7 +84,7 @@ def run_workload(model: str | None = None, num_spec_tokens: int = 0, max_tokens:
 
 
 def format_report(plain: RunResult, spec: RunResult, stats: AcceptanceStats, samples: int) -> str:
-    k = stats.num_spec_tokens
+    k = stats.num_speculative_tokens
     speedup = spec.tokens_per_s / plain.tokens_per_s
     identical = all(a.token_ids == b.token_ids for a, b in zip(plain.outputs, spec.outputs))
     lines = [
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="refengine report", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
-    p.add_argument("--num-spec-tokens", type=int_at_least(1), default=DEFAULT_NUM_SPEC_TOKENS,
+    p.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(1), default=DEFAULT_NUM_SPEC_TOKENS,
                    help=f"K, the MTP drafts per step (default {DEFAULT_NUM_SPEC_TOKENS})")
     p.add_argument("--max-tokens", type=int_at_least(1), default=DEFAULT_MAX_TOKENS)
     p.add_argument("--samples", type=int_at_least(0), default=len(DEFAULT_PROMPTS),
@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     try:  # a bad checkpoint or device fails the warm-up's engine, before any timing
         run_workload(args.model, 0, 2, device=args.device, dtype=args.dtype)  # first-call allocations: untimed
         plain = run_workload(args.model, 0, args.max_tokens, device=args.device, dtype=args.dtype)
-        spec = run_workload(args.model, args.num_spec_tokens, args.max_tokens, device=args.device, dtype=args.dtype)
+        spec = run_workload(args.model, args.num_speculative_tokens, args.max_tokens, device=args.device, dtype=args.dtype)
     except SETUP_ERRORS as e:
         return report("refengine report", e)
-    print(format_report(plain, spec, acceptance_stats(spec.outputs, args.num_spec_tokens), args.samples))
+    print(format_report(plain, spec, acceptance_stats(spec.outputs, args.num_speculative_tokens), args.samples))
     return 0
 
 

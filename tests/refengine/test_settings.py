@@ -217,7 +217,8 @@ def _plugin_options() -> dict[str, dict]:
 def test_every_numeric_flag_has_a_bad_row():
     """A flag that takes a number declares its range (int_at_least / float_above) and has a row in
     BAD_FLAGS; a plain ``type=int`` or ``type=float`` is the flag that would skip validation."""
-    covered = {(prog, flag) for prog, flag, _ in BAD_FLAGS}
+    rows = [row.values if hasattr(row, "values") else row for row in BAD_FLAGS]
+    covered = {(prog, flag) for prog, flag, _ in rows}
     numeric = set()
     for prog, parser in _parsers().items():
         if prog in ("refengine report", "refengine bench") and not parser.description:
@@ -259,7 +260,8 @@ def _run_with_flag(prog: str, flag: str, value: str) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("prog,flag,value", BAD_FLAGS, ids=[f"{p}-{f}={v}" for p, f, v in BAD_FLAGS])
+@pytest.mark.parametrize("prog,flag,value", BAD_FLAGS,
+                         ids=[f"{p}-{f}={v}" for p, f, v in (getattr(r, "values", r) for r in BAD_FLAGS)])
 def test_bad_flag_is_one_line_naming_the_flag_and_the_value(prog, flag, value, capsys, tmp_path):
     if prog.startswith("pytest"):
         env = {**os.environ, "PYTHONPATH": str(REPO)}
