@@ -34,7 +34,10 @@ FEATURES = (
     "pools",  # can tell whether its KV-block and state-slot pools are empty
     "mtp",  # drafts with the model's MTP head
     "scripted_drafter",  # takes refengine's ScriptedDrafter
+    "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode (reports num_cached_tokens)
 )
+# refengine's engines that restore cached prefixes; the others skip the prefix-caching scenarios.
+CACHING_ENGINES = ("reference",)
 BUILTIN_ENGINES = ("reference", "async", *(f"async:{m}" for m in GRAPH_MODES))
 
 
@@ -126,6 +129,8 @@ class RefEngineAdapter:
         self.name = engine if engine == "reference" else f"async:{graph_mode}"
 
     def supports(self, feature: str) -> bool:
+        if feature == "prefix_caching":
+            return self.engine in CACHING_ENGINES and not self.uncached
         return feature in FEATURES
 
     def start(self, spec: RunSpec) -> EngineInstance:
@@ -148,6 +153,11 @@ class RefEngineAdapter:
 def reference_adapter() -> RefEngineAdapter:
     """The side every engine is compared against: the reference engine, no graphs."""
     return RefEngineAdapter("reference", "none", uncached=True)
+
+
+def cached_reference_adapter() -> RefEngineAdapter:
+    """The reference engine with a scenario's prefix caching: what must equal the oracle (it without)."""
+    return RefEngineAdapter("reference", "none")
 
 
 def load_engine(name: str) -> EngineAdapter:
