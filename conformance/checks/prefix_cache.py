@@ -265,8 +265,10 @@ def _counter_problem(scenario, test: Trace) -> str | None:
     if not all(c in occ for c in COUNTERS):
         return None
     hits = sum(r.num_cached_tokens or 0 for r in test.requests.values())
-    queried = sum(len(r.prompt_token_ids) for rid, r in test.requests.items() if test.rows_of(rid) or not test.steps)
-    exact = not scenario.aborted and not any(s.preempted for s in test.steps)
+    aborted = set(scenario.aborted)  # an aborted request may never have been looked up
+    queried = sum(len(r.prompt_token_ids) for rid, r in test.requests.items() if rid not in aborted)
+    exact = not aborted and not any(r.num_preemptions for r in test.requests.values()) \
+        and not any(s.preempted for s in test.steps)
     for counter, want in (("prefix_cache_hits", hits), ("prefix_cache_queries", queried)):
         got = occ[counter]
         if got != want if exact else got < want:
