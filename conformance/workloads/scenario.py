@@ -103,6 +103,16 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id}: a request that extends another takes token ids, not text")
 
 
+def longest_prompt(requests, request_id: str) -> int:
+    """The most tokens request ``request_id``'s prompt can hold: its own, and for a next turn those of the
+    turn it extends plus that turn's ``max_tokens``."""
+    r = next(r for r in requests if r.request_id == request_id)
+    if r.extends is None:
+        return len(r.prompt)
+    src = next(s for s in requests if s.request_id == r.extends)
+    return longest_prompt(requests, src.request_id) + src.max_tokens + len(r.prompt)
+
+
 def check_extends(requests: tuple[RequestSpec, ...] | list[RequestSpec]) -> None:
     """A request extends an earlier request of the same workload, with a token-id prompt, never aborted
     (its output would depend on when the abort reached the engine)."""
@@ -152,11 +162,7 @@ class Scenario:
 
     def longest_prompt(self, request_id: str) -> int:
         """The most tokens the request's prompt can hold (with those of the turns it extends)."""
-        r = next(r for r in self.requests if r.request_id == request_id)
-        if r.extends is None:
-            return len(r.prompt)
-        src = next(s for s in self.requests if s.request_id == r.extends)
-        return self.longest_prompt(src.request_id) + src.max_tokens + len(r.prompt)
+        return longest_prompt(self.requests, request_id)
 
     def without_aborts(self) -> Scenario:
         """The same workload with every request left to finish: what an aborted request is a prefix of."""
