@@ -5,6 +5,7 @@ The default tier runs a small fixed budget (same seed, same workloads); the nigh
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -14,9 +15,11 @@ from conformance.cli import main
 from conformance.fuzz import explore, fuzz
 from conformance.session import Selection
 from conformance.workloads.files import read_scenario_file
-from conformance.workloads.generate import GRAPH_MODES, Limits, scenarios
+from conformance.workloads.generate import GRAPH_MODES, Limits, roomy_pool, scenarios
 from conformance.workloads.scenario import PATTERNS
+from refengine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from tests.conformance import planted_engine
+from tests.conformance.caching_engines import CachingBugAdapter
 
 VOCAB = 260
 PLANTED = "tests.conformance.planted_engine:factory"
@@ -37,8 +40,6 @@ def _generated(seed: int, n: int, **kw) -> list:
 
 
 def test_generated_workloads_are_valid_engine_configurations():
-    from refengine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
-
     for sc in _generated(3, 150):
         s = sc.settings
         cfg = EngineConfig(graph_mode=sc.graph_mode if sc.graph_mode else "none", engine="async",
@@ -188,8 +189,6 @@ def test_known_bugs_are_counted_and_the_search_goes_on(tmp_path):
 
 
 def test_with_prefix_caching_the_generator_draws_modes_shared_prefixes_and_next_turns():
-    from conformance.workloads.generate import roomy_pool
-    from refengine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 
     seen = _generated(2, 150, caching=True, limits=Limits(max_requests=5, max_prompt=40))
     modes = {sc.settings.mamba_cache_mode for sc in seen}
@@ -215,10 +214,6 @@ def test_with_prefix_caching_the_generator_draws_modes_shared_prefixes_and_next_
 
 def test_fuzz_finds_a_cache_that_never_hits(tmp_path):
     """An engine that claims prefix caching but never hits: the generated caching workloads fail cached-tokens."""
-    import dataclasses
-
-    from tests.conformance.caching_engines import CachingBugAdapter
-
     case = Selection(engine="reference").open_case()
     case = dataclasses.replace(case, engine="caching-bug:never-hits", adapter=CachingBugAdapter("never-hits"))
     report = fuzz(case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path, limits=DEFAULT_LIMITS, shrink=False)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from conformance import harness
+from conformance import harness, plugin
+from conformance.checks import check_cached_tokens
 from conformance.checks.prefix_cache import Geometry, Published, ceiling, settled
 from conformance.cli import main
 from conformance.engines import load_engine, reference_adapter
@@ -19,7 +21,7 @@ from conformance.results import FAIL, NA, PASS
 from conformance.runner import suite_args
 from conformance.session import Selection
 from conformance.trace import RequestTrace
-from conformance.workloads import EngineSettings, RequestSpec, Scenario, scenario_ids
+from conformance.workloads import EngineSettings, RequestSpec, Scenario, load_scenario, scenario_ids
 from conformance.workloads.files import ScenarioFileError, read_scenario_file, write_scenario_file
 from tests.conformance.caching_engines import CachingBugAdapter
 
@@ -155,6 +157,8 @@ def test_each_planted_caching_bug_fails_its_check(reference_case, bug, check, wo
     assert checks[check].status == FAIL and words in checks[check].summary, (checks[check].summary, bug)
     if bug in ("never-hits", "leaks-a-block", "miscounts-hits"):  # the outputs are right: only its check sees it
         assert checks["tokens"].status == PASS and checks["logits-digests"].status == PASS
+    if bug == "never-hits":
+        assert checks["restored-state"].status == NA
 
 
 def test_the_correct_cached_engine_under_another_name_passes_with_a_third_run(reference_case):
@@ -180,9 +184,6 @@ def test_a_cached_run_that_never_hits_misses_the_prefix_hit_trigger(reference_ca
 
 def test_without_caching_a_reported_cached_token_fails(reference_case):
     _, traces = _run(reference_case, "short-prompts-k1")
-    from conformance.checks import check_cached_tokens
-    from conformance.workloads import load_scenario
-
     sc = load_scenario("short-prompts-k1", "default", 260)
     assert check_cached_tokens(sc, traces["test"]).status == PASS
     traces["test"].requests["r01"].num_cached_tokens = 16
@@ -214,3 +215,16 @@ def test_the_flags_reach_the_plugin_and_the_replay_command(reference_case):
     case = dataclasses.replace(reference_case, enable_prefix_caching=True, mamba_cache_mode="align")
     assert case.replay_command("x").endswith("--enable-prefix-caching --mamba-cache-mode align")
     assert case.apply(Scenario("x", "", "default", EngineSettings(), ())).settings.mamba_cache_mode == "align"
+
+
+@pytest.mark.parametrize("enable,mode,error", [(True, "all", None), (False, None, None), (True, "sometimes", "one of"),
+                                               (False, "align", "needs --conformance-enable-prefix-caching")])
+def test_the_plugins_caching_options_are_checked_up_front(monkeypatch, enable, mode, error):
+    monkeypatch.delenv("CONFORMANCE_DTYPE", raising=False)
+    opts = {"conformance_threads": 1, "conformance_enable_prefix_caching": enable, "conformance_mamba_cache_mode": mode}
+    config = SimpleNamespace(getoption=lambda name: opts.get(name))
+    if error is None:
+        plugin._check_options(config)
+    else:
+        with pytest.raises(pytest.UsageError, match=error):
+            plugin._check_options(config)
