@@ -3,12 +3,15 @@
   conformance list [--tier T]                   scenario ids, one line each
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
                   [--dtype D] [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
+                  [--enable-prefix-caching [--mamba-cache-mode align|all]]
   conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH] [--dtype D]
   conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR] [--dtype D]
   conformance mutate [--mutant ID ...] [--dtype D]
 
 --dtype (float32, bfloat16, float16, or auto: the checkpoint's own) is what both engines run in; they
 run the same kernels, so they are compared exactly (tokens, acceptance, logits bitwise) in any dtype.
+--enable-prefix-caching (run, replay, fuzz) turns prefix caching on for the engine under test in every
+scenario, in --mamba-cache-mode or each scenario's own mode; the reference engine runs without it.
 
 Exit status: 0 when every check passed (or failed as an expectations file lists), 1 when a check
 failed or a run broke (fuzz: a generated workload failed a check), 2 for usage errors (unknown
@@ -29,6 +32,7 @@ from conformance.engines import BUILTIN_ENGINES, UnknownEngine
 from conformance.expectations import ExpectationError
 from conformance.workloads import TIERS, UnknownScenario, scenario_defs, scenario_ids
 from conformance.workloads.files import read_scenario_file
+from conformance.workloads.scenario import MAMBA_CACHE_MODES
 from refengine.tools.errors import OneLineParser, add_dtype_flag, float_above, int_at_least
 
 THREADS_HELP = ("torch intra-op threads on CPU (default 1: the workloads are many small steps, where more "
@@ -44,6 +48,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)")
     p.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
     add_dtype_flag(p, "both engines", default=None, default_text=f"${session.ENV_DTYPE} or float32")
+    p.add_argument("--enable-prefix-caching", action="store_true", help="run every scenario with prefix caching "
+                   "for the engine under test (the reference engine it is compared with runs without)")
+    p.add_argument("--mamba-cache-mode", choices=MAMBA_CACHE_MODES, default=None, help="with "
+                   "--enable-prefix-caching: where recurrent states are checkpointed (default: each scenario's "
+                   "own mode, else align)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,7 +117,8 @@ def _selection(args) -> session.Selection:
         engine=session.pick(args.engine, session.ENV_ENGINE, session.DEFAULT_ENGINE),
         model=session.pick(args.model, session.ENV_MODEL, None), tier=args.tier,
         device=session.pick(args.device, session.ENV_DEVICE, "cpu"), xfail_file=getattr(args, "xfail_file", None),
-        dtype=session.pick(args.dtype, session.ENV_DTYPE, "float32"))
+        dtype=session.pick(args.dtype, session.ENV_DTYPE, "float32"),
+        enable_prefix_caching=args.enable_prefix_caching, mamba_cache_mode=args.mamba_cache_mode)
     if sel.device == "cpu":
         import torch
 

@@ -35,9 +35,12 @@ FEATURES = (
     "mtp",  # drafts with the model's MTP head
     "scripted_drafter",  # takes refengine's ScriptedDrafter
     "ngram_drafter",  # drafts by n-gram prompt lookup (vLLM's "ngram", prompt_lookup_min/max): 0..K per step
+    "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode (reports num_cached_tokens)
 )
 # The feature a scenario's drafter needs (EngineSettings.drafter -> FEATURES entry).
 DRAFTER_FEATURES = {"mtp": "mtp", "scripted": "scripted_drafter", "ngram": "ngram_drafter"}
+# refengine's engines that restore cached prefixes; the others skip the prefix-caching scenarios.
+CACHING_ENGINES = ("reference",)
 BUILTIN_ENGINES = ("reference", "async", *(f"async:{m}" for m in GRAPH_MODES))
 
 
@@ -129,6 +132,8 @@ class RefEngineAdapter:
         self.name = engine if engine == "reference" else f"async:{graph_mode}"
 
     def supports(self, feature: str) -> bool:
+        if feature == "prefix_caching":
+            return self.engine in CACHING_ENGINES and not self.uncached
         return feature in FEATURES
 
     def start(self, spec: RunSpec) -> EngineInstance:
@@ -156,6 +161,11 @@ class RefEngineAdapter:
 def reference_adapter() -> RefEngineAdapter:
     """The side every engine is compared against: the reference engine, no graphs."""
     return RefEngineAdapter("reference", "none", uncached=True)
+
+
+def cached_reference_adapter() -> RefEngineAdapter:
+    """The reference engine with a scenario's prefix caching: what must equal the oracle (it without)."""
+    return RefEngineAdapter("reference", "none")
 
 
 def load_engine(name: str) -> EngineAdapter:

@@ -76,7 +76,14 @@ def describe_size(sc: Scenario) -> str:
     return (f"{len(sc.requests)} req, prompts {sum(len(r.prompt) for r in sc.requests)} tok, max_tokens "
             f"{sum(r.max_tokens for r in sc.requests)}, aborts {len(sc.aborted)}, K={s.k}"
             + (f" {s.drafter}" + (f"/{s.pattern}" if s.drafter == "scripted" else "") if s.k else "")
-            + f", graph {sc.graph_mode}")
+            + f", graph {sc.graph_mode}" + _describe_caching(sc))
+
+
+def _describe_caching(sc: Scenario) -> str:
+    if not sc.caching:
+        return ""
+    turns = sum(r.extends is not None for r in sc.requests)
+    return f", cache {sc.settings.mamba_cache_mode or 'align'}" + (f", {turns} next turn(s)" if turns else "")
 
 
 @contextlib.contextmanager
@@ -189,18 +196,21 @@ def can_abort(case: Case) -> bool:
 
 def fuzz(case: Case, *, seed: int = 0, max_examples: int = 20, budget_seconds: float | None = None,
          out_dir: str | Path = ".", limits: Limits | None = None, shrink: bool = True, shrink_seconds: float = 300.0,
-         aborts: bool | None = None, progress: Callable[[Example], None] | None = None,
+         aborts: bool | None = None, caching: bool | None = None, progress: Callable[[Example], None] | None = None,
          known: Callable[[ScenarioResult], str | None] | None = None) -> FuzzReport:
     """Fuzz ``case``'s engine against the reference; on a failure write the shrunk workload to
     ``out_dir/fuzz-s<seed>-<check>.json``. ``aborts``: draw aborts (default: when both engines can).
+    ``caching``: draw prefix caching, shared prefixes and next turns (default: when the engine caches).
     ``known(result)``: a reason when a failing result is a known bug already reported elsewhere; such
     workloads are counted (``search.known``) and the search goes on past them."""
     facts = case.facts
     if aborts is None:
         aborts = can_abort(case)
+    if caching is None:
+        caching = case.adapter.supports("prefix_caching")
     name = f"fuzz-s{seed}"
     strategy = scenarios(facts.vocab_size, limits=limits or Limits(), has_mtp=facts.has_mtp and case.adapter.supports("mtp"),
-                         scripted=case.adapter.supports("scripted_drafter"), aborts=aborts, name=name)
+                         scripted=case.adapter.supports("scripted_drafter"), aborts=aborts, caching=caching, name=name)
 
     def judge(scenario: Scenario):
         result, _ = run_scenario(scenario, case)

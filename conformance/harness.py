@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conformance import checks
 from conformance.engines import (
@@ -13,16 +13,20 @@ from conformance.engines import (
     EngineAdapter,
     RequestParams,
     RunSpec,
+    cached_reference_adapter,
     load_engine,
     reference_adapter,
 )
 from conformance.model import ModelFacts
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
-from conformance.workloads import EngineSettings, Scenario, get_def, seed_of
+from conformance.workloads import EngineSettings, RequestSpec, Scenario, get_def, seed_of
 
 REFERENCE_LABEL = "reference"
 PLAIN_LABEL = "plain greedy (K=0, no aborts)"
+CACHED_LABEL = "reference with prefix caching"
+# Checks that do not read the engine under test's trace: they still run when it broke.
+OWN_TRACE_FREE = ("runs", "workload-triggers", "cache-lossless")
 
 
 class NoProgress(RuntimeError):
@@ -41,7 +45,9 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
     request whose ``abort_step`` is ``s`` or earlier and whose output has not come back yet, through
     the instance's optional ``abort(request_id) -> RequestOutput | None`` (None: the request had already
     finished inside the engine and a later ``step()`` returns it). An instance without ``abort`` cannot
-    run a scenario with aborts: ``AbortsUnsupported`` is raised (the scenario is then skipped).
+    run a scenario with aborts: ``AbortsUnsupported`` is raised (the scenario is then skipped). A request
+    that ``extends`` another is added once that one's output came back (at its own arrival step, or
+    before the first step after the output), with that one's prompt and output before its own tokens.
 
     An exception from the engine ends the run; it is recorded in ``trace.error`` (the "runs" check
     reports it) rather than raised.
@@ -53,8 +59,9 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
     torch.manual_seed(seed_of(scenario.id) % (1 << 31))
     pending = sorted(scenario.requests, key=lambda r: (r.arrival_step, r.request_id))
     aborts = sorted((r.abort_step, r.request_id) for r in scenario.requests if r.abort_step is not None)
-    limit = 1000 + 20 * sum(len(r.prompt) + r.max_tokens for r in scenario.requests)
-    step = nxt = next_abort = 0
+    turns = 1 + sum(r.extends is not None for r in scenario.requests)  # an extended prompt holds earlier turns
+    limit = 1000 + 20 * turns * sum(len(r.prompt) + r.max_tokens for r in scenario.requests)
+    step = next_abort = 0
     added: set[str] = set()
     try:
         engine = adapter.start(RunSpec(facts.path, settings, facts.vocab_size, recorder.on_step, device,
@@ -66,15 +73,15 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
         raise AbortsUnsupported(f"{adapter.name}: the engine instance has no abort(request_id), and this "
                                 f"scenario aborts {len(aborts)} request(s)")
     try:
-        while nxt < len(pending) or engine.has_unfinished():
-            if not engine.has_unfinished() and pending[nxt].arrival_step > step:
-                step = pending[nxt].arrival_step  # idle until the next arrival
-            while nxt < len(pending) and pending[nxt].arrival_step <= step:
-                r = pending[nxt]
-                prompt = r.prompt if isinstance(r.prompt, str) else list(r.prompt)
-                engine.add_request(r.request_id, prompt, RequestParams(r.max_tokens, r.ignore_eos, tuple(r.stop_token_ids)))
+        while pending or engine.has_unfinished():
+            if not engine.has_unfinished():
+                step = max(step, _next_arrival(pending, recorder.trace))  # idle until the next arrival
+            for r in [r for r in pending if r.arrival_step <= step and _ready(r, recorder.trace)]:
+                engine.add_request(r.request_id, _prompt(r, recorder.trace),
+                                   RequestParams(r.max_tokens, r.ignore_eos, tuple(r.stop_token_ids)))
+                recorder.on_added(r.request_id, step)
                 added.add(r.request_id)
-                nxt += 1
+                pending.remove(r)
             while next_abort < len(aborts) and aborts[next_abort][0] <= step:
                 rid = aborts[next_abort][1]
                 next_abort += 1
@@ -83,10 +90,10 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
                     live = len(added) - len(recorder.trace.requests) - (out is not None)
                     occupancy = getattr(engine, "occupancy", None)
                     recorder.on_abort(rid, step, out, live, None if occupancy is None else occupancy())
-            if not engine.has_unfinished() and nxt < len(pending):
+            if not engine.has_unfinished() and pending:
                 continue  # every live request was aborted: idle until the next arrival
             for out in engine.step():
-                recorder.on_output(out)
+                recorder.on_output(out, step + 1)
             step += 1
             if step > limit:
                 raise NoProgress(f"no completion after {limit} steps")
@@ -101,6 +108,27 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
     return recorder.finish(settings.k > 0)
 
 
+def _ready(r: RequestSpec, trace: Trace) -> bool:
+    """Whether ``r`` can be added: it extends no request, or that request's output came back."""
+    return r.extends is None or r.extends in trace.requests
+
+
+def _prompt(r: RequestSpec, trace: Trace) -> list[int] | str:
+    if r.extends is not None:
+        src = trace.requests[r.extends]
+        return [*src.prompt_token_ids, *src.token_ids, *r.prompt]
+    return r.prompt if isinstance(r.prompt, str) else list(r.prompt)
+
+
+def _next_arrival(pending: list[RequestSpec], trace: Trace) -> int:
+    """The arrival step of the next request that can be added while the engine is idle."""
+    ready = [r.arrival_step for r in pending if _ready(r, trace)]
+    if not ready:
+        waiting = ", ".join(f"{r.request_id} (extends {r.extends})" for r in pending)
+        raise NoProgress(f"the engine is idle, but {waiting} wait(s) for an output that never came back")
+    return min(ready)
+
+
 @dataclass(frozen=True)
 class Case:
     """Everything one scenario run needs besides the scenario itself."""
@@ -112,6 +140,22 @@ class Case:
     tier: str = "default"
     device: str = "cpu"
     dtype: str = "float32"  # both engines ("auto" already resolved to the checkpoint's dtype)
+    # Prefix caching for the engine under test in every scenario (``--enable-prefix-caching``), in the
+    # scenario's own mode unless ``mamba_cache_mode`` names one; the oracle still runs without a cache.
+    enable_prefix_caching: bool = False
+    mamba_cache_mode: str | None = None
+
+    def __post_init__(self):
+        if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
+            raise ValueError(f"mamba_cache_mode={self.mamba_cache_mode!r} needs enable_prefix_caching")
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        """``scenario`` as this case runs it: with prefix caching on when the case asks for it."""
+        if not self.enable_prefix_caching:
+            return scenario
+        mode = self.mamba_cache_mode or scenario.settings.mamba_cache_mode
+        return replace(scenario, settings=replace(scenario.settings, enable_prefix_caching=True,
+                                                  mamba_cache_mode=mode))
 
     def replay_command(self, scenario_id: str, request_id: str | None = None,
                        scenario_file: str | None = None) -> str:
@@ -128,6 +172,10 @@ class Case:
             cmd += ["--device", self.device]
         if self.dtype != "float32":
             cmd += ["--dtype", self.dtype]
+        if self.enable_prefix_caching:
+            cmd.append("--enable-prefix-caching")
+        if self.mamba_cache_mode is not None:
+            cmd += ["--mamba-cache-mode", self.mamba_cache_mode]
         return shlex.join(cmd)
 
     def adapter_for(self, scenario: Scenario) -> EngineAdapter:
@@ -149,6 +197,8 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
         return "the model has no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)"
     if s.k and not case.adapter.supports(DRAFTER_FEATURES[s.drafter]):
         return f"the engine under test does not support the {s.drafter} drafter"
+    if s.enable_prefix_caching and not case.adapter.supports("prefix_caching"):
+        return "the engine under test does not support prefix caching"
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
         return "text prompts need a model with a tokenizer"
     bad = [t for r in scenario.requests if not isinstance(r.prompt, str) for t in (*r.prompt, *r.stop_token_ids)
@@ -161,14 +211,17 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
 def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None = None,
                  ) -> tuple[ScenarioResult, dict[str, Trace]]:
     """Run one scenario (an id of the corpus, or a materialised Scenario); returns its result and the
-    traces ("reference", "test", and "plain" when the scenario speculates or aborts).
+    traces ("reference", "test", "plain" when the scenario speculates or aborts, "cached" when it caches).
 
     "plain" is the reference engine on the same workload with K=0 and no aborts: the output
     speculation must not change, and the continuation an aborted request's output is a prefix of.
+    "cached" is the reference engine with the scenario's prefix caching: the oracle runs without a
+    cache, and the reference engine's own cache must change nothing either ("cache-lossless").
     """
     start = time.perf_counter()
     if isinstance(scenario, str):
         scenario = get_def(scenario).materialize(case.tier, case.facts.vocab_size)
+    scenario = case.apply(scenario)
     result = ScenarioResult(scenario.id, scenario.description, case.tier, case.engine, case.facts.label,
                             describe_settings(scenario),
                             replay=case.replay_command(scenario.id, scenario_file=scenario_file), dtype=case.dtype)
@@ -201,6 +254,9 @@ def describe_settings(scenario: Scenario) -> str:
 
 
 def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
+    """The traces of ``run_scenario``: "reference", "test", "plain" when the scenario speculates or aborts,
+    and "cached" (the reference engine with the scenario's prefix caching) when it caches; when the engine
+    under test is the reference engine itself, its trace is that run."""
     ref_side, where = reference_adapter(), {"device": case.device, "dtype": case.dtype}
     traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, **where)}
     if traces["reference"].error is not None:
@@ -210,22 +266,26 @@ def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
     if scenario.k or scenario.aborted:
         traces["plain"] = run_workload(ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
                                        settings=scenario.settings.plain(), **where)
+    if scenario.caching:
+        traces["cached"] = traces["test"] if case.engine == "reference" else run_workload(
+            cached_reference_adapter(), scenario, case.facts, label=CACHED_LABEL, **where)
     return traces
 
 
 def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
              scenario_file: str | None = None) -> list[CheckResult]:
     inputs = checks.CheckInputs(scenario, traces["reference"], traces["test"], traces.get("plain"),
-                                case.facts.vocab_size, case.adapter.supports("batch_invariant"), case.default_model)
+                                case.facts.vocab_size, case.adapter.supports("batch_invariant"), case.default_model,
+                                traces.get("cached"))
     test = inputs.test
     results = []
     for name, check in checks.CHECKS:
-        if test.error is not None and name not in ("runs", "workload-triggers"):
+        if test.error is not None and name not in OWN_TRACE_FREE:
             results.append(CheckResult(name, NA, "the engine under test did not finish the workload"))
             continue
         lacks = checks.lacking(name, test.missing_fields)
         if lacks:
-            results.append(CheckResult(name, NA, f"the engine's step records lack {', '.join(lacks)}"))
+            results.append(CheckResult(name, NA, f"the engine's records lack {', '.join(lacks)}"))
             continue
         result = check(inputs)
         if result.failed and result.request_id is not None and name != "workload-triggers":

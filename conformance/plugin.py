@@ -11,6 +11,8 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
                              None = the embedded default model)
   --conformance-dtype D      float32 | bfloat16 | float16 | auto (the checkpoint's own), both engines
                              (else $CONFORMANCE_DTYPE, else float32)
+  --conformance-enable-prefix-caching   every scenario with prefix caching for the engine under test
+  --conformance-mamba-cache-mode M      with it: align | all (default: each scenario's own, else align)
   --conformance-xfail-file F expected failures (TOML); default: conformance/expectations/<engine>.toml
   --conformance-strict-expectations   a listed expected failure that passes fails the scenario
   --conformance-scenario ID  only this scenario (repeatable; default: the whole tier)
@@ -47,6 +49,7 @@ from conformance.env import describe, environment
 from conformance.expectations import judge, unknown_entries
 from conformance.results import ScenarioResult
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
+from conformance.workloads.scenario import MAMBA_CACHE_MODES
 from refengine.config import DTYPE_CHOICES
 
 SUITE_PATH = "conformance/suite/test_conformance.py"  # the shipped suite's test ids start with this
@@ -81,6 +84,10 @@ def pytest_addoption(parser):
     g.addoption("--conformance-device", default=None, help="device for both engines (default: cpu)")
     g.addoption("--conformance-dtype", default=None, help="dtype both engines run in: float32, bfloat16, float16 "
                 "or auto, the checkpoint's own (default: $CONFORMANCE_DTYPE, else float32)")
+    g.addoption("--conformance-enable-prefix-caching", action="store_true", help="run every scenario with prefix "
+                "caching for the engine under test (the reference engine it is compared with runs without)")
+    g.addoption("--conformance-mamba-cache-mode", default=None, help="with --conformance-enable-prefix-caching: "
+                "align or all (default: each scenario's own mode, else align)")
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")
     g.addoption("--conformance-strict-expectations", action="store_true",
@@ -186,6 +193,12 @@ def _check_options(config) -> None:
     if dtype not in DTYPE_CHOICES:
         where = "--conformance-dtype" if config.getoption("conformance_dtype") else f"${settings.ENV_DTYPE}"
         raise pytest.UsageError(f"conformance: {where} must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    mode = config.getoption("conformance_mamba_cache_mode")
+    if mode is not None and mode not in MAMBA_CACHE_MODES:
+        raise pytest.UsageError(f"conformance: --conformance-mamba-cache-mode must be one of "
+                                f"{', '.join(MAMBA_CACHE_MODES)}, got {mode!r}")
+    if mode is not None and not config.getoption("conformance_enable_prefix_caching"):
+        raise pytest.UsageError("conformance: --conformance-mamba-cache-mode needs --conformance-enable-prefix-caching")
 
 
 def _dtype(config) -> str:
@@ -225,8 +238,11 @@ def pytest_report_header(config):
     engine = engine or f"{settings.DEFAULT_ENGINE} (suite default; a conftest may choose another)"
     model = config.getoption("conformance_model") or os.environ.get(settings.ENV_MODEL) or "default"
     tier = config.getoption("conformance_tier") or "default"
-    return (f"conformance: engine {engine}, tier {tier}, model {model}, dtype {_dtype(config)} (both engines); "
-            f"{describe(environment(probe_device=False))}")
+    caching = ""
+    if config.getoption("conformance_enable_prefix_caching"):
+        caching = f", prefix caching {config.getoption('conformance_mamba_cache_mode') or 'on'} (engine under test)"
+    return (f"conformance: engine {engine}, tier {tier}, model {model}, dtype {_dtype(config)} (both engines)"
+            f"{caching}; {describe(environment(probe_device=False))}")
 
 
 def _scenarios(config) -> list[str]:
@@ -287,7 +303,9 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         model=settings.pick(opt("conformance_model"), settings.ENV_MODEL, conformance_default_model),
         tier=opt("conformance_tier") or "default",
         device=settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
-        xfail_file=opt("conformance_xfail_file"), dtype=_dtype(pytestconfig))
+        xfail_file=opt("conformance_xfail_file"), dtype=_dtype(pytestconfig),
+        enable_prefix_caching=opt("conformance_enable_prefix_caching"),
+        mamba_cache_mode=opt("conformance_mamba_cache_mode"))
 
 
 @pytest.fixture(scope="session")

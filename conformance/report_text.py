@@ -133,10 +133,15 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
     return "\n".join(lines)
 
 
+def distinct(traces: dict[str, Trace]) -> list[Trace]:
+    """Each trace once (the engine under test's run is the cached run when it is the reference engine)."""
+    return list({id(t): t for t in traces.values()}.values())
+
+
 def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
     """Everything the traces know about one request, engine by engine, step by step."""
     lines = []
-    for trace in traces.values():
+    for trace in distinct(traces):
         req = trace.requests.get(request_id)
         lines.append(f"== {trace.engine} ==")
         if req is None:
@@ -146,7 +151,9 @@ def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
             f"  prompt ({len(req.prompt_token_ids)} tokens): {req.prompt_token_ids}",
             f"  output ({len(req.token_ids)} tokens, finish {req.finish_reason}): {req.token_ids}",
             f"  acceptance (drafted/accepted): {acceptance_history(req.acceptance, limit=10**6)}",
-            f"  preemptions: {req.num_preemptions}",
+            f"  preemptions: {req.num_preemptions}"
+            + ("" if req.num_cached_tokens is None else f", prompt tokens served from the prefix cache: "
+               f"{req.num_cached_tokens}"),
             "  step  kind     computed  query  slot(off)  graph  drafts -> output",
         ]
         for step in trace.steps:
@@ -163,7 +170,7 @@ def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
 def format_step_table(traces: dict[str, Trace], max_steps: int | None = None) -> str:
     """Every engine's steps, one line per row: what ran in which step, and what the requests returned."""
     lines = []
-    for trace in traces.values():
+    for trace in distinct(traces):
         lines.append(f"== {trace.engine} ==" + (" (engine error)" if trace.error else ""))
         lines.append("  step  graph  request  kind     computed  query  slot(off)  drafts -> output")
         steps = trace.steps if max_steps is None else trace.steps[:max_steps]
@@ -184,5 +191,6 @@ def format_step_table(traces: dict[str, Trace], max_steps: int | None = None) ->
                          + ("" if abort.returned else "; it had already finished"))
         for rid, req in sorted(trace.requests.items()):
             lines.append(f"  {rid}: {len(req.token_ids)} tokens, finish {req.finish_reason}, acceptance "
-                         f"{acceptance_history(req.acceptance)}, preemptions {req.num_preemptions}")
+                         f"{acceptance_history(req.acceptance)}, preemptions {req.num_preemptions}"
+                         + (f", cached {req.num_cached_tokens}" if req.num_cached_tokens else ""))
     return "\n".join(lines)

@@ -43,6 +43,10 @@ def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), stric
         args += ["--conformance-model", sel.model]
     if sel.xfail_file is not None:
         args += ["--conformance-xfail-file", sel.xfail_file]
+    if sel.enable_prefix_caching:
+        args.append("--conformance-enable-prefix-caching")
+    if sel.mamba_cache_mode is not None:
+        args += ["--conformance-mamba-cache-mode", sel.mamba_cache_mode]
     if strict:
         args.append("--conformance-strict-expectations")
     for sid in scenarios:
@@ -120,6 +124,10 @@ class RunPrinter:
         self.total = len(session.items)
         self._print(f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
                     f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}")
+        if self.sel.enable_prefix_caching:
+            self._print(f"prefix caching: on for the engine under test in every scenario, mode "
+                        f"{self.sel.mamba_cache_mode or 'of each scenario (else align)'}; the reference engine runs "
+                        "without it")
         self._print(dtype_note(self.dtype))
         if self.expectations:
             self._print(self.expectations)

@@ -11,6 +11,7 @@ from conformance.harness import Case
 from conformance.model import preflight, run_dtype
 from conformance.mutants import MutantAdapter, get_mutant
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
+from conformance.workloads.scenario import MAMBA_CACHE_MODES
 from refengine.config import DTYPE_CHOICES
 
 DEFAULT_ENGINE = "async"  # the engine under test unless --engine / CONFORMANCE_ENGINE says otherwise
@@ -46,18 +47,27 @@ class Selection:
     device: str = "cpu"
     xfail_file: str | None = None  # None: the engine's packaged expectations file, if any
     dtype: str = "float32"  # both engines; "auto": the checkpoint's own dtype
+    enable_prefix_caching: bool = False  # every scenario with prefix caching for the engine under test
+    mamba_cache_mode: str | None = None  # with it: "align" | "all" (None: each scenario's own, else align)
 
     def __post_init__(self):
         if self.tier not in TIERS:
             raise ValueError(f"unknown tier {self.tier!r}; choose one of {', '.join(TIERS)}")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ValueError(f"mamba cache mode must be one of {', '.join(MAMBA_CACHE_MODES)}, "
+                             f"got {self.mamba_cache_mode!r}")
+        if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
+            raise ValueError(f"a mamba cache mode ({self.mamba_cache_mode}) needs prefix caching enabled "
+                             "(--enable-prefix-caching)")
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
         adapter = resolve_engine(self.engine)
         facts = preflight(self.model, self.device, self.dtype)
-        return Case(self.engine, adapter, facts, self.model, self.tier, self.device, run_dtype(self.dtype, facts))
+        return Case(self.engine, adapter, facts, self.model, self.tier, self.device, run_dtype(self.dtype, facts),
+                    self.enable_prefix_caching, self.mamba_cache_mode)
 
     def expectations(self) -> Expectations:
         path = self.xfail_file or expectations_file_for(self.engine)

@@ -63,6 +63,9 @@ class RequestTrace:
     num_draft_tokens: int | None = None  # the public counters, as reported (None: the output lacks the field)
     num_accepted_tokens: int | None = None
     text: str | None = None
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache (None: not reported)
+    added_at: int | None = None  # engine steps run when the harness added it (None: not recorded)
+    returned_at: int | None = None  # engine steps run when its output came back (an abort: before the next)
     verify_steps: list[VerifyStep] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)  # engine step that produced each output token
     token_kinds: list[str] = field(default_factory=list)  # kind of the row ("prefill"/"decode") that produced it
@@ -90,12 +93,15 @@ class Trace:
     steps: list[StepTrace] = field(default_factory=list)
     pools_empty: bool | None = None  # None: the engine cannot tell
     request_slots_in_use: int | None = None  # None: the engine cannot tell
-    occupancy: dict[str, int] | None = None  # the instance's occupancy() once the workload ended (None: no such method)
+    # the instance's occupancy() once the workload ended (None: no such method); with prefix caching it
+    # may count "prefix_cache_queries" and "prefix_cache_hits" (tokens looked up on admission, and served)
+    occupancy: dict[str, int] | None = None
     error: str | None = None  # the engine raised (traceback text) or made no progress
     num_engine_steps: int = 0
     aborts: dict[str, AbortTrace] = field(default_factory=dict)
     duplicate_outputs: list[str] = field(default_factory=list)  # requests handed back more than once
-    missing_fields: list[str] = field(default_factory=list)  # StepRecord / RowRecord fields the engine did not report
+    # StepRecord / RowRecord fields, and optional RequestOutput ones (num_cached_tokens), the engine did not report
+    missing_fields: list[str] = field(default_factory=list)
 
     def rows_of(self, request_id: str) -> list[RowTrace]:
         return [r for s in self.steps for r in s.rows if r.request_id == request_id]
@@ -122,6 +128,7 @@ class Recorder:
 
     def __init__(self, engine: str, scenario_id: str):
         self.trace = Trace(engine, scenario_id)
+        self.added: dict[str, int] = {}  # request id -> engine steps run when the harness added it
 
     def on_step(self, record) -> None:
         """Record one StepRecord-shaped object. A field the object lacks is noted in
@@ -160,16 +167,24 @@ class Recorder:
 
         return get
 
-    def on_output(self, out) -> None:
+    def on_added(self, request_id: str, steps_run: int) -> None:
+        self.added[request_id] = steps_run
+
+    def on_output(self, out, steps_run: int | None = None) -> None:
+        """A finished request's output; ``steps_run``: engine steps run when it came back."""
         if out.request_id in self.trace.requests:
             self.trace.duplicate_outputs.append(out.request_id)
+        cached = getattr(out, "num_cached_tokens", None)
+        if cached is None and "num_cached_tokens" not in self.trace.missing_fields:
+            self.trace.missing_fields.append("num_cached_tokens")
         self.trace.requests[out.request_id] = RequestTrace(
             request_id=out.request_id, prompt_token_ids=_ints(out.prompt_token_ids), token_ids=_ints(out.token_ids),
             finish_reason=out.finish_reason, acceptance=[(int(d), int(a)) for d, a in out.acceptance],
             num_preemptions=int(getattr(out, "num_preemptions", 0)),
             num_draft_tokens=_opt_int(getattr(out, "num_draft_tokens", None)),
             num_accepted_tokens=_opt_int(getattr(out, "num_accepted_tokens", None)),
-            text=getattr(out, "text", None))
+            text=getattr(out, "text", None), num_cached_tokens=_opt_int(cached),
+            added_at=self.added.get(out.request_id), returned_at=steps_run)
 
     def on_abort(self, request_id: str, step: int, out, live: int, occupancy=None) -> None:
         """The harness aborted ``request_id`` before engine step ``step``; ``out``: what abort() returned;
@@ -181,7 +196,7 @@ class Recorder:
             queued = int(occ.get("waiting", 0)) + int(occ.get("running", 0))
         self.trace.aborts[request_id] = AbortTrace(step, len(self.trace.steps), out is not None, live, queued)
         if out is not None:
-            self.on_output(out)
+            self.on_output(out, step)
 
     def finish(self, spec_enabled: bool) -> Trace:
         """Derive per-request verify steps, token steps and logits digests from the rows."""

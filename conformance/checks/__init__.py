@@ -25,8 +25,9 @@ from conformance.checks.invariants import (
     check_runs,
     check_state_slots,
 )
+from conformance.checks.prefix_cache import check_cache_lossless, check_cached_tokens, check_restored_state
 from conformance.checks.sanity import check_degenerate_run
-from conformance.checks.triggers import TRIGGERS, check_triggers
+from conformance.checks.triggers import CACHE_TRIGGERS, TRIGGERS, check_triggers
 from conformance.results import NA, CheckResult
 
 
@@ -41,6 +42,7 @@ class CheckInputs:
     vocab_size: int
     batch_invariant: bool  # the engine under test claims bitwise batch invariance
     strict_triggers: bool  # the shipped model: a trigger it cannot produce is a failure, not a warning
+    cached: Any = None  # Trace of the reference engine with the scenario's prefix caching, or None
 
     @property
     def aborted(self) -> set[str]:
@@ -63,18 +65,22 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ("aborts", lambda c: check_aborts(c.scenario, c.ref, c.test, c.plain)),
     ("logits-digests", _logits_digests),
     ("spec-lossless", lambda c: check_spec_lossless(c.plain if c.scenario.k else None, c.test, skip=c.aborted)),
+    ("cache-lossless", lambda c: check_cache_lossless(c.scenario, c.ref, c.cached)),
+    ("cached-tokens", lambda c: check_cached_tokens(c.scenario, c.test)),
+    ("restored-state", lambda c: check_restored_state(c.scenario, c.ref, c.test, c.batch_invariant)),
     ("full-graph-metadata", lambda c: check_full_graph_metadata(c.test)),
     ("new-prompt-prefill", lambda c: check_new_prompt_prefill(c.test)),
     ("id-range", lambda c: check_id_range(c.test, c.vocab_size)),
     ("state-slots", lambda c: check_state_slots(c.test)),
     ("pools-empty", lambda c: check_pools_empty(c.test)),
     ("degenerate-run", lambda c: check_degenerate_run(c.ref, c.test)),
-    ("workload-triggers", lambda c: check_triggers(c.scenario, c.ref, strict=c.strict_triggers)),
+    ("workload-triggers", lambda c: check_triggers(c.scenario, c.ref, strict=c.strict_triggers, cached=c.cached)),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
-# The StepRecord / RowRecord fields a check reads from the engine under test: when its records lack
-# one (an adapter of another engine), the check is n/a, never a pass over what happens to be there.
+# The StepRecord / RowRecord fields (and optional RequestOutput ones) a check reads from the engine under test:
+# when its records lack one (an adapter of another engine), the check is n/a, never a pass over what happens
+# to be there.
 NEEDS: dict[str, tuple[str, ...]] = {
     "acceptance": ("rows", "kind", "draft_token_ids", "output_token_ids", "num_accepted"),
     "logits-digests": ("rows", "logits_digest"),
@@ -83,6 +89,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
                            "state_slot_read", "input_ids"),
     "id-range": ("rows", "input_ids", "drafter_input_ids", "draft_token_ids", "next_draft_token_ids"),
     "state-slots": ("rows", "state_slot_read"),
+    "cached-tokens": ("num_cached_tokens",),
+    "restored-state": ("num_cached_tokens", "rows", "kind", "num_computed_tokens", "query_len", "has_initial_state"),
 }
 
 
@@ -91,6 +99,7 @@ def lacking(name: str, missing_fields) -> list[str]:
     return [f for f in NEEDS.get(name, ()) if f in missing_fields]
 
 __all__ = [
+    "CACHE_TRIGGERS",
     "CHECKS",
     "CHECK_NAMES",
     "NEEDS",
@@ -99,6 +108,8 @@ __all__ = [
     "acceptance_history",
     "check_aborts",
     "check_acceptance",
+    "check_cache_lossless",
+    "check_cached_tokens",
     "check_degenerate_run",
     "check_full_graph_metadata",
     "check_id_range",
@@ -106,6 +117,7 @@ __all__ = [
     "check_new_prompt_prefill",
     "check_pools_empty",
     "check_request_outputs",
+    "check_restored_state",
     "check_runs",
     "check_spec_lossless",
     "check_state_slots",

@@ -231,7 +231,8 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
     """The public ``RequestOutput`` fields that no other check compares, and the counters' meaning.
 
     Every public field is compared exactly once across the checks, so one bug fails one check:
-    ``token_ids`` and ``finish_reason`` by "tokens"; ``acceptance`` by "acceptance"; the rest here:
+    ``token_ids`` and ``finish_reason`` by "tokens"; ``acceptance`` by "acceptance"; ``num_cached_tokens``
+    by "cached-tokens" (against its ceiling: the oracle runs without a cache); the rest here:
 
     - per engine, for every request: ``num_draft_tokens`` and ``num_accepted_tokens`` are the sums of
       its ``acceptance`` history, and every verify step drafted at most K tokens and accepted at most

@@ -178,8 +178,13 @@ def check_pools_empty(test: Trace) -> CheckResult:
 
 
 def _occupancy_verdict(occ: dict[str, int], pools_empty: bool | None) -> CheckResult:
+    """A prefix cache's blocks that no request references any more are free (evictable): "used" counts
+    referenced blocks, so a block a finished request still holds fails here."""
     figures = [f"{label} {occ[key + '_used']} used / {occ[key + '_free']} free" for key, label in OCCUPANCY_POOLS
                if key + "_used" in occ and key + "_free" in occ]
+    if occ.get("prefix_cache_queries"):
+        figures.append(f"prefix cache {occ.get('prefix_cache_hits', 0)} of {occ['prefix_cache_queries']} looked-up "
+                       "tokens hit")
     problems = [f"{occ[key + '_used']} {label}" for key, label in OCCUPANCY_POOLS if occ.get(key + "_used")]
     problems += [f"{occ[key]} {label}" for key, label in OCCUPANCY_QUEUES if occ.get(key)]
     if pools_empty is False and not problems:

@@ -3,6 +3,9 @@
 A scenario names triggers (a preemption happened, chunk tails of every size ran, ...). If a change
 to the scheduler or the model makes a workload stop hitting its trigger, this check says so,
 instead of the suite silently losing the power to catch the bug the scenario targets.
+
+The prefix-caching triggers (``CACHE_TRIGGERS``) are judged on the reference engine's run *with* the
+scenario's caching (the "cached" trace); the others on the oracle's run without it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from conformance.checks.prefix_cache import Timeline, bounds, tokens_of
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 from conformance.workloads import Scenario
@@ -87,6 +91,56 @@ def _stop_mid_window(sc: Scenario, t: Trace) -> bool:
     return False
 
 
+def _hits(t: Trace) -> dict[str, int]:
+    return {rid: r.num_cached_tokens for rid, r in t.requests.items() if r.num_cached_tokens}
+
+
+def _hit_on_output(sc: Scenario, t: Trace) -> bool:
+    """A hit reached into tokens another request generated (a multi-turn chat's earlier reply)."""
+    for rid, h in _hits(t).items():
+        prompt = tuple(t.requests[rid].prompt_token_ids[:h])
+        if any(oid != rid and len(o.prompt_token_ids) < h and tokens_of(o)[:h] == prompt
+               for oid, o in t.requests.items()):
+            return True
+    return False
+
+
+def _hit_short_tail(sc: Scenario, t: Trace) -> bool:
+    return any(len(t.requests[rid].prompt_token_ids) - h < 1 + sc.k for rid, h in _hits(t).items())
+
+
+def _hit_block_edges(sc: Scenario, t: Trace) -> bool:
+    bs = sc.settings.block_size
+    return {bs - 1, 0, 1} <= {len(t.requests[rid].prompt_token_ids) % bs for rid in _hits(t)}
+
+
+def _concurrent_hits(sc: Scenario, t: Trace) -> bool:
+    hits = _hits(t)
+    return any(sum(r.request_id in hits for r in s.rows) >= 2 for s in t.steps)
+
+
+def _eviction(sc: Scenario, t: Trace) -> bool:
+    """A request got fewer cached tokens than a cache that evicted nothing would have given it."""
+    timeline = Timeline(t)
+    return any((r.num_cached_tokens or 0) < bounds(rid, sc, t, timeline, assume_no_eviction=True).lower
+               for rid, r in t.requests.items())
+
+
+def _shared_preemption(sc: Scenario, t: Trace) -> bool:
+    """A request was preempted while another live request shared its first cached block."""
+    hits, n = _hits(t), sc.settings.block_size + 1
+    live = {rid: (rows[0].step, rows[-1].step) for rid, rows in Timeline(t).rows.items()}
+    for step in t.steps:
+        for victim in step.preempted:
+            head = t.requests[victim].prompt_token_ids[:n] if victim in t.requests else None
+            if head is None or len(head) < n:
+                continue
+            if any(oid != victim and (victim in hits or oid in hits) and o.prompt_token_ids[:n] == head
+                   and oid in live and live[oid][0] < step.index <= live[oid][1] for oid, o in t.requests.items()):
+                return True
+    return False
+
+
 TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingProxyType({
     "new-short-prompt": ("a new prompt of at most K+2 tokens was scheduled", _new_short_prompt),
     "mixed-batch": ("a new prompt shared a step with running decodes", _mixed_batch),
@@ -103,11 +157,26 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
     "zero-draft-after-accept": ("a request verified no drafts right after a step that accepted some",
                                 _zero_draft_after_accept),
     "partial-drafts": ("a verify step had drafts, but fewer than K", _partial_drafts),
+    "prefix-hit": ("a request was served tokens from the prefix cache", lambda sc, t: bool(_hits(t))),
+    "hit-on-output": ("a prefix hit covered tokens an earlier request generated", _hit_on_output),
+    "hit-short-tail": ("a prefix hit left fewer than 1+K prompt tokens to compute", _hit_short_tail),
+    "hit-block-edges": ("prompts of block-size multiples -1, 0 and +1 tokens were served from the cache",
+                        _hit_block_edges),
+    "concurrent-hits": ("two requests served from the cache ran in the same step", _concurrent_hits),
+    "eviction": ("a request got fewer cached tokens than a cache that evicted nothing would give", _eviction),
+    "shared-preemption": ("a request was preempted while another request shared its cached prefix",
+                          _shared_preemption),
 })
+# Judged on the reference engine's run with the scenario's prefix caching.
+CACHE_TRIGGERS = frozenset({"prefix-hit", "hit-on-output", "hit-short-tail", "hit-block-edges", "concurrent-hits",
+                            "eviction", "shared-preemption"})
 
 
-def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True) -> CheckResult:
+def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, cached: Trace | None = None,
+                   ) -> CheckResult:
     """Did the reference run hit the scenario's triggers? This judges the workload, not the engine.
+    ``cached``: the reference engine's run with prefix caching, where ``CACHE_TRIGGERS`` are judged (a
+    scenario without one misses them).
 
     ``strict`` (the shipped default model): a missed trigger fails, since the corpus is tuned to that
     model and a miss means a scenario stopped testing what it exists for. On any other checkpoint the
@@ -122,7 +191,7 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True) ->
     unknown = [t for t in scenario.triggers if t not in TRIGGERS]
     if unknown:
         return failed(name, f"unknown trigger(s) {unknown}; known: {sorted(TRIGGERS)}")
-    missed = [t for t in scenario.triggers if not TRIGGERS[t][1](scenario, reference)]
+    missed = [t for t in scenario.triggers if not _hit(t, scenario, reference, cached)]
     if missed and not strict:
         what = "; ".join(f"{t} ({TRIGGERS[t][0]})" for t in missed)
         result = not_applicable(name, f"not exercised on this model: {', '.join(missed)}")
@@ -137,3 +206,8 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True) ->
                       f"reference run {what} - it did not happen, so this workload no longer tests what it is for",
                       missed=missed)
     return passed(name, "reference run hit " + ", ".join(scenario.triggers))
+
+
+def _hit(trigger: str, scenario: Scenario, reference: Trace, cached: Trace | None) -> bool:
+    trace = cached if trigger in CACHE_TRIGGERS else reference
+    return trace is not None and trace.error is None and TRIGGERS[trigger][1](scenario, trace)

@@ -181,6 +181,130 @@ def _long_prompts(k: int) -> ScenarioDef:
         EngineSettings(num_speculative_tokens=k, max_num_batched_tokens=64), build, (), NIGHTLY)
 
 
+# ---- prefix caching ----------------------------------------------------------------------------------
+# The engine under test runs with the cache, the oracle without: "tokens", "acceptance" and
+# "logits-digests" hold every hit to the uncached output, "cached-tokens" every count to its ceiling,
+# "restored-state" every hit's first row and logits, "cache-lossless" the reference engine's own cache.
+# A later wave arrives at ``LATER`` (the harness skips idle steps), once the earlier requests finished,
+# so its counts are pinned exactly; the pool is roomy unless the scenario is about pressure.
+LATER = 200
+ROOMY = 256  # KV blocks: more than every request of a non-pressure scenario can allocate
+
+
+def _cache_settings(k: int, mode: str, drafter: str = "mtp", **kw) -> EngineSettings:
+    kw = {"block_size": 4, "num_kv_blocks": ROOMY, "max_model_len": 160, **kw}
+    return EngineSettings(num_speculative_tokens=k, drafter=drafter, pattern="hash", enable_prefix_caching=True,
+                          mamba_cache_mode=mode, **kw)
+
+
+def _cache_def(name: str, k: int, mode: str, description: str, settings: EngineSettings, build,
+               triggers: tuple[str, ...], tiers=TIERS) -> ScenarioDef:
+    text = f"{description} (K={k}, mode {mode}; cached engine under test vs the uncached oracle)"
+    return ScenarioDef(f"prefix-{name}-k{k}", text, settings, build, ("prefix-hit", *triggers), tiers,
+                       ("prefix-caching",))
+
+
+def _system_prompt(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    # A shared prefix one token past a block boundary: the boundary is the last of the first request's
+    # prompt (where "align" keeps a state), and a block key with an MTP drafter covers the token after it.
+    def build(b):
+        system, other = b.prompt(3 * 4 + 1), b.prompt(2 * 4 + 1)
+        b.add_ids(system + b.prompt(2), b.size(4, 16))  # warms the cache
+        for n in range(b.size(4, 8)):  # arrive together once it finished: they hit it side by side
+            b.add_ids(system + b.prompt(1 + n), b.size(5, 20), arrival=LATER)
+        b.add_ids(other + b.prompt(2), b.size(6, 20), arrival=LATER)  # two cold ones share a prefix...
+        b.add_ids(other + b.prompt(3), b.size(6, 20), arrival=LATER)
+        b.add_ids(other + b.prompt(1), b.size(4, 12), arrival=LATER + 3)  # ...that a third finds half-way
+
+    return _cache_def("system-prompt", k, mode, "a system prompt shared by concurrent requests, cached by a "
+                      "first one; another prefix first seen by two requests at once", _cache_settings(k, mode),
+                      build, ("concurrent-hits",), tiers)
+
+
+def _multi_turn(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        for chat in range(b.size(2, 3)):
+            turn = b.add(6 + 3 * chat, b.size(6, 14), arrival=chat)
+            for _ in range(b.size(2, 4)):  # each turn: the previous prompt and reply, then a few new tokens
+                turn = b.extend(turn, b.rng.randint(0, 3), b.size(5, 12))
+
+    return _cache_def("multi-turn", k, mode, "multi-turn chats: each prompt is the previous prompt and reply "
+                      "plus a few tokens, so hits reach blocks the decode steps wrote", _cache_settings(k, mode),
+                      build, ("hit-on-output",), tiers)
+
+
+def _block_edges(k: int, mode: str, drafter: str = "mtp", tiers=TIERS) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        base = b.prompt(6 * bs + 2)
+        for n in (2, 3, 4, 5):  # sources one token past the grid: in both modes a state at each boundary
+            b.add_ids(base[: n * bs + 1], b.size(3, 10))
+        for n in (3, 5):
+            for d in (-1, 0, 1):  # prefixes of block boundary -1, 0 and +1 tokens, and the same plus new tokens
+                b.add_ids(base[: n * bs + d], b.size(4, 12), arrival=LATER)
+                b.add_ids(base[: n * bs + d] + b.prompt(2), b.size(4, 12), arrival=LATER)
+
+    return _cache_def("block-edges", k, mode, f"prompt lengths at block boundaries -1/0/+1 ({bs}-token blocks) "
+                      "over cached prefixes", _cache_settings(k, mode, drafter), build, ("hit-block-edges",), tiers)
+
+
+def _short_tail(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        base = b.prompt(5 * bs + 3)
+        b.add_ids(base[: 4 * bs + 1], b.size(4, 12))  # its last prompt boundary, 4 blocks, holds a state
+        for tail in range(1, k + 2):  # 1..K+1 prompt tokens left after the hit: fewer than 1+K but the last
+            b.add_ids(base[: 4 * bs + tail], b.size(5, 16), arrival=LATER)
+
+    return _cache_def("short-tail", k, mode, "hits that leave 1..K+1 prompt tokens to compute: a prefill from "
+                      "the restored state, however short", _cache_settings(k, mode), build, ("hit-short-tail",), tiers)
+
+
+def _eviction(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        systems = [b.prompt(3 * 4 + 1) for _ in range(4)]
+        for i, system in enumerate(systems):
+            b.add_ids(system + b.prompt(2), b.size(4, 6), arrival=i)
+        for i, system in enumerate(reversed(systems)):  # the newest are still cached, the oldest evicted
+            b.add_ids(system + b.prompt(3), b.size(4, 6), arrival=LATER + i)
+
+    return _cache_def("eviction", k, mode, "more distinct prefixes than a pool of 16 KV blocks keeps: the least "
+                      "recently used are evicted", _cache_settings(k, mode, num_kv_blocks=16, max_model_len=40,
+                                                                   max_num_seqs=2), build, ("eviction",), tiers)
+
+
+def _shared_preemption(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        system = b.prompt(4 * 4)
+        b.add_ids(system + b.prompt(1), b.size(4, 8))
+        for n in (2, 3, 5, 6):  # they share the cached prefix and outgrow the pool together
+            b.add_ids(system + b.prompt(n), b.size(16, 30), arrival=LATER)
+
+    return _cache_def("shared-preemption", k, mode, "requests sharing a cached prefix outgrow a pool of 17 KV blocks: "
+                      "one whose blocks the others share is preempted and resumed",
+                      _cache_settings(k, mode, "scripted", num_kv_blocks=17, max_model_len=60, max_num_seqs=4), build,
+                      ("shared-preemption",), tiers)
+
+
+def _prefix_caching() -> list[ScenarioDef]:
+    return [
+        _system_prompt(0, "all"),
+        _system_prompt(3, "align"),
+        _multi_turn(1, "align"),
+        _multi_turn(3, "all", NIGHTLY),
+        _block_edges(0, "all"),
+        _block_edges(1, "align"),
+        _block_edges(3, "all", "scripted"),
+        _short_tail(3, "all"),
+        _short_tail(1, "align", NIGHTLY),
+        _eviction(0, "all"),
+        _eviction(3, "align", NIGHTLY),
+        _shared_preemption(3, "align"),
+    ]
+
+
 def scenario_defs() -> tuple[ScenarioDef, ...]:
     """Every scenario definition, sorted by id (a fresh tuple: callers cannot change the corpus).
 
@@ -211,6 +335,7 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         _stop_tokens(3),
         *(_soak(k) for k in (0, 3)),
         _long_prompts(3),
+        *_prefix_caching(),
         *regression_defs(),  # shrunk generated workloads that once failed (conformance/workloads/regressions)
     ]
     ids = [d.id for d in defs]

@@ -10,7 +10,8 @@ Format (``"format": "conformance-scenario/1"``)::
      "settings": {EngineSettings fields}, "graph_mode": null | "none" | "piecewise" | "full" | ...,
      "vocab_size": 260,                      # the vocabulary the token ids were drawn for
      "requests": [{"request_id": "r00", "prompt": [ids], "max_tokens": 8, "arrival_step": 0,
-                   "ignore_eos": true, "stop_token_ids": [], "abort_step": null}, ...],
+                   "ignore_eos": true, "stop_token_ids": [], "abort_step": null,
+                   "extends": null}, ...],       # or an earlier request's id: a next turn (see RequestSpec)
      "origin": {...}}                        # where it came from (seed, failing check): informational
 
 Token ids are exact when the model's vocabulary is the file's; on a smaller vocabulary they are
@@ -79,9 +80,14 @@ def scenario_from_dict(d: dict, vocab_size: int | None = None, tier: str = "defa
             stops = tuple(int(t) % vocab_size if remap else int(t) for t in r.get("stop_token_ids", ()))
             requests.append(RequestSpec(str(r["request_id"]), prompt, int(r["max_tokens"]),
                                         int(r.get("arrival_step", 0)), bool(r.get("ignore_eos", True)), stops,
-                                        None if r.get("abort_step") is None else int(r["abort_step"])))
+                                        None if r.get("abort_step") is None else int(r["abort_step"]),
+                                        None if r.get("extends") is None else str(r["extends"])))
     except (KeyError, TypeError) as e:
         raise ScenarioFileError(f"{where}malformed scenario file: {type(e).__name__}: {e}") from None
+    except ScenarioFileError:
+        raise
+    except ValueError as e:  # settings or a request the workload cannot hold (an abort before arrival, a bad extends) (an abort before arrival, a bad extends)
+        raise ScenarioFileError(f"{where}{e}") from None
     if not requests:
         raise ScenarioFileError(f"{where}the scenario has no requests")
     ids = [r.request_id for r in requests]
@@ -90,8 +96,11 @@ def scenario_from_dict(d: dict, vocab_size: int | None = None, tier: str = "defa
     description = str(d.get("description", ""))
     if remap:
         description += f" (token ids taken modulo {vocab_size}: drawn for a vocabulary of {file_vocab})"
-    return Scenario(str(d["id"]), description, tier, settings, tuple(requests), tuple(d.get("triggers", ())),
-                    graph_mode)
+    try:
+        return Scenario(str(d["id"]), description, tier, settings, tuple(requests), tuple(d.get("triggers", ())),
+                        graph_mode)
+    except ValueError as e:
+        raise ScenarioFileError(f"{where}{e}") from None
 
 
 def read_scenario_file(path: str | Path, vocab_size: int | None = None, tier: str = "default") -> Scenario:

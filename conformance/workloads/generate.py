@@ -17,19 +17,33 @@ runs a generated one. What is drawn, and why:
   vocabulary large enough that greedy output meets one, often inside an accepted draft window), and
   an abort step (often one or two steps after arrival, when the request's step is in flight).
 
+With ``caching`` (an engine under test that supports prefix caching), also: prefix caching on or off
+and its mode (align, all); up to two shared prefixes (lengths weighted to block multiples -1, 0, +1)
+that requests start with; and requests that extend an earlier one (its prompt and reply, then a few
+tokens: a chat's next turn). A caching workload without KV pressure gets a pool that holds everything
+it can allocate, so the cached-token counts of the requests that arrive after others finished are
+pinned to their ceiling.
+
 Prompt contents come from a per-request seed, so shrinking works on a handful of numbers: fewer
-requests, shorter prompts, earlier arrivals, fewer tokens, fewer aborts, smaller K.
+requests, shorter prompts, earlier arrivals, fewer tokens, fewer aborts, smaller K, no sharing.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from conformance.workloads.scenario import PATTERNS, EngineSettings, RequestSpec, Scenario
+from conformance.workloads.scenario import (
+    MAMBA_CACHE_MODES,
+    PATTERNS,
+    EngineSettings,
+    RequestSpec,
+    Scenario,
+    longest_prompt,
+)
 
 GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
 SCRIPTED_PATTERNS = tuple(p for p in PATTERNS if p != "hash") + ("hash",)  # shrink toward all-accept
@@ -62,7 +76,7 @@ def _settings(draw, limits: Limits, has_mtp: bool, scripted: bool) -> tuple[Engi
     model_len = draw(st.one_of(st.none(), st.integers(max(8, 2 * k + 4), 48)))
     kv_blocks = None
     if model_len is not None and draw(st.booleans()):  # KV pressure: little more than one request's worth
-        needed = math.ceil((model_len + 2 * k) / block_size)
+        needed = math.ceil((model_len + 2 * k + 1) / block_size)  # kv_positions_per_request: up to mml + 2K
         kv_blocks = needed + draw(st.integers(0, 4))
     settings = EngineSettings(num_speculative_tokens=k, drafter=drafter, pattern=pattern, max_num_seqs=seats,
                               max_num_batched_tokens=budget, block_size=block_size, num_kv_blocks=kv_blocks,
@@ -76,16 +90,58 @@ def _prompt_length(draw, k: int, budget: int, max_prompt: int) -> int:
     return draw(st.one_of(st.sampled_from(special), st.integers(1, max_prompt)))
 
 
+def _shared_prefixes(draw, vocab_size: int, block_size: int, max_prompt: int) -> list[tuple[int, ...]]:
+    """0..2 prefixes for requests to share, of lengths weighted to block multiples -1, 0 and +1."""
+    edges = sorted({n * block_size + d for n in (1, 2, 3) for d in (-1, 0, 1) if 1 <= n * block_size + d <= max_prompt})
+    prefixes = []
+    for _ in range(draw(st.integers(0, 2))):
+        length = draw(st.one_of(st.sampled_from(edges), st.integers(1, max_prompt))) if edges else 1
+        rng = random.Random(draw(st.integers(0, 2**16)))
+        prefixes.append(tuple(rng.randrange(vocab_size) for _ in range(length)))
+    return prefixes
+
+
+def _cached(draw, settings: EngineSettings) -> EngineSettings:
+    """Prefix caching off, or on in one of the modes."""
+    mode = draw(st.sampled_from((None, *MAMBA_CACHE_MODES)))
+    return settings if mode is None else replace(settings, enable_prefix_caching=True, mamba_cache_mode=mode)
+
+
+def _extends(draw, requests: list[RequestSpec], max_prompt: int) -> tuple[str | None, int]:
+    """An earlier request to continue (not aborted, its next turn at most ``max_prompt`` tokens long), and how
+    many new tokens follow its reply; (None, 0) for a request of its own."""
+    if not requests:
+        return None, 0
+    pick = draw(st.one_of(st.none(), st.integers(0, len(requests) - 1)))
+    if pick is None or requests[pick].abort_step is not None:
+        return None, 0
+    src, new = requests[pick], draw(st.integers(0, 4))
+    fits = longest_prompt(requests, src.request_id) + src.max_tokens + new <= max_prompt
+    return (src.request_id, new) if fits else (None, 0)
+
+
+def roomy_pool(scenario: Scenario) -> int:
+    """KV blocks holding everything the workload can allocate, and one request of the model's length."""
+    s, model_len = scenario.settings, scenario.settings.max_model_len or 1024
+    needed = sum(math.ceil((scenario.longest_prompt(r.request_id) + r.max_tokens + 2 * s.k + 1) / s.block_size) + 1
+                 for r in scenario.requests)
+    return max(needed, math.ceil((model_len + 2 * s.k + 1) / s.block_size))
+
+
 @st.composite
 def scenarios(draw, vocab_size: int, *, limits: Limits = Limits(), has_mtp: bool = True, scripted: bool = True,
-              aborts: bool = True, name: str = "generated") -> Scenario:
-    """A whole workload: engine settings, graph mode, and 1..limits.max_requests requests."""
+              aborts: bool = True, caching: bool = False, name: str = "generated") -> Scenario:
+    """A whole workload: engine settings, graph mode, and 1..limits.max_requests requests (``caching``: prefix
+    caching, shared prefixes and multi-turn requests drawn too)."""
     settings, model_len = _settings(draw, limits, has_mtp, scripted)
     k, budget = settings.k, settings.max_num_batched_tokens
     graph_mode = draw(st.sampled_from(GRAPH_MODES))
     max_prompt = limits.max_prompt if model_len is None else min(limits.max_prompt, model_len - 1)
+    prefixes = _shared_prefixes(draw, vocab_size, settings.block_size, max_prompt) if caching else []
+    if caching:
+        settings = _cached(draw, settings)
     n = draw(st.integers(1, limits.max_requests))
-    requests = []
+    requests: list[RequestSpec] = []
     for i in range(n):
         arrival = draw(st.integers(0, limits.max_arrival))
         length = _prompt_length(draw, k, budget, max_prompt)
@@ -99,10 +155,32 @@ def scenarios(draw, vocab_size: int, *, limits: Limits = Limits(), has_mtp: bool
         rng = random.Random(prompt_seed)
         prompt = tuple(rng.randrange(vocab_size) for _ in range(length))
         stops = tuple(sorted(rng.sample(range(vocab_size), num_stops)))
-        requests.append(RequestSpec(f"r{i:02d}", prompt, max_tokens, arrival, True, stops,
-                                    None if abort_after is None else arrival + abort_after))
-    description = (f"generated: {n} request(s), prompts of {[len(r.prompt) for r in requests]} tokens, arrivals "
-                   f"{[r.arrival_step for r in requests]}"
-                   + (f", aborts {[r.request_id for r in requests if r.abort_step is not None]}"
-                      if any(r.abort_step is not None for r in requests) else ""))
-    return Scenario(name, description, "default", settings, tuple(requests), (), graph_mode)
+        extends, new = None, 0
+        if caching:
+            shared = draw(st.one_of(st.none(), st.integers(0, len(prefixes) - 1))) if prefixes else None
+            if shared is not None:
+                prompt = (prefixes[shared] + prompt)[:max_prompt]
+            extends, new = _extends(draw, requests, max_prompt)
+        requests.append(RequestSpec(f"r{i:02d}", prompt[:new] if extends else prompt, max_tokens, arrival, True,
+                                    stops, None if abort_after is None else arrival + abort_after, extends))
+    return _finish(Scenario(name, _describe(requests, prefixes), "default", settings, tuple(requests), (),
+                            graph_mode))
+
+
+def _finish(scenario: Scenario) -> Scenario:
+    """A caching workload without KV pressure gets a pool that evicts nothing (its counts are then pinned)."""
+    s = scenario.settings
+    if not s.enable_prefix_caching or s.num_kv_blocks is not None:
+        return scenario
+    return replace(scenario, settings=replace(s, num_kv_blocks=roomy_pool(scenario)))
+
+
+def _describe(requests: list[RequestSpec], prefixes: list[tuple[int, ...]]) -> str:
+    text = (f"generated: {len(requests)} request(s), prompts of {[len(r.prompt) for r in requests]} tokens, arrivals "
+            f"{[r.arrival_step for r in requests]}")
+    if any(r.abort_step is not None for r in requests):
+        text += f", aborts {[r.request_id for r in requests if r.abort_step is not None]}"
+    if prefixes:
+        text += f", shared prefixes of {[len(p) for p in prefixes]} tokens"
+    turns = [f"{r.request_id}<-{r.extends}" for r in requests if r.extends is not None]
+    return text + (f", next turns {turns}" if turns else "")

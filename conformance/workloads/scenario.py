@@ -100,11 +100,45 @@ class RequestSpec:
     # back earlier. None: never aborted. An abort at the arrival step cancels it before it is scheduled;
     # one step after a step that scheduled it, it is aborted while that step is in flight (async engines).
     abort_step: int | None = None
+    # Multi-turn: the id of an earlier request whose prompt and output this request's prompt continues.
+    # ``prompt`` is then only what follows them (token ids, possibly none); the harness builds the whole
+    # prompt once that request's output came back, and adds this one at ``arrival_step`` or, if the other
+    # has not finished by then, right after it has.
+    extends: str | None = None
 
     def __post_init__(self):
         if self.abort_step is not None and self.abort_step < self.arrival_step:
             raise ValueError(f"request {self.request_id}: abort_step {self.abort_step} comes before its "
                              f"arrival_step {self.arrival_step}")
+        if self.extends is not None and isinstance(self.prompt, str):
+            raise ValueError(f"request {self.request_id}: a request that extends another takes token ids, not text")
+
+
+def longest_prompt(requests, request_id: str) -> int:
+    """The most tokens request ``request_id``'s prompt can hold: its own, and for a next turn those of the
+    turn it extends plus that turn's ``max_tokens``."""
+    r = next(r for r in requests if r.request_id == request_id)
+    if r.extends is None:
+        return len(r.prompt)
+    src = next(s for s in requests if s.request_id == r.extends)
+    return longest_prompt(requests, src.request_id) + src.max_tokens + len(r.prompt)
+
+
+def check_extends(requests: tuple[RequestSpec, ...] | list[RequestSpec]) -> None:
+    """A request extends an earlier request of the same workload, with a token-id prompt, never aborted
+    (its output would depend on when the abort reached the engine)."""
+    seen: dict[str, RequestSpec] = {}
+    for r in requests:
+        if r.extends is not None:
+            src = seen.get(r.extends)
+            if src is None:
+                raise ValueError(f"request {r.request_id} extends {r.extends!r}, which is not an earlier request "
+                                 "of the workload")
+            if src.abort_step is not None:
+                raise ValueError(f"request {r.request_id} extends {r.extends}, which the workload aborts")
+            if isinstance(src.prompt, str):
+                raise ValueError(f"request {r.request_id} extends {r.extends}, whose prompt is text")
+        seen[r.request_id] = r
 
 
 @dataclass(frozen=True)
@@ -121,14 +155,25 @@ class Scenario:
     # engine's own. Generated scenarios draw it; the reference engine always runs without graphs.
     graph_mode: str | None = None
 
+    def __post_init__(self):
+        check_extends(self.requests)
+
     @property
     def k(self) -> int:
         return self.settings.k
 
     @property
+    def caching(self) -> bool:
+        return self.settings.enable_prefix_caching
+
+    @property
     def aborted(self) -> tuple[str, ...]:
         """Ids of the requests the workload aborts (if they have not finished by then)."""
         return tuple(r.request_id for r in self.requests if r.abort_step is not None)
+
+    def longest_prompt(self, request_id: str) -> int:
+        """The most tokens the request's prompt can hold (with those of the turns it extends)."""
+        return longest_prompt(self.requests, request_id)
 
     def without_aborts(self) -> Scenario:
         """The same workload with every request left to finish: what an aborted request is a prefix of."""
@@ -166,9 +211,18 @@ class Builder:
         return tuple(phrase[i % len(phrase)] for i in range(length))
 
     def add(self, length: int, max_tokens: int, arrival: int = 0, *, repeat: int = 0, **kw) -> RequestSpec:
-        spec = RequestSpec(f"r{len(self.requests):02d}", self.prompt(length, repeat), max_tokens, arrival, **kw)
+        return self.add_ids(self.prompt(length, repeat), max_tokens, arrival, **kw)
+
+    def add_ids(self, prompt: tuple[int, ...], max_tokens: int, arrival: int = 0, **kw) -> RequestSpec:
+        """A request with the given prompt (a shared prefix plus its own tokens, say)."""
+        spec = RequestSpec(f"r{len(self.requests):02d}", tuple(prompt), max_tokens, arrival, **kw)
         self.requests.append(spec)
         return spec
+
+    def extend(self, source: RequestSpec, length: int, max_tokens: int, arrival: int = 0) -> RequestSpec:
+        """The next turn of a chat: ``source``'s prompt and output, then ``length`` new tokens (0: none)."""
+        new = self.prompt(length) if length else ()
+        return self.add_ids(new, max_tokens, arrival, extends=source.request_id)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ The default tier runs a small fixed budget (same seed, same workloads); the nigh
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -14,9 +15,11 @@ from conformance.cli import main
 from conformance.fuzz import explore, fuzz
 from conformance.session import Selection
 from conformance.workloads.files import read_scenario_file
-from conformance.workloads.generate import GRAPH_MODES, Limits, scenarios
+from conformance.workloads.generate import GRAPH_MODES, Limits, roomy_pool, scenarios
 from conformance.workloads.scenario import PATTERNS
+from refengine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from tests.conformance import planted_engine
+from tests.conformance.caching_engines import CachingBugAdapter
 
 VOCAB = 260
 PLANTED = "tests.conformance.planted_engine:factory"
@@ -37,8 +40,6 @@ def _generated(seed: int, n: int, **kw) -> list:
 
 
 def test_generated_workloads_are_valid_engine_configurations():
-    from refengine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
-
     for sc in _generated(3, 150):
         s = sc.settings
         cfg = EngineConfig(graph_mode=sc.graph_mode if sc.graph_mode else "none", engine="async",
@@ -89,7 +90,7 @@ def test_generated_workloads_cover_the_triggers():
     assert any(sc.settings.drafter == "mtp" and sc.k for sc in seen)
     pressured = [sc for sc in seen if sc.settings.num_kv_blocks is not None]
     assert pressured and all(sc.settings.num_kv_blocks <= math.ceil(
-        (sc.settings.max_model_len + 2 * sc.k) / sc.settings.block_size) + 4 for sc in pressured)
+        (sc.settings.max_model_len + 2 * sc.k + 1) / sc.settings.block_size) + 4 for sc in pressured)
     assert any(sc.settings.max_num_seqs < len(sc.requests) for sc in seen)  # seat pressure
     aborts = [r.abort_step - r.arrival_step for sc in seen for r in sc.requests if r.abort_step is not None]
     assert {0, 1, 2} <= set(aborts) and max(aborts) > 3  # before scheduling, in flight, later
@@ -185,3 +186,36 @@ def test_known_bugs_are_counted_and_the_search_goes_on(tmp_path):
                   known=lambda result: "planted" if result.failures[0].check == "tokens" else None)
     assert not report.failed and report.search.examples == 6 and report.search.known > 0
     assert not list(tmp_path.iterdir())
+
+
+def test_with_prefix_caching_the_generator_draws_modes_shared_prefixes_and_next_turns():
+
+    seen = _generated(2, 150, caching=True, limits=Limits(max_requests=5, max_prompt=40))
+    modes = {sc.settings.mamba_cache_mode for sc in seen}
+    assert modes == {None, "align", "all"}  # caching off, and on in both modes
+    assert any("shared prefixes" in sc.description for sc in seen)
+    shared = [sc for sc in seen if sum(1 for r in sc.requests if len(r.prompt) >= sc.settings.block_size) >= 2
+              and len({r.prompt[: sc.settings.block_size] for r in sc.requests}) < len(sc.requests)]
+    assert shared, "no two requests of a workload start with the same block"
+    turns = [sc for sc in seen if any(r.extends is not None for r in sc.requests)]
+    assert turns and all(sc.longest_prompt(r.request_id) < (sc.settings.max_model_len or 1024)
+                         for sc in turns for r in sc.requests)
+    roomy = [sc for sc in seen if sc.caching and sc.settings.num_kv_blocks >= roomy_pool(sc)]
+    assert roomy, "no caching workload with a pool that evicts nothing (its counts would never be pinned)"
+    for sc in seen:  # valid reference-engine configurations (raises for impossible ones)
+        s = sc.settings
+        EngineConfig(engine="reference", cache=CacheConfig(s.block_size, s.num_kv_blocks, s.enable_prefix_caching,
+                                                           s.mamba_cache_mode),
+                     scheduler=SchedulerConfig(s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len or 1024),
+                     speculative=SpeculativeConfig(s.k, s.drafter))
+    plain = _generated(2, 40)
+    assert not any(sc.caching or any(r.extends for r in sc.requests) for sc in plain)
+
+
+def test_fuzz_finds_a_cache_that_never_hits(tmp_path):
+    """An engine that claims prefix caching but never hits: the generated caching workloads fail cached-tokens."""
+    case = Selection(engine="reference").open_case()
+    case = dataclasses.replace(case, engine="caching-bug:never-hits", adapter=CachingBugAdapter("never-hits"))
+    report = fuzz(case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path, limits=DEFAULT_LIMITS, shrink=False)
+    assert report.failed and report.search.check == "cached-tokens" and report.reproduced
+    assert read_scenario_file(report.file, VOCAB).caching

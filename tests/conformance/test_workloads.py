@@ -83,7 +83,8 @@ def test_every_scenario_is_well_formed(vocab):
             limit = s.max_model_len or 1024
             for r in sc.requests:
                 assert all(0 <= t < vocab for t in r.prompt)
-                assert 1 <= len(r.prompt) < limit and r.max_tokens >= 1 and r.arrival_step >= 0
+                assert 1 <= sc.longest_prompt(r.request_id) < limit and r.max_tokens >= 1 and r.arrival_step >= 0
+                assert r.extends is not None or r.prompt
             if s.num_kv_blocks is not None:  # one request of max_model_len must fit the pool
                 assert s.num_kv_blocks * s.block_size >= limit + 2 * s.k
 
