@@ -244,6 +244,20 @@ class EngineConfig:
         return self.scheduler.max_num_seqs * (1 + self.speculative.num_speculative_tokens)
 
     @property
+    def num_checkpoint_columns(self) -> int:
+        """Block boundaries one row of an async step can reach (P): its 1+K tokens cover at most this many."""
+        return math.ceil((1 + self.speculative.num_speculative_tokens) / self.cache.block_size)
+
+    @property
+    def num_staged_checkpoints(self) -> int:
+        """State slots after the checkpoints that the async engine's steps in flight copy boundary states
+        into before the host knows their keys: P per row of the two steps that can hold them at once
+        (the one planned and the one in flight). 0 for the reference engine and without caching."""
+        if not self.cache.enable_prefix_caching or self.engine != "async":
+            return 0
+        return 2 * self.scheduler.max_num_seqs * self.num_checkpoint_columns
+
+    @property
     def num_state_checkpoints(self) -> int:
         """State slots after the per-request ones that hold prefix-cache checkpoints (0 without caching)."""
         if not self.cache.enable_prefix_caching:

@@ -48,6 +48,23 @@ def test_checkpoint_pool_is_lru_and_keyed_once():
     assert ck.reserve(b"z") == s2 and not ck.has(b"y")
 
 
+def test_checkpoint_pool_holds_staging_slots_and_swaps_them_in():
+    ck = CheckpointPool(first_slot=10, num_slots=2, num_staging=2)  # checkpoints 10, 11; staging 12, 13
+    assert ck.reserve(b"w") == 10 and ck.reserve(b"x") == 11  # the pool is full
+    a, b = ck.hold(), ck.hold()
+    assert {a, b} == {12, 13} and ck.hold() is None and ck.num_held == 2
+    assert ck.has(b"w") and ck.has(b"x"), "holding never evicts a checkpoint"
+    assert ck.keep(a, b"y") and ck.lookup(b"y") == a and not ck.has(b"w"), "keyed, w (the LRU one) makes room"
+    assert ck.num_used == 2 and ck.num_held == 1
+    assert ck.hold() == 10, "the slot w gave up is a staging slot now"
+    assert not ck.keep(b, b"x"), "a key has one checkpoint: the held slot is freed"
+    assert ck.lookup(b"x") == 11 and ck.hold() == b
+    ck.release(b)
+    with pytest.raises(RuntimeError, match="released but not held"):
+        ck.release(b)
+    assert ck.num_held == 1
+
+
 def _cache(mode):
     return PrefixCache(BlockPool(8), CheckpointPool(0, 4), block_size=4, mode=mode, lookahead=0)
 
