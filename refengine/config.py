@@ -201,9 +201,6 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be >= 1 + "
                 f"num_speculative_tokens ({1 + k}) so a verify row always fits"
             )
-        if self.cache.enable_prefix_caching and self.engine != "reference":
-            raise ConfigError(f"enable_prefix_caching=True is served by the reference engine only; "
-                              f"engine={self.engine!r} does not restore cached states yet")
         if self.cache.enable_prefix_caching and self.recurrent_prefill_chunked:
             raise ConfigError("enable_prefix_caching=True with recurrent_prefill_chunked=True: the chunked "
                               "prefill kernels' results depend on where a prompt is split, so a prefix hit "

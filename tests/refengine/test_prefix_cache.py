@@ -99,8 +99,7 @@ def test_settings_are_validated():
         CacheConfig(enable_prefix_caching=True, mamba_cache_mode="none")
     with pytest.raises(ConfigError, match="enable_prefix_caching must be True or False, got 1"):
         CacheConfig(enable_prefix_caching=1)
-    with pytest.raises(ConfigError, match="engine='async' does not restore cached states yet"):
-        EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True))
+    assert EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True)).cache.enable_prefix_caching
     with pytest.raises(ConfigError, match="recurrent_prefill_chunked=True"):
         EngineConfig(recurrent_prefill_chunked=True, cache=CacheConfig(enable_prefix_caching=True))
 
