@@ -71,7 +71,8 @@ class ModelCaches:
                 t[dst] = t[src]
 
     def restore_checkpoints(self, src: torch.Tensor, slot0: torch.Tensor) -> None:
-        """``restore_checkpoint`` for n requests at once: checkpoint ``src[i]`` into s_0 ``slot0[i]`` ([n] int64)."""
+        """``restore_checkpoint`` for n requests at once: checkpoint ``src[i]`` into s_0 ``slot0[i]``
+        (both [n] int64)."""
         for tensors in self.states.values():
             for t in tensors:
                 t[slot0] = t[src]

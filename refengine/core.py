@@ -214,5 +214,5 @@ class EngineCore:
         queries, hits, held = (0, 0, 0) if s.prefix is None else (
             s.prefix.num_query_tokens, s.prefix.num_hit_tokens, s.prefix.checkpoints.num_held)
         return Occupancy(s.kv_pool.num_used, s.kv_pool.num_free, s.slot_pool.num_used, s.slot_pool.num_free,
-                         request_slots_used, request_slots_free, len(s.waiting), len(s.running), queries, hits,
-                         held)
+                         request_slots_used, request_slots_free, len(s.waiting), len(s.running), queries,
+                         hits, held)

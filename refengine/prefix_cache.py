@@ -310,7 +310,8 @@ class PrefixCache:
                 out.append(Publish(b, column, slot))
         return out
 
-    def publish_blocks(self, req, block_ids: list[int], num_computed_before: int, limit: int) -> dict[int, bytes]:
+    def publish_blocks(self, req, block_ids: list[int], num_computed_before: int,
+                       limit: int) -> dict[int, bytes]:
         """Publish the KV blocks of ``req`` that end in ``(num_computed_before, limit]`` (committed tokens
         whose key is known); returns boundary -> key for each."""
         out = {}

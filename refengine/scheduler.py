@@ -84,8 +84,8 @@ class Scheduler:
         if config.cache.enable_prefix_caching:
             checkpoints = CheckpointPool(config.num_state_slots, config.num_state_checkpoints,
                                          config.num_staged_checkpoints)
-            self.prefix = PrefixCache(self.kv_pool, checkpoints, self.block_size, config.cache.mamba_cache_mode,
-                                      lookahead=1 if drafter_kv_cache else 0)
+            self.prefix = PrefixCache(self.kv_pool, checkpoints, self.block_size,
+                                      config.cache.mamba_cache_mode, lookahead=1 if drafter_kv_cache else 0)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 

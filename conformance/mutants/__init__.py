@@ -429,23 +429,26 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("stop-rule-on-optimistic-count", "own", "contract 4: host copies are upper bounds only",
            "the max_tokens stop rule counts optimistic placeholders, so requests stop early",
            _stop_rule_on_optimistic_count, scenarios=("mtp-k3", "churn-k3")),
-    Mutant("pc-publish-optimistic-count", "own (prefix caching)", "a block is published once its tokens are "
-           "committed", "a verify row publishes the block and checkpoint its scheduled drafts would reach, "
-           "holding a rejected draft's KV and a state never copied", _publish_optimistic_count,
+    Mutant("pc-publish-optimistic-count", "own (prefix caching)", "contract 9: published once committed",
+           "a verify row publishes the block and checkpoint its scheduled drafts would reach, holding a "
+           "rejected draft's KV and a state never copied", _publish_optimistic_count,
            scenarios=("pc-preemption-k3",)),
-    Mutant("pc-kv-hit-past-checkpoint", "own (prefix caching)", "a hit restores the state at its exact position",
+    Mutant("pc-kv-hit-past-checkpoint", "own (prefix caching)", "contract 9: the state at the hit's position",
            "a hit is as long as its cached KV blocks and restores the last checkpoint inside them (or none)",
            _kv_hit_past_checkpoint, scenarios=("pc-shared-prompt-k0-align", "pc-shared-prompt-k3-align")),
-    Mutant("pc-hit-without-reference", "own (prefix caching)", "reference counts stay exact",
-           "the KV blocks of a hit are shared without taking a reference, so eviction can reuse them while shared",
+    Mutant("pc-hit-without-reference", "own (prefix caching)", "contract 9: a hit references its blocks",
+           "the KV blocks of a hit are shared without taking a reference, so eviction can reuse them while "
+           "shared",
            _hit_without_reference, scenarios=("pc-shared-prompt-k0-all",)),
-    Mutant("pc-restore-repeated", "vLLM #53505 (copy over newer state)", "copies never run backwards over newer "
-           "state", "a hit's restore copy is queued again with the request's next step and overwrites the state "
-           "its first step left", _restore_repeated, scenarios=("pc-shared-prompt-k3-all",)),
-    Mutant("pc-checkpoint-slots-permuted", "vLLM #53919 (permuted when rows move)", "checkpoint copies keyed by "
-           "request", "the checkpoint slots held per row are staged in scheduling order but read in batch order",
-           _checkpoint_slots_in_schedule_order, scenarios=("pc-shared-prompt-k3-all", "pc-shared-prompt-k0-all")),
-    Mutant("pc-conv-window-unshifted", "own (prefix caching)", "contract 1 for checkpoints: the state after token j",
+    Mutant("pc-restore-repeated", "vLLM #53505 (copy over newer state)", "contract 9: never over newer state",
+           "a hit's restore copy is queued again with the request's next step and overwrites the state its "
+           "first step left", _restore_repeated, scenarios=("pc-shared-prompt-k3-all",)),
+    Mutant("pc-checkpoint-slots-permuted", "vLLM #53919 (permuted when rows move)",
+           "contract 9: each checkpoint from its own row",
+           "the checkpoint slots held per row are staged in scheduling order but read in batch order",
+           _checkpoint_slots_in_schedule_order,
+           scenarios=("pc-shared-prompt-k3-all", "pc-shared-prompt-k0-all")),
+    Mutant("pc-conv-window-unshifted", "own (prefix caching)", "contracts 1 and 9: the state after token j",
            "a verify step's checkpoint takes the conv window of its first token, not of the boundary's token",
            _conv_window_unshifted, scenarios=("pc-preemption-k3",)),
 )

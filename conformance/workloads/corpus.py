@@ -183,8 +183,9 @@ def _shared_prompt(k: int, mode: str) -> ScenarioDef:
             _add_sharing(b, system[:n], extra, b.size(6, 24), arrival=8)
 
     return ScenarioDef(
-        f"pc-shared-prompt-k{k}-{mode}", f"prefix caching ({mode}): prompts sharing a long prompt's first blocks "
-        f"arrive once its chunks are published, block size {bs} (K={k})",
+        f"pc-shared-prompt-k{k}-{mode}",
+        f"prefix caching ({mode}): prompts sharing a long prompt's first blocks arrive once its chunks are "
+        f"published, block size {bs} (K={k})",
         EngineSettings(num_speculative_tokens=k, block_size=bs, max_num_batched_tokens=12,
                        enable_prefix_caching=True, mamba_cache_mode=mode), build, ("mixed-batch",))
 
@@ -198,8 +199,9 @@ def _cached_preemption(k: int) -> ScenarioDef:
     # The pool holds one request of max_model_len, so the sharers preempt each other; a resumed request
     # looks up its prompt and outputs, and hits the blocks its own verify steps published.
     return ScenarioDef(
-        f"pc-preemption-k{k}", f"prefix caching (all): requests sharing a prompt preempt each other in a pool of "
-        f"14 KV blocks of 4 tokens and resume on hits reaching into their outputs (scripted drafter, K={k})",
+        f"pc-preemption-k{k}",
+        f"prefix caching (all): requests sharing a prompt preempt each other in a pool of 14 KV blocks of 4 "
+        f"tokens and resume on hits reaching into their outputs (scripted drafter, K={k})",
         EngineSettings(num_speculative_tokens=k, drafter="scripted", block_size=4, num_kv_blocks=14,
                        max_model_len=48, enable_prefix_caching=True, mamba_cache_mode="all"),
         build, ("preemption",))

@@ -98,8 +98,8 @@ class AsyncEngine(Engine):
             self.drafter.check_model(model)
         drafter_kv = self.drafter is not None and self.drafter.uses_kv_cache
         self.core = EngineCore(c, model_config, tokenizer, request_type=AsyncRequest,
-                               num_tokens=scheduled_num_tokens, on_release=self._on_release, on_preempt=forget,
-                               drafter_kv_cache=drafter_kv)
+                               num_tokens=scheduled_num_tokens, on_release=self._on_release,
+                               on_preempt=forget, drafter_kv_cache=drafter_kv)
         # With prefix caching: the per-request slots, the checkpoints, the staging slots, then a sink slot
         # that the copies nobody asked for go to.
         caching = c.cache.enable_prefix_caching
@@ -270,11 +270,14 @@ class AsyncEngine(Engine):
             if self.prefix is not None:
                 self.prefix.done(plan, spans)
         if plan.record:
-            k = self.config.speculative.num_speculative_tokens
-            rows = [r for i, r in enumerate(build_records(plan, tokens, fut.payload, k)) if i not in discarded]
-            self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
-                                        plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
+            self._record(fut, tokens, discarded)
         return finished
+
+    def _record(self, fut: StepFuture, tokens: list[list[int]], discarded: set[int]) -> None:
+        plan, k = fut.plan, self.config.speculative.num_speculative_tokens
+        rows = [r for i, r in enumerate(build_records(plan, tokens, fut.payload, k)) if i not in discarded]
+        self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
+                                    plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
 
     def _commit(self, plan: StepPlan, tokens: list[list[int]], discarded: set[int]) -> list[Request]:
         """Commit the kept tokens of every row not discarded; the requests that finished are returned."""

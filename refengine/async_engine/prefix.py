@@ -43,8 +43,8 @@ class RowHold:
     request: AsyncRequest
     num_preemptions: int  # the request's preemptions at planning: one since then released its blocks
     is_prefill: bool
-    start: int | None  # prefill rows: committed tokens before the chunk (exact at planning); verify rows: None
-    slots: list[int]  # P checkpoint slots, entry p for the row's p-th boundary; the sink slot where none is held
+    start: int | None  # prefill rows: committed tokens before the chunk (exact at planning); else None
+    slots: list[int]  # P checkpoint slots, entry p for the row's p-th boundary; the sink slot where none
 
 
 @dataclass

@@ -66,10 +66,10 @@ class StepPlan:
     admission: Admission | None = None
     block_idx: torch.Tensor | None = None  # [m] int64 request slots whose block rows changed
     block_rows: torch.Tensor | None = None  # [m, B] int32
-    restores: torch.Tensor | None = None  # [h, 2] int64 (checkpoint slot, s_0) of each request admitted on a hit
+    restores: torch.Tensor | None = None  # [h, 2] int64 (checkpoint slot, s_0) per request admitted on a hit
     holds: list = field(default_factory=list)  # per row: what prefix caching held for it (prefix.RowHold)
     checkpoint_idx: torch.Tensor | None = None  # [n] int64 request slot of each row
-    checkpoint_rows: torch.Tensor | None = None  # [n, P] int64 checkpoint slots held per row (sink where none)
+    checkpoint_rows: torch.Tensor | None = None  # [n, P] int64 checkpoint slots held per row (else sink)
 
 
 @dataclass
@@ -215,16 +215,24 @@ class AsyncRunner:
         if a is not None:
             idx = to_device(a.idx, dev)
             self.state.admit(idx, to_device(a.token_rows, dev), to_device(a.num_tokens, dev),
-                             to_device(a.num_prompt, dev), to_device(a.slots, dev), to_device(a.num_computed, dev))
+                             to_device(a.num_prompt, dev), to_device(a.slots, dev),
+                             to_device(a.num_computed, dev))
             if self.proposer is not None:
                 self.proposer.admit(idx, a.drafter)
-        if plan.restores is not None:  # before the program, so the hit's first chunk reads the restored state
-            restores = to_device(plan.restores, dev)
-            self.caches.restore_checkpoints(restores[:, 0], restores[:, 1])
         if plan.block_idx is not None:
             self.state.block_table[to_device(plan.block_idx, dev)] = to_device(plan.block_rows, dev)
+        self.stage_checkpoints(plan)
+
+    def stage_checkpoints(self, plan: StepPlan) -> None:
+        """Prefix caching: the hits' restores (before the program, so a hit's first chunk reads the
+        restored state) and the checkpoint slots held for each row of this step."""
+        dev = self.device
+        if plan.restores is not None:
+            restores = to_device(plan.restores, dev)
+            self.caches.restore_checkpoints(restores[:, 0], restores[:, 1])
         if plan.checkpoint_rows is not None:
-            self.state.checkpoint_slots[to_device(plan.checkpoint_idx, dev)] = to_device(plan.checkpoint_rows, dev)
+            held = to_device(plan.checkpoint_rows, dev)
+            self.state.checkpoint_slots[to_device(plan.checkpoint_idx, dev)] = held
 
     def prepare(self, shape: StepShape, rows: StepRows, num_computed: torch.Tensor) -> PreparedStep:
         """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4).

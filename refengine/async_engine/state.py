@@ -37,7 +37,8 @@ class DeviceState:
     a KV block no request is ever given."""
 
     def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_speculative_tokens: int,
-                 sink_block: int, device: torch.device, num_checkpoint_columns: int = 0, sink_checkpoint: int = -1):
+                 sink_block: int, device: torch.device, num_checkpoint_columns: int = 0,
+                 sink_checkpoint: int = -1):
         """``num_checkpoint_columns`` (P, prefix caching): checkpoint slots a row may fill in one step;
         ``sink_checkpoint``: the state slot that copies nobody asked for go to."""
         i32 = {"dtype": torch.int32, "device": device}

@@ -99,7 +99,8 @@ def test_settings_are_validated():
         CacheConfig(enable_prefix_caching=True, mamba_cache_mode="none")
     with pytest.raises(ConfigError, match="enable_prefix_caching must be True or False, got 1"):
         CacheConfig(enable_prefix_caching=1)
-    assert EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True)).cache.enable_prefix_caching
+    config = EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True))
+    assert config.cache.enable_prefix_caching and config.num_staged_checkpoints > 0
     with pytest.raises(ConfigError, match="recurrent_prefill_chunked=True"):
         EngineConfig(recurrent_prefill_chunked=True, cache=CacheConfig(enable_prefix_caching=True))
 

@@ -24,7 +24,8 @@ GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
 SPECULATION = ((0, "mtp"), (1, "mtp"), (3, "mtp"), (1, "scripted"), (3, "scripted"))
 # (mode, K, drafter, graph mode, delay copies and check hazards)
 DEFAULT_CASES = [("all", 0, "mtp", "none", False), ("align", 3, "mtp", "full", True),
-                 ("all", 3, "scripted", "full_and_piecewise", True), ("align", 1, "scripted", "piecewise", False)]
+                 ("all", 3, "scripted", "full_and_piecewise", True),
+                 ("align", 1, "scripted", "piecewise", False)]
 SLOW_CASES = [(m, k, d, g, True) for m in ("all", "align") for k, d in SPECULATION for g in GRAPH_MODES
               if (m, k, d, g, True) not in DEFAULT_CASES]
 
@@ -40,7 +41,8 @@ def ceiling_waves():
     rng = random.Random(7)
     system = prompts(rng, 3 * BS)
     first = system + prompts(rng, 3)
-    second = [system + prompts(rng, n) for n in (BS - 1, BS, BS + 1)] + [system[: 2 * BS + d] for d in (-1, 0, 1)]
+    second = [system + prompts(rng, n) for n in (BS - 1, BS, BS + 1)]
+    second += [system[: 2 * BS + d] for d in (-1, 0, 1)]
     return [[first], second, lambda outs: [first + outs[0].token_ids + prompts(random.Random(1), 2)]]
 
 
@@ -83,7 +85,8 @@ def assert_same_published(got, want) -> None:
 def check_async(ckpt, reference, mode, k, drafter, graph_mode, checked):
     (off, off_rec, _), (ref_on, _, ref_llm) = reference(mode, k, drafter)
     on, on_rec, llm = run(ckpt, ceiling_waves(), cache_mode=mode, engine="async", graph_mode=graph_mode,
-                          num_speculative_tokens=k, drafter=drafter, delay_copies=checked, hazard_check=checked)
+                          num_speculative_tokens=k, drafter=drafter, delay_copies=checked,
+                          hazard_check=checked)
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert [o.acceptance for o in on] == [o.acceptance for o in off]
     assert digests(on_rec).items() <= digests(off_rec).items(), "a restored state changed a logit"
@@ -91,6 +94,7 @@ def check_async(ckpt, reference, mode, k, drafter, graph_mode, checked):
     assert on[-1].num_cached_tokens > len(on[0].prompt_token_ids), "no hit reached into the outputs"
     assert llm.occupancy().prefix_cache_hits == ref_llm.occupancy().prefix_cache_hits
     assert_same_published(llm, ref_llm)
+    assert llm.engine.stream.num_host_waits <= llm.engine.stats.steps, "a restore or a publish waited"
 
 
 @pytest.mark.parametrize("mode,k,drafter,graph_mode,checked", DEFAULT_CASES)
@@ -184,5 +188,6 @@ def test_async_fault_frees_held_checkpoints(ckpt, stage):
         except InjectedFault:
             faults += 1
     assert faults == 1
-    assert [o.token_ids for o in outs] + [done[f"r{i}"].token_ids for i in range(3)] == [o.token_ids for o in off]
+    got = [o.token_ids for o in outs] + [done[f"r{i}"].token_ids for i in range(3)]
+    assert got == [o.token_ids for o in off]
     assert llm.occupancy().checkpoint_slots_held == 0 and llm.engine.pools_empty()
