@@ -377,6 +377,25 @@ def _checkpoint_slots_in_schedule_order(engine) -> None:
     engine.plan = plan_in_schedule_order
 
 
+def _stale_kept_counts_for_checkpoints(engine) -> None:
+    """Prefix caching: the checkpoint copy masks with a per-batch-row copy of the kept counts that is one
+    step stale (and, once rows move, another request's), so a boundary a row kept is skipped (the host
+    keys a slot nothing was copied into) or a rejected one is copied."""
+    runner = engine.runner
+    checkpoint = runner.checkpoint
+    previous: list[torch.Tensor] = []  # [Np] kept counts of the last step, by batch row
+
+    def checkpoint_with_stale_counts(rows, step, v):
+        counts = v.num_valid.clone()
+        if previous:
+            n = min(counts.shape[0], previous[0].shape[0])
+            counts[:n] = previous[0][:n]
+        previous[:] = [v.num_valid.clone()]
+        checkpoint(rows, step, replace(v, num_valid=counts))
+
+    runner.checkpoint = checkpoint_with_stale_counts
+
+
 def _conv_window_unshifted(engine) -> None:
     """Prefix caching: a checkpoint takes the conv window's first W-1 columns, not the ones that end at
     the boundary's token, so a verify step's checkpoint has the window of the step's first token."""
@@ -443,11 +462,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("pc-restore-repeated", "vLLM #53505 (copy over newer state)", "contract 9: never over newer state",
            "a hit's restore copy is queued again with the request's next step and overwrites the state its "
            "first step left", _restore_repeated, scenarios=("pc-shared-prompt-k3-all",)),
-    Mutant("pc-checkpoint-slots-permuted", "vLLM #53919 (permuted when rows move)",
+    Mutant("pc-checkpoint-slots-permuted", "own (prefix caching; the #53919 family)",
            "contract 9: each checkpoint from its own row",
            "the checkpoint slots held per row are staged in scheduling order but read in batch order",
            _checkpoint_slots_in_schedule_order,
            scenarios=("pc-shared-prompt-k3-all", "pc-shared-prompt-k0-all")),
+    Mutant("pc-stale-kept-counts", "vLLM #53919 (kept counts permuted when rows move)",
+           "contracts 3 and 9: kept counts keyed by request",
+           "the checkpoint copy masks with the kept counts the previous step left at the same batch row",
+           _stale_kept_counts_for_checkpoints, scenarios=("pc-preemption-k3",)),
     Mutant("pc-conv-window-unshifted", "own (prefix caching)", "contracts 1 and 9: the state after token j",
            "a verify step's checkpoint takes the conv window of its first token, not of the boundary's token",
            _conv_window_unshifted, scenarios=("pc-preemption-k3",)),
