@@ -163,15 +163,26 @@ def test_async_abort_in_flight_of_a_request_sharing_blocks(ckpt):
     assert llm.engine.pools_empty()
 
 
-@pytest.mark.parametrize("stage", ["plan", "submitted", "process", "commit"])
-def test_async_fault_frees_held_checkpoints(ckpt, stage):
-    """A fault drops the steps in flight: their held checkpoint slots are freed, nothing half-written is
-    published, and every request still finishes exactly."""
+FAULT_SPECULATION = {"num_speculative_tokens": 3, "drafter": "scripted"}
+
+
+def fault_waves():
     rng = random.Random(13)
     system = prompts(rng, 3 * BS)
-    waves = [[system + [1]], [system + prompts(rng, n) for n in (2, 5, 7)]]
-    kw = {"num_speculative_tokens": 3, "drafter": "scripted"}
-    off, _, _ = run(ckpt, waves, **kw)
+    return [[system + [1]], [system + prompts(rng, n) for n in (2, 5, 7)]]
+
+
+@pytest.fixture(scope="module")
+def fault_free(ckpt):
+    """The reference engine's outputs of ``fault_waves``, without a cache."""
+    return run(ckpt, fault_waves(), **FAULT_SPECULATION)[0]
+
+
+@pytest.mark.parametrize("stage", ["plan", "submitted", "process", "commit"])
+def test_async_fault_frees_held_checkpoints(ckpt, fault_free, stage):
+    """A fault drops the steps in flight: their held checkpoint slots are freed, nothing half-written is
+    published, and every request still finishes exactly."""
+    waves, kw = fault_waves(), FAULT_SPECULATION
     llm = LLM(model=ckpt, block_size=BS, enable_prefix_caching=True, mamba_cache_mode="all", **ASYNC, **kw)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     outs = llm.generate(waves[0], params)
@@ -189,5 +200,5 @@ def test_async_fault_frees_held_checkpoints(ckpt, stage):
             faults += 1
     assert faults == 1
     got = [o.token_ids for o in outs] + [done[f"r{i}"].token_ids for i in range(3)]
-    assert got == [o.token_ids for o in off]
+    assert got == [o.token_ids for o in fault_free]
     assert llm.occupancy().checkpoint_slots_held == 0 and llm.engine.pools_empty()
