@@ -112,13 +112,13 @@ def ckpt(tiny_checkpoint):
     return str(tiny_checkpoint("next-tiny"))
 
 
-def run(ckpt, waves, *, cache_mode=None, max_tokens=12, **kw):
+def run(ckpt, waves, *, cache_mode=None, max_tokens=12, block_size=BS, **kw):
     """Run ``waves`` (lists of prompts; a wave is submitted once the previous one finished). A wave given as
     a callable builds its prompts from the outputs so far (multi-turn). Returns outputs, records, llm."""
     records = []
     if cache_mode is not None:
         kw.update(enable_prefix_caching=True, mamba_cache_mode=cache_mode)
-    llm = LLM(model=ckpt, block_size=BS, observer=records.append, **kw)
+    llm = LLM(model=ckpt, block_size=block_size, observer=records.append, **kw)
     outs = []
     for wave in waves:
         prompts = wave(outs) if callable(wave) else wave

@@ -111,6 +111,26 @@ def test_async_cache_on_equals_reference_matrix(ckpt, reference, mode, k, drafte
 ASYNC = {"engine": "async", "graph_mode": "full_and_piecewise", "delay_copies": True, "hazard_check": True}
 
 
+def test_async_two_boundaries_in_one_verify_step(ckpt):
+    """Blocks of 2 tokens and K=3: a verify row's 4 tokens can close two blocks, so each row holds P=2
+    slots, the p-th for the p-th boundary after its first position."""
+    rng = random.Random(17)
+    system = prompts(rng, 7)
+    first = system + [1, 2, 3]
+    waves = [[first], [system + [9], system[:5], system[:6] + [4, 4]],
+             lambda outs: [first + outs[0].token_ids + [5, 6]]]
+    kw = {"num_speculative_tokens": 3, "drafter": "scripted", "block_size": 2}
+    off, off_rec, _ = run(ckpt, waves, **kw)
+    ref, _, ref_llm = run(ckpt, waves, cache_mode="all", **kw)
+    on, on_rec, llm = run(ckpt, waves, cache_mode="all", **ASYNC, **kw)
+    assert llm.engine.prefix.num_columns == 2
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert digests(on_rec).items() <= digests(off_rec).items()
+    assert [o.num_cached_tokens for o in on] == [o.num_cached_tokens for o in ref]
+    assert on[-1].num_cached_tokens > len(first), "no hit reached into the outputs"
+    assert_same_published(llm, ref_llm)
+
+
 def test_async_preempting_a_request_whose_blocks_are_shared(ckpt):
     rng = random.Random(9)
     system = prompts(rng, 4 * BS)
