@@ -39,8 +39,8 @@ FEATURES = (
 )
 # The feature a scenario's drafter needs (EngineSettings.drafter -> FEATURES entry).
 DRAFTER_FEATURES = {"mtp": "mtp", "scripted": "scripted_drafter", "ngram": "ngram_drafter"}
-# refengine's engines that restore cached prefixes; the others skip the prefix-caching scenarios.
-CACHING_ENGINES = ("reference",)
+# refengine's engines that restore cached prefixes (both); an adapter without the feature skips those scenarios.
+CACHING_ENGINES = ("reference", "async")
 BUILTIN_ENGINES = ("reference", "async", *(f"async:{m}" for m in GRAPH_MODES))
 
 

@@ -23,6 +23,7 @@ class ModelCaches:
     def __init__(self, cfg: ModelConfig, num_kv_blocks: int, block_size: int, num_state_slots: int,
                  num_speculative_tokens: int, dtype: torch.dtype, device: torch.device | str, drafter_kv: bool):
         self.sink_block = num_kv_blocks  # the block after the pool's blocks
+        self.num_speculative_tokens = num_speculative_tokens  # K: columns the conv window is widened by
         self.kv: dict = {}  # layer idx | "mtp" -> (k_cache, v_cache), each [blocks, block_size, Hkv, D]
         self.states: dict = {}  # layer idx -> state tensors, each [S, ...] (GDN: conv [S, C, W-1+K], ssm fp32)
         for i, layer_type in enumerate(cfg.layer_types):
@@ -54,3 +55,24 @@ class ModelCaches:
             conv[slot0, :, :width].copy_(conv[src, :, :width])
             for t in rest:
                 t[slot0].copy_(t[src])
+
+    def save_checkpoints(self, slot0: torch.Tensor, column: torch.Tensor, src: torch.Tensor,
+                         dst: torch.Tensor) -> None:
+        """``save_checkpoint`` for M copies at once, on the device (no host read): copy m takes the conv
+        window at columns ``column[m] ..`` of ``slot0[m]`` and the recurrent state of ``src[m]`` (the
+        slot s_column of the same request) into ``dst[m]``. All [M] int64; ``dst`` may repeat a sink slot.
+        """
+        for conv, *rest in self.states.values():
+            width = conv.shape[2] - self.num_speculative_tokens  # W-1: the unwidened window
+            cols = column[:, None] + torch.arange(width, device=column.device)  # [M, W-1]
+            window = conv[slot0[:, None], :, cols]  # [M, W-1, C]
+            conv[dst, :, :width] = window.transpose(1, 2)
+            for t in rest:
+                t[dst] = t[src]
+
+    def restore_checkpoints(self, src: torch.Tensor, slot0: torch.Tensor) -> None:
+        """``restore_checkpoint`` for n requests at once: checkpoint ``src[i]`` into s_0 ``slot0[i]``
+        (both [n] int64)."""
+        for tensors in self.states.values():
+            for t in tensors:
+                t[slot0] = t[src]

@@ -217,9 +217,6 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be >= 1 + "
                 f"num_speculative_tokens ({1 + k}) so a verify row always fits"
             )
-        if self.cache.enable_prefix_caching and self.engine != "reference":
-            raise ConfigError(f"enable_prefix_caching=True is served by the reference engine only; "
-                              f"engine={self.engine!r} does not restore cached states yet")
         if self.cache.enable_prefix_caching and self.recurrent_prefill_chunked:
             raise ConfigError("enable_prefix_caching=True with recurrent_prefill_chunked=True: the chunked "
                               "prefill kernels' results depend on where a prompt is split, so a prefix hit "
@@ -258,6 +255,20 @@ class EngineConfig:
     def num_state_slots(self) -> int:
         """Per-request state slots: s_0..s_K for every seat."""
         return self.scheduler.max_num_seqs * (1 + self.speculative.num_speculative_tokens)
+
+    @property
+    def num_checkpoint_columns(self) -> int:
+        """Block boundaries one row of an async step can reach (P): its 1+K tokens cover at most this many."""
+        return math.ceil((1 + self.speculative.num_speculative_tokens) / self.cache.block_size)
+
+    @property
+    def num_staged_checkpoints(self) -> int:
+        """State slots after the checkpoints that the async engine's steps in flight copy boundary states
+        into before the host knows their keys: P per row of the two steps that can hold them at once
+        (the one planned and the one in flight). 0 for the reference engine and without caching."""
+        if not self.cache.enable_prefix_caching or self.engine != "async":
+            return 0
+        return 2 * self.scheduler.max_num_seqs * self.num_checkpoint_columns
 
     @property
     def num_state_checkpoints(self) -> int:

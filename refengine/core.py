@@ -42,11 +42,12 @@ class Occupancy:
     running: int
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache on admission (0 without caching)
     prefix_cache_hits: int = 0  # of those, tokens served from it
+    checkpoint_slots_held: int = 0  # checkpoint slots set aside for steps not yet processed (async engine)
 
     @property
     def empty(self) -> bool:
         return not (self.kv_blocks_used or self.state_slots_used or self.request_slots_used
-                    or self.waiting or self.running)
+                    or self.waiting or self.running or self.checkpoint_slots_held)
 
 
 def num_rejected(row, valid: list[int]) -> int:
@@ -213,6 +214,8 @@ class EngineCore:
 
     def occupancy(self, request_slots_used: int = 0, request_slots_free: int = 0) -> Occupancy:
         s = self.scheduler
-        queries, hits = (s.prefix.num_query_tokens, s.prefix.num_hit_tokens) if s.prefix is not None else (0, 0)
+        queries, hits, held = (0, 0, 0) if s.prefix is None else (
+            s.prefix.num_query_tokens, s.prefix.num_hit_tokens, s.prefix.checkpoints.num_held)
         return Occupancy(s.kv_pool.num_used, s.kv_pool.num_free, s.slot_pool.num_used, s.slot_pool.num_free,
-                         request_slots_used, request_slots_free, len(s.waiting), len(s.running), queries, hits)
+                         request_slots_used, request_slots_free, len(s.waiting), len(s.running), queries,
+                         hits, held)

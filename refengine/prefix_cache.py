@@ -70,6 +70,10 @@ class BlockPool:
     def lookup(self, key: bytes) -> int | None:
         return self._block_of.get(key)
 
+    def cached(self) -> dict[bytes, int]:
+        """Every published key and its block (a copy)."""
+        return dict(self._block_of)
+
     def allocate(self, n: int) -> list[int] | None:
         """``n`` fresh blocks (evicting the least recently used cached ones), or None and nothing taken."""
         if n > self.num_free:
@@ -120,15 +124,30 @@ class BlockPool:
 
 
 class CheckpointPool:
-    """Recurrent state checkpoints: slot ids ``first .. first+n-1`` of the state tensors, keyed by block key."""
+    """Recurrent state checkpoints: ``num_slots`` slot ids from ``first_slot`` on, keyed by block key.
 
-    def __init__(self, first_slot: int, num_slots: int):
+    With ``num_staging`` (the async engine) the next ``num_staging`` slot ids start as *staging* slots:
+    a step in flight may copy the state at a block boundary into one before the host knows the
+    block's key (``hold``). Once the step is processed the host keys it (``keep``: it joins the
+    checkpoints, and the slot they give up for it, free or the least recently used checkpoint's, exactly
+    as ``reserve`` would pick, becomes a staging slot) or frees it (``release``). So holding never
+    evicts a checkpoint, and the checkpoints evict as the reference engine's do.
+    """
+
+    def __init__(self, first_slot: int, num_slots: int, num_staging: int = 0):
         self._free: list[int] = list(range(first_slot + num_slots - 1, first_slot - 1, -1))
         self._slot_of: OrderedDict[bytes, int] = OrderedDict()  # key -> slot, least recently used first
+        first_staging = first_slot + num_slots
+        self._staging: list[int] = list(range(first_staging + num_staging - 1, first_staging - 1, -1))
+        self._held: set[int] = set()  # staging slots a step in flight may write
 
     @property
     def num_used(self) -> int:
         return len(self._slot_of)
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
 
     def lookup(self, key: bytes) -> int | None:
         slot = self._slot_of.get(key)
@@ -139,18 +158,51 @@ class CheckpointPool:
     def has(self, key: bytes) -> bool:
         return key in self._slot_of
 
+    def cached(self) -> dict[bytes, int]:
+        """Every checkpoint's key and its slot (a copy; reading it touches nothing)."""
+        return dict(self._slot_of)
+
     def reserve(self, key: bytes) -> int | None:
         """A slot to write the checkpoint for ``key`` into (evicting the LRU one); None if ``key`` has one."""
         if key in self._slot_of:
             return None
-        if self._free:
-            slot = self._free.pop()
-        elif self._slot_of:
-            _, slot = self._slot_of.popitem(last=False)
-        else:
-            return None
+        slot = self._take()
         self._slot_of[key] = slot
         return slot
+
+    def _take(self) -> int:
+        """A free slot, else the least recently used checkpoint's (its key dropped). Every one of the
+        ``num_slots >= 1`` slots is one or the other."""
+        if self._free:
+            return self._free.pop()
+        return self._slot_of.popitem(last=False)[1]
+
+    def hold(self) -> int | None:
+        """A staging slot for a checkpoint whose key is not known yet; None when every one is held."""
+        if not self._staging:
+            return None
+        slot = self._staging.pop()
+        self._held.add(slot)
+        return slot
+
+    def keep(self, slot: int, key: bytes) -> bool:
+        """Make held ``slot`` the checkpoint of ``key``; False (and the slot freed) if ``key`` has one."""
+        self._unhold(slot)
+        if key in self._slot_of:
+            self._staging.append(slot)
+            return False
+        self._staging.append(self._take())
+        self._slot_of[key] = slot
+        return True
+
+    def release(self, slot: int) -> None:
+        self._unhold(slot)
+        self._staging.append(slot)
+
+    def _unhold(self, slot: int) -> None:
+        if slot not in self._held:
+            raise RuntimeError(f"checkpoint slot {slot} released but not held")
+        self._held.remove(slot)
 
 
 @dataclass(frozen=True)
@@ -249,6 +301,20 @@ class PrefixCache:
         ``(num_computed_before, limit]`` (committed tokens) and reserve a checkpoint for every such
         boundary whose state the step left (see ``state_column``). Returns the state copies to make."""
         out = []
+        for b, key in self.publish_blocks(req, block_ids, num_computed_before, limit).items():
+            column = state_column(b, num_computed_before, num_tokens, is_prefill)
+            if column is None:
+                continue
+            slot = self.checkpoints.reserve(key)
+            if slot is not None:
+                out.append(Publish(b, column, slot))
+        return out
+
+    def publish_blocks(self, req, block_ids: list[int], num_computed_before: int,
+                       limit: int) -> dict[int, bytes]:
+        """Publish the KV blocks of ``req`` that end in ``(num_computed_before, limit]`` (committed tokens
+        whose key is known); returns boundary -> key for each."""
+        out = {}
         keys = self.keys(req)
         bs = self.block_size
         for b in range((num_computed_before // bs + 1) * bs, limit + 1, bs):
@@ -256,10 +322,5 @@ class PrefixCache:
             if i >= len(keys):
                 break
             self.kv_pool.publish(block_ids[i], keys[i])
-            column = state_column(b, num_computed_before, num_tokens, is_prefill)
-            if column is None:
-                continue
-            slot = self.checkpoints.reserve(keys[i])
-            if slot is not None:
-                out.append(Publish(b, column, slot))
+            out[b] = keys[i]
         return out

@@ -82,9 +82,10 @@ class Scheduler:
         self.slot_pool = StateSlotPool(config.num_state_slots)
         self.prefix: PrefixCache | None = None
         if config.cache.enable_prefix_caching:
-            self.prefix = PrefixCache(self.kv_pool, CheckpointPool(config.num_state_slots, config.num_state_checkpoints),
-                                      self.block_size, config.cache.mamba_cache_mode,
-                                      lookahead=1 if drafter_kv_cache else 0)
+            checkpoints = CheckpointPool(config.num_state_slots, config.num_state_checkpoints,
+                                         config.num_staged_checkpoints)
+            self.prefix = PrefixCache(self.kv_pool, checkpoints, self.block_size,
+                                      config.cache.mamba_cache_mode, lookahead=1 if drafter_kv_cache else 0)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 

@@ -17,6 +17,7 @@ import torch
 from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, RunSpec
 from kernels import PAD_SLOT_ID
 from refengine.async_engine.stream import HostBuffer
+from refengine.prefix_cache import Hit
 
 
 @dataclass(frozen=True)
@@ -337,6 +338,126 @@ def _stop_rule_on_optimistic_count(engine) -> None:
     core.stop_reason = stop_with_placeholders
 
 
+def _publish_optimistic_count(engine) -> None:
+    """Prefix caching: a verify row publishes up to its scheduled tokens, as if every draft was kept."""
+    prefix = engine.prefix
+    settle = prefix.settle
+
+    def settle_optimistically(plan, tokens, discarded):
+        spans = settle(plan, tokens, discarded)
+        for span in spans:
+            if not span.hold.is_prefill:
+                span.limit = span.start + span.num_tokens
+        return spans
+
+    prefix.settle = settle_optimistically
+
+
+def _kv_hit_past_checkpoint(engine) -> None:
+    """Prefix caching: a hit is as long as its cached KV blocks, restoring the last checkpoint inside it
+    (or none), so computation resumes past the position the restored state belongs to."""
+    prefix = engine.core.scheduler.prefix
+    find = prefix.find
+
+    def find_by_kv(req, total):
+        hit, keys, blocks = find(req, total), prefix.keys(req), []
+        for i, key in enumerate(keys):
+            block = prefix.kv_pool.lookup(key)
+            if block is None or (i + 1) * prefix.block_size > total - 1:
+                break
+            blocks.append(block)
+        if len(blocks) <= len(hit.blocks):
+            return hit
+        return Hit(len(blocks) * prefix.block_size, blocks, hit.slot)
+
+    prefix.find = find_by_kv
+
+
+def _hit_without_reference(engine) -> None:
+    """Prefix caching: a hit shares its KV blocks without a reference of its own, so the pool may evict
+    and reuse them while the request still reads them (and frees them once too often)."""
+    scheduler = engine.core.scheduler
+    schedule = scheduler.schedule
+
+    def schedule_without_taking():
+        out = schedule()
+        for row in out.rows:
+            req = row.request
+            if req.restore_slot is not None:  # admitted on a hit by this call
+                scheduler.kv_pool.free(req.block_ids[: req.num_computed_tokens // scheduler.block_size])
+        return out
+
+    scheduler.schedule = schedule_without_taking
+
+
+def _restore_repeated(engine) -> None:
+    """Prefix caching: a hit's restore copy is queued again with the request's next step, so it runs
+    back over the newer state the request's first step left in s_0."""
+    plan = engine.plan
+    pending: dict[int, tuple[int, int]] = {}  # id(request) -> (checkpoint slot, s_0) restored last step
+
+    def plan_with_a_stale_restore(sched):
+        hits = {id(r.request): (r.request.restore_slot, r.request.state_slots[0]) for r in sched.rows
+                if r.request.restore_slot is not None}
+        result = plan(sched)
+        again = [pending.pop(id(row.request)) for row in result.rows if id(row.request) in pending]
+        pending.clear()
+        pending.update(hits)
+        if again:
+            stale = torch.tensor(again, dtype=torch.int64)
+            result.restores = stale if result.restores is None else torch.cat([result.restores, stale])
+        return result
+
+    engine.plan = plan_with_a_stale_restore
+
+
+def _checkpoint_slots_in_schedule_order(engine) -> None:
+    """Prefix caching: the checkpoint slots held per row are staged in scheduling order while the step
+    program reads them in batch order, so after rows move a row's state lands in another's checkpoint."""
+    plan = engine.plan
+
+    def plan_in_schedule_order(sched):
+        result = plan(sched)
+        if result.checkpoint_rows is not None:
+            where = {id(row.request): i for i, row in enumerate(result.rows)}
+            order = torch.tensor([where[id(r.request)] for r in sched.rows], dtype=torch.int64)
+            result.checkpoint_rows = result.checkpoint_rows[order]
+        return result
+
+    engine.plan = plan_in_schedule_order
+
+
+def _stale_kept_counts_for_checkpoints(engine) -> None:
+    """Prefix caching: the checkpoint copy masks with a per-batch-row copy of the kept counts that is one
+    step stale (and, once rows move, another request's), so a boundary a row kept is skipped (the host
+    keys a slot nothing was copied into) or a rejected one is copied."""
+    runner = engine.runner
+    checkpoint = runner.checkpoint
+    previous: list[torch.Tensor] = []  # [Np] kept counts of the last step, by batch row
+
+    def checkpoint_with_stale_counts(rows, step, v):
+        counts = v.num_valid.clone()
+        if previous:
+            n = min(counts.shape[0], previous[0].shape[0])
+            counts[:n] = previous[0][:n]
+        previous[:] = [v.num_valid.clone()]
+        checkpoint(rows, step, replace(v, num_valid=counts))
+
+    runner.checkpoint = checkpoint_with_stale_counts
+
+
+def _conv_window_unshifted(engine) -> None:
+    """Prefix caching: a checkpoint takes the conv window's first W-1 columns, not the ones that end at
+    the boundary's token, so a verify step's checkpoint has the window of the step's first token."""
+    caches = engine.caches
+    save = caches.save_checkpoints
+
+    def save_unshifted(slot0, column, src, dst):
+        save(slot0, torch.zeros_like(column), src, dst)
+
+    caches.save_checkpoints = save_unshifted
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "contract 3: accepted counts keyed by request",
            "recurrent state offsets read from a per-row host copy of the kept counts, stale after rows move",
@@ -386,6 +507,32 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("stop-rule-on-optimistic-count", "own", "contract 4: host copies are upper bounds only",
            "the max_tokens stop rule counts optimistic placeholders, so requests stop early",
            _stop_rule_on_optimistic_count, scenarios=("mtp-k3", "churn-k3")),
+    Mutant("pc-publish-optimistic-count", "own (prefix caching)", "contract 9: published once committed",
+           "a verify row publishes the block and checkpoint its scheduled drafts would reach, holding a "
+           "rejected draft's KV and a state never copied", _publish_optimistic_count,
+           scenarios=("pc-preemption-k3",)),
+    Mutant("pc-kv-hit-past-checkpoint", "own (prefix caching)", "contract 9: the state at the hit's position",
+           "a hit is as long as its cached KV blocks and restores the last checkpoint inside them (or none)",
+           _kv_hit_past_checkpoint, scenarios=("pc-shared-prompt-k0-align", "pc-shared-prompt-k3-align")),
+    Mutant("pc-hit-without-reference", "own (prefix caching)", "contract 9: a hit references its blocks",
+           "the KV blocks of a hit are shared without taking a reference, so eviction can reuse them while "
+           "shared",
+           _hit_without_reference, scenarios=("pc-shared-prompt-k0-all",)),
+    Mutant("pc-restore-repeated", "vLLM #53505 (copy over newer state)", "contract 9: never over newer state",
+           "a hit's restore copy is queued again with the request's next step and overwrites the state its "
+           "first step left", _restore_repeated, scenarios=("pc-shared-prompt-k3-all",)),
+    Mutant("pc-checkpoint-slots-permuted", "own (prefix caching; the #53919 family)",
+           "contract 9: each checkpoint from its own row",
+           "the checkpoint slots held per row are staged in scheduling order but read in batch order",
+           _checkpoint_slots_in_schedule_order,
+           scenarios=("pc-shared-prompt-k3-all", "pc-shared-prompt-k0-all")),
+    Mutant("pc-stale-kept-counts", "vLLM #53919 (kept counts permuted when rows move)",
+           "contracts 3 and 9: kept counts keyed by request",
+           "the checkpoint copy masks with the kept counts the previous step left at the same batch row",
+           _stale_kept_counts_for_checkpoints, scenarios=("pc-preemption-k3",)),
+    Mutant("pc-conv-window-unshifted", "own (prefix caching)", "contracts 1 and 9: the state after token j",
+           "a verify step's checkpoint takes the conv window of its first token, not of the boundary's token",
+           _conv_window_unshifted, scenarios=("pc-preemption-k3",)),
 )
 
 

@@ -9,7 +9,7 @@ requests, plus a few nightly-only soak scenarios.
 from __future__ import annotations
 
 from conformance.workloads.files import regression_defs
-from conformance.workloads.scenario import TIERS, EngineSettings, ScenarioDef
+from conformance.workloads.scenario import TIERS, EngineSettings, RequestSpec, ScenarioDef
 
 NIGHTLY = ("nightly",)  # scenarios too slow for the default tier
 
@@ -305,6 +305,49 @@ def _prefix_caching() -> list[ScenarioDef]:
     ]
 
 
+def _add_sharing(b, prefix: tuple[int, ...], extra: int, max_tokens: int, arrival: int) -> None:
+    """A request whose prompt is ``prefix`` followed by ``extra`` fresh tokens."""
+    prompt = prefix + (b.prompt(extra) if extra else ())
+    b.requests.append(RequestSpec(f"r{len(b.requests):02d}", prompt, max_tokens, arrival))
+
+
+def _shared_prompt(k: int, mode: str) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        system = b.prompt(3 * bs + 2)
+        # A long prompt prefilled in chunks while a short one already decodes (their rows swap order),
+        # then prompts that share its first 2, 3 or all of its blocks (and one token either side).
+        _add_sharing(b, system, 2 * bs, b.size(6, 24), arrival=0)
+        b.add(3, b.size(10, 30), arrival=0)
+        for n, extra in ((2 * bs + 1, 0), (2 * bs + 2, 3), (3 * bs - 1, 0), (3 * bs, 2), (3 * bs + 1, 1)):
+            _add_sharing(b, system[:n], extra, b.size(6, 24), arrival=8)
+
+    return ScenarioDef(
+        f"pc-shared-prompt-k{k}-{mode}",
+        f"prefix caching ({mode}): prompts sharing a long prompt's first blocks arrive once its chunks are "
+        f"published, block size {bs} (K={k})",
+        EngineSettings(num_speculative_tokens=k, block_size=bs, max_num_batched_tokens=12,
+                       enable_prefix_caching=True, mamba_cache_mode=mode), build, ("mixed-batch",))
+
+
+def _cached_preemption(k: int) -> ScenarioDef:
+    def build(b):
+        system = b.prompt(9)
+        for extra in (1, 4, 6):
+            _add_sharing(b, system, extra, b.size(16, 30), arrival=0)
+
+    # The pool holds one request of max_model_len, so the sharers preempt each other; a resumed request
+    # looks up its prompt and outputs, and hits the blocks its own verify steps published.
+    return ScenarioDef(
+        f"pc-preemption-k{k}",
+        f"prefix caching (all): requests sharing a prompt preempt each other in a pool of 14 KV blocks of 4 "
+        f"tokens and resume on hits reaching into their outputs (scripted drafter, K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="scripted", block_size=4, num_kv_blocks=14,
+                       max_model_len=48, enable_prefix_caching=True, mamba_cache_mode="all"),
+        build, ("preemption",))
+
+
 def scenario_defs() -> tuple[ScenarioDef, ...]:
     """Every scenario definition, sorted by id (a fresh tuple: callers cannot change the corpus).
 
@@ -336,6 +379,8 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         *(_soak(k) for k in (0, 3)),
         _long_prompts(3),
         *_prefix_caching(),
+        *(_shared_prompt(k, mode) for k in (0, 3) for mode in ("all", "align")),
+        _cached_preemption(3),
         *regression_defs(),  # shrunk generated workloads that once failed (conformance/workloads/regressions)
     ]
     ids = [d.id for d in defs]

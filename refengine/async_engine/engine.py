@@ -8,6 +8,9 @@ discarded when its output arrives.
 
 A step: plan (schedule, place rows, stage host inputs) -> enqueue on the device -> process the
 previous step's output (commit tokens through the core, notify observers).
+
+With prefix caching (``prefix.py``) planning also stages the restores of hits and holds checkpoint
+slots for the boundaries a step may reach; processing publishes what the verifier actually kept.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from refengine.async_engine.optimistic import (
     scheduled_num_tokens,
     settle,
 )
+from refengine.async_engine.prefix import AsyncPrefixCache
 from refengine.async_engine.records import build_records
 from refengine.async_engine.runner import Admission, AsyncRunner, StepFuture, StepPlan
 from refengine.async_engine.state import DeviceState, RequestSlots
@@ -89,17 +93,27 @@ class AsyncEngine(Engine):
         self.model = model
         self.stream = Stream(torch.device(c.device), delay=delay, hazard_check=hazard_check)
         self._finalizer = weakref.finalize(self, self.stream.close)
-        self.core = EngineCore(c, model_config, tokenizer, request_type=AsyncRequest,
-                               num_tokens=scheduled_num_tokens, on_release=self._on_release, on_preempt=forget)
         self.drafter = make_drafter(c.speculative, model_config.vocab_size, c.scheduler.max_model_len)
         if self.drafter is not None:
             self.drafter.check_model(model)
-        self.caches = ModelCaches(model_config, c.num_kv_blocks, c.cache.block_size, c.num_state_slots, k,
-                                  torch_dtype(c.dtype), c.device,
-                                  drafter_kv=self.drafter is not None and self.drafter.uses_kv_cache)
+        drafter_kv = self.drafter is not None and self.drafter.uses_kv_cache
+        self.core = EngineCore(c, model_config, tokenizer, request_type=AsyncRequest,
+                               num_tokens=scheduled_num_tokens, on_release=self._on_release,
+                               on_preempt=forget, drafter_kv_cache=drafter_kv)
+        # With prefix caching: the per-request slots, the checkpoints, the staging slots, then a sink slot
+        # that the copies nobody asked for go to.
+        caching = c.cache.enable_prefix_caching
+        num_slots = c.num_state_slots + c.num_state_checkpoints + c.num_staged_checkpoints + int(caching)
+        sink_checkpoint = num_slots - 1 if caching else None
+        self.prefix = AsyncPrefixCache(self.core.scheduler.prefix, c.num_checkpoint_columns, sink_checkpoint,
+                                       drafter_kv) if caching else None
+        self.caches = ModelCaches(model_config, c.num_kv_blocks, c.cache.block_size, num_slots, k,
+                                  torch_dtype(c.dtype), c.device, drafter_kv=drafter_kv)
         device = self.stream.device
         self.state = DeviceState(c.scheduler.max_num_seqs, c.scheduler.max_model_len + 2 * k + 1,
-                                 c.blocks_per_request, k, self.caches.sink_block, device)
+                                 c.blocks_per_request, k, self.caches.sink_block, device,
+                                 num_checkpoint_columns=self.prefix.num_columns if caching else 0,
+                                 sink_checkpoint=-1 if sink_checkpoint is None else sink_checkpoint)
         self.slots = RequestSlots(c.scheduler.max_num_seqs)
         self.batch = PersistentBatch(k)
         self.graphs = GraphDispatcher(c.graph_mode, c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens, k)
@@ -110,7 +124,8 @@ class AsyncEngine(Engine):
         self.runner = AsyncRunner(model, self.caches, self.state, self.stream, self.builder, proposer,
                                   block_size=c.cache.block_size, num_speculative_tokens=k,
                                   recurrent_prefill_chunked=c.recurrent_prefill_chunked,
-                                  vocab_size=model_config.vocab_size, check_inputs=hazard_check)
+                                  vocab_size=model_config.vocab_size, check_inputs=hazard_check,
+                                  sink_checkpoint=sink_checkpoint)
         self.stats = AsyncStats()
         self._inflight: StepFuture | None = None
         self._plans = 0
@@ -157,10 +172,13 @@ class AsyncEngine(Engine):
         for _ in range(3):  # a failed device program reports once, then the timeline drains
             try:
                 self.stream.synchronize()
-                return
+                break
             except DeviceWorkError:
                 continue
-        raise RuntimeError("the device timeline did not drain after the fault")
+        else:
+            raise RuntimeError("the device timeline did not drain after the fault")
+        if self.prefix is not None:
+            self.prefix.reset()
 
     def place(self, sched: SchedulerOutput) -> tuple[list[ScheduledRow], int, list[AsyncRequest]]:
         """Place the scheduled rows in the persistent batch: (rows, decode rows, admitted requests).
@@ -200,6 +218,8 @@ class AsyncEngine(Engine):
                         record=bool(self.core.observers), admission=self._admission(admitted))
         self._plans += 1
         self._stage_blocks(plan)
+        if self.prefix is not None:
+            self.prefix.stage(plan, admitted)
         for row in rows:
             assume_accepted(row, self.config.speculative.num_speculative_tokens)
         mode = shape.mode.value
@@ -221,6 +241,7 @@ class AsyncEngine(Engine):
                                     dtype=torch.int32),
             num_prompt=torch.tensor([len(r.prompt_token_ids) for r in admitted], dtype=torch.int32),
             slots=torch.tensor([r.state_slots for r in admitted], dtype=torch.int32),
+            num_computed=torch.tensor([r.num_computed_tokens for r in admitted], dtype=torch.int32),
             drafter=None if proposer is None else proposer.stage(admitted))
 
     def _stage_blocks(self, plan: StepPlan) -> None:
@@ -239,8 +260,29 @@ class AsyncEngine(Engine):
         plan = fut.plan
         tokens, drafted = fut.result()  # drafted: the device's draft count per row (the host scheduled K)
         self.stats.steps += 1
-        finished = []
         discarded = {i for i, row in enumerate(plan.rows) if row.request.is_finished}
+        spans = self.prefix.settle(plan, tokens, discarded) if self.prefix is not None else []
+        try:
+            finished = self._commit(plan, tokens, drafted, discarded)
+            if self.prefix is not None:
+                self.prefix.publish(plan, spans)
+        finally:
+            if self.prefix is not None:
+                self.prefix.done(plan, spans)
+        if plan.record:
+            self._record(fut, tokens, drafted, discarded)
+        return finished
+
+    def _record(self, fut: StepFuture, tokens: list[list[int]], drafted: list[int], discarded: set[int]) -> None:
+        plan, k = fut.plan, self.config.speculative.num_speculative_tokens
+        rows = [r for i, r in enumerate(build_records(plan, tokens, drafted, fut.payload, k)) if i not in discarded]
+        self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
+                                    plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
+
+    def _commit(self, plan: StepPlan, tokens: list[list[int]], drafted: list[int],
+                discarded: set[int]) -> list[Request]:
+        """Commit the kept tokens of every row not discarded; the requests that finished are returned."""
+        finished = []
         for i, row in enumerate(plan.rows):
             req = row.request
             if i in discarded:
@@ -257,9 +299,4 @@ class AsyncEngine(Engine):
             if self.core.commit(req, valid, num_drafts=num_drafts):
                 finished.append(req)
         self.core.finished(finished)
-        if plan.record:
-            k = self.config.speculative.num_speculative_tokens
-            rows = [r for i, r in enumerate(build_records(plan, tokens, drafted, fut.payload, k)) if i not in discarded]
-            self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
-                                        plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
         return finished

@@ -4,14 +4,17 @@
 future and goes on scheduling the next step. Every step runs the same program over a table padded
 by request count (``Np`` rows; padding rows have request slot -1 and run zero tokens):
 
-    stage    admissions and block-table growth land in the persistent state (outside the program)
-    prepare  input ids, positions and slot mappings on the device; padded attention/recurrent metadata
-    run      the model
-    verify   greedy verification of every row's last 1 + drafts tokens against the drafts the device
-             holds (a decode row runs 1+K tokens; its drafter may have proposed fewer, and only those
-             are compared); rows that do not sample (prompt chunks, padding) are flagged and keep nothing
-    commit   the device-authoritative state advances by what was kept
-    draft    the drafter proposes the next step's drafts (and how many) into the device state
+    stage       admissions, prefix-cache restores (a hit's checkpoint into its s_0), block-table growth
+                and the checkpoint slots held for this step land in the persistent state (outside the program)
+    prepare     input ids, positions and slot mappings on the device; padded attention/recurrent metadata
+    run         the model
+    verify      greedy verification of every row's last 1 + drafts tokens against the drafts the device
+                holds (a decode row runs 1+K tokens; its drafter may have proposed fewer, and only those
+                are compared); rows that do not sample (prompt chunks, padding) are flagged and keep nothing
+    commit      the device-authoritative state advances by what was kept
+    checkpoint  (prefix caching) the state at each block boundary a row's kept tokens reached is copied
+                into the checkpoint slot the host held for it; every other copy goes to a sink slot
+    draft       the drafter proposes the next step's drafts (and how many) into the device state
 
 The program reads the row table, the persistent state and the step's padded shape (host ints that
 a FULL graph's key fixes), and nothing back to the host, so a FULL step captures it once per padded
@@ -45,6 +48,7 @@ class Admission:
     num_tokens: torch.Tensor  # [n] int32
     num_prompt: torch.Tensor  # [n] int32
     slots: torch.Tensor  # [n, K+1] int32
+    num_computed: torch.Tensor  # [n] int32, tokens a prefix-cache hit serves (0 without one)
     drafter: object = None  # what the drafter's proposer staged for them (its own tables), or None
 
 
@@ -63,6 +67,10 @@ class StepPlan:
     admission: Admission | None = None
     block_idx: torch.Tensor | None = None  # [m] int64 request slots whose block rows changed
     block_rows: torch.Tensor | None = None  # [m, B] int32
+    restores: torch.Tensor | None = None  # [h, 2] int64 (checkpoint slot, s_0) per request admitted on a hit
+    holds: list = field(default_factory=list)  # per row: what prefix caching held for it (prefix.RowHold)
+    checkpoint_idx: torch.Tensor | None = None  # [n] int64 request slot of each row
+    checkpoint_rows: torch.Tensor | None = None  # [n, P] int64 checkpoint slots held per row (else sink)
 
 
 @dataclass
@@ -81,6 +89,7 @@ class PreparedStep:
     #                           decode rows, 0 for prefill rows
     used_num_valid: torch.Tensor  # [Np] int32, the num_valid the recurrent kernels were handed (1: prefill)
     used_initial_state: torch.Tensor  # [Np] bool, has_initial_state the kernels were handed (decodes: True)
+    start: torch.Tensor  # [Np] int64, num_computed of each row's request before the step (its first position)
 
 
 @dataclass
@@ -154,7 +163,8 @@ class StepFuture:
 class AsyncRunner:
     def __init__(self, model, caches, state: DeviceState, stream: Stream, builder: MetadataBuilder, proposer,
                  *, block_size: int, num_speculative_tokens: int, recurrent_prefill_chunked: bool,
-                 vocab_size: int, check_inputs: bool = False):
+                 vocab_size: int, check_inputs: bool = False, sink_checkpoint: int | None = None):
+        """``sink_checkpoint``: with prefix caching, the state slot that unwanted checkpoint copies go to."""
         self.model = model
         self.caches = caches
         self.state = state
@@ -168,6 +178,7 @@ class AsyncRunner:
         self.graphs = StepGraphs(self.device)  # FULL steps: one captured program per padded request count
         self.check_inputs = check_inputs  # debug mode: read drafter ids back and refuse bad ones
         self.vocab_size = vocab_size
+        self.sink_checkpoint = sink_checkpoint
         self._inert = StepRows.inert_row(num_speculative_tokens, self.device)  # [F] a padding row
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
@@ -203,6 +214,8 @@ class AsyncRunner:
         hidden = self.run(step)
         verified = self.verify(shape, rows, step, hidden)
         self.commit(rows, verified)
+        if self.sink_checkpoint is not None:
+            self.checkpoint(rows, step, verified)
         kept, drafts = self.draft(rows, step, hidden, verified)
         st = self.state
         return StepOutputs(step, verified, kept, drafts, st.draft_tokens[rows.idx], st.num_drafts[rows.idx])
@@ -213,11 +226,24 @@ class AsyncRunner:
         if a is not None:
             idx = to_device(a.idx, dev)
             self.state.admit(idx, to_device(a.token_rows, dev), to_device(a.num_tokens, dev),
-                             to_device(a.num_prompt, dev), to_device(a.slots, dev))
+                             to_device(a.num_prompt, dev), to_device(a.slots, dev),
+                             to_device(a.num_computed, dev))
             if self.proposer is not None:
                 self.proposer.admit(idx, a.drafter)
         if plan.block_idx is not None:
             self.state.block_table[to_device(plan.block_idx, dev)] = to_device(plan.block_rows, dev)
+        self.stage_checkpoints(plan)
+
+    def stage_checkpoints(self, plan: StepPlan) -> None:
+        """Prefix caching: the hits' restores (before the program, so a hit's first chunk reads the
+        restored state) and the checkpoint slots held for each row of this step."""
+        dev = self.device
+        if plan.restores is not None:
+            restores = to_device(plan.restores, dev)
+            self.caches.restore_checkpoints(restores[:, 0], restores[:, 1])
+        if plan.checkpoint_rows is not None:
+            held = to_device(plan.checkpoint_rows, dev)
+            self.state.checkpoint_slots[to_device(plan.checkpoint_idx, dev)] = held
 
     def prepare(self, shape: StepShape, rows: StepRows, num_computed: torch.Tensor) -> PreparedStep:
         """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4).
@@ -247,7 +273,8 @@ class AsyncRunner:
         num_drafts = torch.minimum(st.num_drafts[rows.idx].long(), rows.num_draft_positions)
         num_drafts = torch.where(is_decode, num_drafts, torch.zeros_like(num_drafts))
         return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, recurrent,
-                            st.draft_tokens[rows.idx], num_drafts, used_num_valid, used_initial_state)
+                            st.draft_tokens[rows.idx], num_drafts, used_num_valid, used_initial_state,
+                            num_computed[rows.idx].long())
 
     def run(self, step: PreparedStep) -> torch.Tensor:
         ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,
@@ -286,6 +313,31 @@ class AsyncRunner:
                     sampled=v.sampled, num_valid=v.num_valid, num_computed=st.num_computed,
                     num_valid_state=st.num_valid, last_sampled=st.last_sampled, token_ids=st.token_ids,
                     num_tokens=st.num_tokens)
+
+    def checkpoint(self, rows: StepRows, step: PreparedStep, v: Verified) -> None:
+        """Copy the state at each block boundary a row's kept tokens reached into the slot held for it.
+
+        Entry p of a row (of ``state.checkpoint_slots``, [Np, P]): a verify row's p-th boundary after its
+        first position, ``b = (start // bs + 1 + p) * bs``, whose state is column ``j = b - start - 1``
+        (contract 1), kept iff ``j < num_valid``; a prefill row's chunk end when it is on the grid
+        (p = 0, column 0). Entries not reached, and rows the host held nothing for, copy to the sink
+        slot, so the copy is the same program whatever the verifier kept (no host read).
+        """
+        st, bs, k = self.state, self.block_size, self.num_speculative_tokens
+        held = st.checkpoint_slots[rows.idx]  # [Np, P]
+        p = torch.arange(held.shape[1], device=held.device)[None, :]  # [1, P]
+        start = step.start[:, None]  # [Np, 1]
+        column = (start // bs + 1 + p) * bs - start - 1  # [Np, P] verify rows
+        verify_reached = column < v.num_valid.long()[:, None]
+        chunk_end = start + rows.query_len[:, None]  # [Np, 1]
+        prefill_reached = (p == 0) & (chunk_end % bs == 0) & (rows.query_len[:, None] > 0)
+        decode = rows.is_decode.bool()[:, None]
+        reached = torch.where(decode, verify_reached, prefill_reached)
+        column = torch.where(decode, column, torch.zeros_like(column)).clamp(0, k)
+        slots = st.state_slots[rows.idx].long()  # [Np, K+1]
+        dst = torch.where(reached, held, torch.full_like(held, self.sink_checkpoint))
+        self.caches.save_checkpoints(slots[:, :1].expand_as(column).flatten(), column.flatten(),
+                                     slots.gather(1, column).flatten(), dst.flatten())
 
     def draft(self, rows: StepRows, step: PreparedStep, hidden: torch.Tensor,
               v: Verified) -> tuple[torch.Tensor, DraftOutputs | None]:

@@ -37,7 +37,10 @@ class DeviceState:
     a KV block no request is ever given."""
 
     def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_speculative_tokens: int,
-                 sink_block: int, device: torch.device):
+                 sink_block: int, device: torch.device, num_checkpoint_columns: int = 0,
+                 sink_checkpoint: int = -1):
+        """``num_checkpoint_columns`` (P, prefix caching): checkpoint slots a row may fill in one step;
+        ``sink_checkpoint``: the state slot that copies nobody asked for go to."""
         i32 = {"dtype": torch.int32, "device": device}
         i64 = {"dtype": torch.int64, "device": device}
         self.sink = num_slots
@@ -53,12 +56,16 @@ class DeviceState:
         self.token_ids = torch.full((num_slots, max_len), -1, **i64)  # [R, L] committed tokens, -1 beyond
         self.block_table = torch.full((num_slots, max_blocks), sink_block, **i32)  # [R, B] KV block ids
         self.state_slots = torch.zeros(num_slots, 1 + num_speculative_tokens, **i32)  # [R, K+1] slots s_0..s_K
+        # [R, P] checkpoint slots the host held for the row's step (the p-th block boundary it may reach),
+        # ``sink_checkpoint`` where none: restaged for every row of every step, so never stale.
+        self.checkpoint_slots = torch.full((num_slots, num_checkpoint_columns), sink_checkpoint, **i64)
 
     def admit(self, idx: torch.Tensor, token_rows: torch.Tensor, num_tokens: torch.Tensor, num_prompt: torch.Tensor,
-              slots: torch.Tensor) -> None:
-        """Reset the rows of newly admitted (or resumed) requests; runs on the device timeline."""
+              slots: torch.Tensor, num_computed: torch.Tensor) -> None:
+        """Reset the rows of newly admitted (or resumed) requests; runs on the device timeline.
+        ``num_computed``: tokens a prefix-cache hit serves (0 without one)."""
         idx = idx.long()
-        self.num_computed[idx] = 0
+        self.num_computed[idx] = num_computed
         self.num_tokens[idx] = num_tokens
         self.num_prompt[idx] = num_prompt
         self.num_valid[idx] = 1

@@ -138,6 +138,10 @@ class MTPDeviceProposer:
         base = st.num_computed[d.idx].long()  # committed after this step's post-update
         qsl = torch.zeros(d.idx.shape[0] + 1, dtype=torch.int32, device=d.idx.device)
         qsl[1:] = live.to(torch.int32).cumsum(0)  # one token per sampling row; other rows repeat it
+        # The chained passes' token axis: sampling rows first, in row order, so a sampling row's token
+        # sits where ``qsl`` says (its rank among the sampling rows) even when a prompt chunk precedes it.
+        order = torch.argsort((~live).to(torch.int32), stable=True)  # [Np] token t -> row
+        rank = torch.argsort(order)  # [Np] row -> its token
         table_rows = torch.where(live[:, None], st.block_table[d.idx], st.sink_block)
         shapes = attn_shapes("drafter", d.attn)
         for step in range(1, k):
@@ -145,9 +149,10 @@ class MTPDeviceProposer:
             blocks = st.block_table[d.idx, (pos // bs).clamp(max=st.block_table.shape[1] - 1)].long()
             slots = torch.where(live, blocks * bs + pos % bs, torch.full_like(pos, PAD_SLOT_ID))
             seq_lens = torch.where(live, pos + 1, torch.zeros_like(pos)).to(torch.int32)
-            attn = AttnMetadata(query_start_loc=qsl, seq_lens=seq_lens, block_table=table_rows, slot_mapping=slots)
+            attn = AttnMetadata(query_start_loc=qsl, seq_lens=seq_lens, block_table=table_rows,
+                                slot_mapping=slots[order])
             shapes.update(attn_shapes("drafter_chain", attn))
-            hidden = model.mtp(drafts[-1], hidden, pos, attn, kv)
+            hidden = model.mtp(drafts[-1][order], hidden[order], pos[order], attn, kv)[rank]
             drafts.append(model.compute_logits(hidden).argmax(dim=-1))
         table = torch.stack(drafts, dim=1)
         st.draft_tokens[d.idx] = torch.where(live[:, None], table, st.draft_tokens[d.idx])

@@ -53,11 +53,11 @@ def _stand_ins() -> dict:
     }
 
 
-def _captured_step(k: int, drafter: str, mode: str, want=lambda shape, rows: True):
+def _captured_step(k: int, drafter: str, mode: str, want=lambda shape, rows: True, **settings):
     """An async engine after a real run, and the (shape, padded row table) of its last ``mode`` step
     that ``want`` accepts."""
     llm = LLM(engine="async", graph_mode="full", num_speculative_tokens=k, drafter=drafter,
-              max_num_batched_tokens=8)
+              max_num_batched_tokens=8, **settings)
     runner, seen = llm.engine.runner, []
     enqueue = runner.enqueue
 
@@ -93,6 +93,21 @@ def test_full_step_program_reads_nothing_back(monkeypatch, k, drafter):
     assert out.next_drafts.shape == (n_pad, k), "the draft passes are part of the program"
     if k and drafter == "mtp":
         assert out.drafts.chain_ids.shape == (n_pad, k - 1)
+
+
+@pytest.mark.parametrize("k,drafter", [(3, "mtp"), (0, "mtp")])
+def test_full_step_program_with_prefix_caching_reads_nothing_back(monkeypatch, k, drafter):
+    """The checkpoint copy (the state at each boundary the kept tokens reached, masked) is part of the
+    program and reads nothing back either, so a FULL step with prefix caching is still one graph."""
+    runner, shape, table = _captured_step(k, drafter, "full", block_size=4, enable_prefix_caching=True,
+                                          mamba_cache_mode="all")
+    assert runner.state.checkpoint_slots.shape[1] >= 1, "the program must have checkpoint slots to fill"
+    saved = []
+    save = runner.caches.save_checkpoints
+    runner.caches.save_checkpoints = lambda *a: saved.append(a[3].shape) or save(*a)
+    out = _run_without_data(monkeypatch, runner, shape, table)
+    assert out.verified.num_valid.shape == (shape.num_reqs_padded,)
+    assert saved == [(shape.num_reqs_padded * runner.state.checkpoint_slots.shape[1],)]
 
 
 def test_an_eager_step_runs_the_same_program(monkeypatch):

@@ -48,6 +48,23 @@ def test_checkpoint_pool_is_lru_and_keyed_once():
     assert ck.reserve(b"z") == s2 and not ck.has(b"y")
 
 
+def test_checkpoint_pool_holds_staging_slots_and_swaps_them_in():
+    ck = CheckpointPool(first_slot=10, num_slots=2, num_staging=2)  # checkpoints 10, 11; staging 12, 13
+    assert ck.reserve(b"w") == 10 and ck.reserve(b"x") == 11  # the pool is full
+    a, b = ck.hold(), ck.hold()
+    assert {a, b} == {12, 13} and ck.hold() is None and ck.num_held == 2
+    assert ck.has(b"w") and ck.has(b"x"), "holding never evicts a checkpoint"
+    assert ck.keep(a, b"y") and ck.lookup(b"y") == a and not ck.has(b"w"), "keyed, w (the LRU one) makes room"
+    assert ck.num_used == 2 and ck.num_held == 1
+    assert ck.hold() == 10, "the slot w gave up is a staging slot now"
+    assert not ck.keep(b, b"x"), "a key has one checkpoint: the held slot is freed"
+    assert ck.lookup(b"x") == 11 and ck.hold() == b
+    ck.release(b)
+    with pytest.raises(RuntimeError, match="released but not held"):
+        ck.release(b)
+    assert ck.num_held == 1
+
+
 def _cache(mode):
     return PrefixCache(BlockPool(8), CheckpointPool(0, 4), block_size=4, mode=mode, lookahead=0)
 
@@ -82,8 +99,8 @@ def test_settings_are_validated():
         CacheConfig(enable_prefix_caching=True, mamba_cache_mode="none")
     with pytest.raises(ConfigError, match="enable_prefix_caching must be True or False, got 1"):
         CacheConfig(enable_prefix_caching=1)
-    with pytest.raises(ConfigError, match="engine='async' does not restore cached states yet"):
-        EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True))
+    config = EngineConfig(engine="async", cache=CacheConfig(enable_prefix_caching=True))
+    assert config.cache.enable_prefix_caching and config.num_staged_checkpoints > 0
     with pytest.raises(ConfigError, match="recurrent_prefill_chunked=True"):
         EngineConfig(recurrent_prefill_chunked=True, cache=CacheConfig(enable_prefix_caching=True))
 
@@ -95,13 +112,13 @@ def ckpt(tiny_checkpoint):
     return str(tiny_checkpoint("next-tiny"))
 
 
-def run(ckpt, waves, *, cache_mode=None, max_tokens=12, **kw):
+def run(ckpt, waves, *, cache_mode=None, max_tokens=12, block_size=BS, **kw):
     """Run ``waves`` (lists of prompts; a wave is submitted once the previous one finished). A wave given as
     a callable builds its prompts from the outputs so far (multi-turn). Returns outputs, records, llm."""
     records = []
     if cache_mode is not None:
         kw.update(enable_prefix_caching=True, mamba_cache_mode=cache_mode)
-    llm = LLM(model=ckpt, block_size=BS, observer=records.append, **kw)
+    llm = LLM(model=ckpt, block_size=block_size, observer=records.append, **kw)
     outs = []
     for wave in waves:
         prompts = wave(outs) if callable(wave) else wave
