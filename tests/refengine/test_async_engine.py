@@ -193,10 +193,16 @@ def test_sampling_and_partial_prefill_rows_interleave_in_every_order():
         drawn.append((arrival, f"r{i}", torch.randint(0, 256, (length,), generator=g).tolist()))
     items = [(*item, params) for item in sorted(drawn)]
     settings = {"num_speculative_tokens": 3, "max_num_batched_tokens": 12}  # the embedded default model
-    ref = drive(LLM(**settings), items)
-    records = []
+    ref_records, records = [], []
+    ref = drive(LLM(observer=ref_records.append, **settings), items)
     got = drive(LLM(engine="async", observer=records.append, **settings), items)
     assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
+
+    def drafts(recs):  # (request, first position) -> the drafts verified there
+        return {(row.request_id, row.num_computed_tokens): row.draft_token_ids
+                for rec in recs for row in rec.rows if row.kind == "decode"}
+
+    assert drafts(records) == drafts(ref_records), "a sampling row's drafter read another row's input"
     orders = set()
     for rec in records:
         kinds = "".join("S" if row.output_token_ids is not None else "P" for row in rec.rows)
