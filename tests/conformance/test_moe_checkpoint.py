@@ -36,7 +36,13 @@ def test_conformance_run_passes_on_moe(moe_checkpoint):
     assert f"{n} scenarios" in out.getvalue() and f"{n} passed, 0 failed" in out.getvalue()
 
 
-@pytest.mark.parametrize("mutant_id", [m.id for m in MUTANTS])
+# The MoE layers change the MLP only; one mutant per bug class runs in the default tier (every mutant
+# runs on the dense checkpoint in test_mutants.py), the rest with -m slow.
+ON_MOE = ("stale-accepted-counts", "zero-draft-reads-first-slot", "pc-stale-kept-counts")
+
+
+@pytest.mark.parametrize("mutant_id", [m.id if m.id in ON_MOE else pytest.param(m.id, marks=pytest.mark.slow)
+                                       for m in MUTANTS])
 def test_mutant_is_caught_on_moe(moe_checkpoint, mutant_id):
     result = run_mutant(get_mutant(mutant_id), moe_checkpoint, "default", preferred_only=True)
     assert result.caught, format_score([result])
