@@ -29,7 +29,11 @@ def factor_to_cuda(factor: str) -> str:
 def probe() -> dict[str, str]:
     import torch
 
-    info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
+    info = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+    }
     try:
         import triton
 
@@ -58,7 +62,9 @@ def problems(info: dict[str, str], cuda: str | None, device: str | None) -> list
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cuda", default=os.environ.get("EXPECTED_CUDA"), help="expected torch.version.cuda, e.g. 12.8")
+    p.add_argument(
+        "--cuda", default=os.environ.get("EXPECTED_CUDA"), help="expected torch.version.cuda, e.g. 12.8"
+    )
     p.add_argument("--factor", default=None, help="tox CUDA factor, e.g. cu128 (sets --cuda)")
     p.add_argument("--device", default=os.environ.get("EXPECTED_DEVICE"), choices=("cpu", "cuda"))
     args = p.parse_args(argv)

@@ -110,9 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports", default=str(REPO / "reports" / "nightly"))
     p.add_argument("--baseline", default=str(REPO / "ci" / "nightly-baseline.txt"))
     p.add_argument("--engine", default=os.environ.get("CONFORMANCE_ENGINE"), help="engine under test")
-    p.add_argument("--model", default=None, help="checkpoint folder (default: $CONFORMANCE_MODEL or the embedded one)")
-    p.add_argument("--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)")
-    p.add_argument("--tier", default="nightly", choices=("default", "nightly"), help="conformance workload tier")
+    p.add_argument(
+        "--model", default=None, help="checkpoint folder (default: $CONFORMANCE_MODEL or the embedded one)"
+    )
+    p.add_argument(
+        "--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)"
+    )
+    p.add_argument(
+        "--tier", default="nightly", choices=("default", "nightly"), help="conformance workload tier"
+    )
     p.add_argument("--no-strict", dest="strict", action="store_false",
                    help="stale expected-failure entries warn instead of failing")
     p.add_argument("--infra-reruns", type=int, default=1,
@@ -137,9 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     notes = [rerun_note(args.infra_reruns, log)]
 
     if not args.skip_bench:
-        run(pytest_cmd("tests/kernels/bench", "-p", "no:xdist", "-m", "", "--benchmark-only",
-                       "--benchmark-json", str(reports / "bench.json"), "--junitxml", str(reports / "bench.xml")),
-            reports / "bench.log")
+        run(
+            pytest_cmd(
+                "tests/kernels/bench",
+                "-p",
+                "no:xdist",
+                "-m",
+                "",
+                "--benchmark-only",
+                "--benchmark-json",
+                str(reports / "bench.json"),
+                "--junitxml",
+                str(reports / "bench.xml"),
+            ),
+            reports / "bench.log",
+        )
         code = run([sys.executable, "-m", "refengine.tools.cli", "bench"], reports / "engine-bench.txt")
         notes.append(f"engine benchmark: exit {code}, output in engine-bench.txt")
         if (reports / "bench.xml").is_file():

@@ -80,7 +80,9 @@ class Case:
     def kind(self) -> str | None:
         if self.outcome not in FAILING:
             return None
-        return classify(self.message or self.text, self.failure_type or self.properties.get(FAILURE_TYPE_PROPERTY))
+        return classify(
+            self.message or self.text, self.failure_type or self.properties.get(FAILURE_TYPE_PROPERTY)
+        )
 
 
 def _result(tc: TestCase) -> tuple[str, Failure | Error | Skipped] | None:
@@ -153,20 +155,35 @@ def _table(cases: list[Case]) -> list[str]:
     rows = ["| test | kind | message | replay |", "|---|---|---|---|"]
     for c in cases:
         replay = c.properties.get("replay", "")
-        rows.append(f"| `{c.id}` | {c.kind} | {_first_line(c.message or c.text)} | {f'`{replay}`' if replay else ''} |")
+        rows.append(
+            f"| `{c.id}` | {c.kind} | {_first_line(c.message or c.text)} | {f'`{replay}`' if replay else ''} |"
+        )
     return rows
 
 
-def markdown(cases: list[Case], comparison: Comparison, title: str = "Test summary", notes: list[str] = ()) -> str:
-    count = {o: sum(c.outcome == o for c in cases) for o in ("passed", "failed", "error", "skipped", "xfailed")}
+def markdown(
+    cases: list[Case], comparison: Comparison, title: str = "Test summary", notes: list[str] = ()
+) -> str:
+    count = {
+        o: sum(c.outcome == o for c in cases) for o in ("passed", "failed", "error", "skipped", "xfailed")
+    }
     totals = (f"| {count['passed']} | {count['failed']} | {count['error']} | {count['skipped']} | "
               f"{count['xfailed']} | {len(cases)} |")
-    lines = [f"## {title}", "", "| passed | failed | errors | skipped | xfailed | total |", "|---|---|---|---|---|---|",
-             totals, ""]
+    lines = [
+        f"## {title}",
+        "",
+        "| passed | failed | errors | skipped | xfailed | total |",
+        "|---|---|---|---|---|---|",
+        totals,
+        "",
+    ]
     lines += [f"- {n}" for n in notes]
     if notes:
         lines.append("")
-    for heading, group in (("New failures", comparison.new), ("Still failing (in the baseline)", comparison.still)):
+    for heading, group in (
+        ("New failures", comparison.new),
+        ("Still failing (in the baseline)", comparison.still),
+    ):
         lines += [f"### {heading}: {len(group)}", ""]
         lines += (_table(group) if group else ["none"]) + [""]
     lines += [f"### Fixed (in the baseline, now passing): {len(comparison.fixed)}", ""]
@@ -180,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default=None, help="file of known-failing test ids")
     p.add_argument("--output", default=None, help="write the markdown here (default: stdout)")
     p.add_argument("--title", default="Test summary")
-    p.add_argument("--write-baseline", default=None, metavar="FILE", help="write the current failures as a baseline")
+    p.add_argument(
+        "--write-baseline", default=None, metavar="FILE", help="write the current failures as a baseline"
+    )
     p.add_argument("--fail-on-new", action="store_true", help="exit 1 when a failure is not in the baseline")
     args = p.parse_args(argv)
     cases = read_junit(args.junit)
@@ -192,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     if args.write_baseline:
         ids = sorted({c.id for c in cases if c.outcome in FAILING})
-        Path(args.write_baseline).write_text("# Known failures (ids from ci/summarize_junit.py), one per line.\n"
-                                             + "".join(f"{i}\n" for i in ids))
+        Path(args.write_baseline).write_text(
+            "# Known failures (ids from ci/summarize_junit.py), one per line.\n"
+            + "".join(f"{i}\n" for i in ids)
+        )
     return 1 if args.fail_on_new and comparison.new else 0
 
 

@@ -45,14 +45,25 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint folder (default: $CONFORMANCE_MODEL or the "
                    "embedded default model)")
     p.add_argument("--tier", default="default", choices=TIERS, help="workload sizes (default: default)")
-    p.add_argument("--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)")
+    p.add_argument(
+        "--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)"
+    )
     p.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
     add_dtype_flag(p, "both engines", default=None, default_text=f"${session.ENV_DTYPE} or float32")
-    p.add_argument("--enable-prefix-caching", action="store_true", help="run every scenario with prefix caching "
-                   "for the engine under test (the reference engine it is compared with runs without)")
-    p.add_argument("--mamba-cache-mode", choices=MAMBA_CACHE_MODES, default=None, help="with "
-                   "--enable-prefix-caching: where recurrent states are checkpointed (default: each scenario's "
-                   "own mode, else align)")
+    p.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="run every scenario with prefix caching "
+        "for the engine under test (the reference engine it is compared with runs without)",
+    )
+    p.add_argument(
+        "--mamba-cache-mode",
+        choices=MAMBA_CACHE_MODES,
+        default=None,
+        help="with "
+        "--enable-prefix-caching: where recurrent states are checkpointed (default: each scenario's "
+        "own mode, else align)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,31 +76,61 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--scenario", action="append", default=[], metavar="ID", help="run only this scenario "
                      "(repeatable; default: the whole tier)")
-    run.add_argument("--scenario-file", action="append", default=[], metavar="FILE", help="run the workload in "
-                     "this scenario file, e.g. one written by `conformance fuzz` (repeatable; with no --scenario, "
-                     "only the files run)")
+    run.add_argument(
+        "--scenario-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="run the workload in "
+        "this scenario file, e.g. one written by `conformance fuzz` (repeatable; with no --scenario, "
+        "only the files run)",
+    )
     run.add_argument("--report-json", metavar="FILE", help="write every result as JSON")
     run.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report")
     run.add_argument("--xfail-file", metavar="FILE", help="expected failures (TOML) that do not fail the run "
                      "(default: the engine's packaged file in conformance/expectations/, if it has one)")
-    run.add_argument("--strict-expectations", action="store_true", help="a listed expected failure that passes "
-                     "fails its scenario (default: a warning)")
+    run.add_argument(
+        "--strict-expectations",
+        action="store_true",
+        help="a listed expected failure that passes fails its scenario (default: a warning)",
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="print every check, passing ones included")
-    rp = sub.add_parser("replay", help="rerun one scenario and print its steps (or one request's) step by step")
+    rp = sub.add_parser(
+        "replay", help="rerun one scenario and print its steps (or one request's) step by step"
+    )
     rp.add_argument("scenario", metavar="ID", nargs="?", default=None)
     rp.add_argument("--scenario-file", metavar="FILE", default=None, help="replay the workload in this file")
-    rp.add_argument("--request", default=None, help="request id to print step by step (default: every step of "
-                    "the scenario, all requests)")
+    rp.add_argument(
+        "--request",
+        default=None,
+        help="request id to print step by step (default: every step of the scenario, all requests)",
+    )
     _common(rp)
-    fz = sub.add_parser("fuzz", help="run generated workloads until a check fails, then shrink and write it out")
+    fz = sub.add_parser(
+        "fuzz", help="run generated workloads until a check fails, then shrink and write it out"
+    )
     _common(fz)
-    fz.add_argument("--seed", type=int_at_least(0), default=0, help="generation seed: the same seed gives the same "
-                    "workloads")
-    fz.add_argument("--examples", type=int_at_least(1), default=100, help="most workloads to generate (default 100)")
-    fz.add_argument("--budget-seconds", type=float_above(0), default=None, help="stop generating after this long "
-                    "(then the number of workloads depends on the machine)")
-    fz.add_argument("--shrink-seconds", type=float_above(0), default=300.0, help="time limit for shrinking a failure "
-                    "(default 300)")
+    fz.add_argument(
+        "--seed",
+        type=int_at_least(0),
+        default=0,
+        help="generation seed: the same seed gives the same workloads",
+    )
+    fz.add_argument(
+        "--examples", type=int_at_least(1), default=100, help="most workloads to generate (default 100)"
+    )
+    fz.add_argument(
+        "--budget-seconds",
+        type=float_above(0),
+        default=None,
+        help="stop generating after this long (then the number of workloads depends on the machine)",
+    )
+    fz.add_argument(
+        "--shrink-seconds",
+        type=float_above(0),
+        default=300.0,
+        help="time limit for shrinking a failure (default 300)",
+    )
     fz.add_argument("--out", default=".", metavar="DIR", help="where the shrunk failing workload is written "
                     "(default: the current directory)")
     fz.add_argument("--max-requests", type=int_at_least(1), default=6, help="most requests per workload "
@@ -102,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--no-shrink", action="store_true", help="write the first failing workload as found")
     fz.add_argument("-q", "--quiet", action="store_true", help="no line per workload")
     mu = sub.add_parser("mutate", help="run the suite against every mutant and print the mutation score")
-    mu.add_argument("--mutant", action="append", default=[], metavar="ID", help="only this mutant (repeatable)")
+    mu.add_argument(
+        "--mutant", action="append", default=[], metavar="ID", help="only this mutant (repeatable)"
+    )
     mu.add_argument("--model", default=None, help="checkpoint folder (default: the embedded default model)")
     mu.add_argument("--tier", default="default", choices=TIERS)
     mu.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
@@ -115,10 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _selection(args) -> session.Selection:
     sel = session.Selection(
         engine=session.pick(args.engine, session.ENV_ENGINE, session.DEFAULT_ENGINE),
-        model=session.pick(args.model, session.ENV_MODEL, None), tier=args.tier,
-        device=session.pick(args.device, session.ENV_DEVICE, "cpu"), xfail_file=getattr(args, "xfail_file", None),
+        model=session.pick(args.model, session.ENV_MODEL, None),
+        tier=args.tier,
+        device=session.pick(args.device, session.ENV_DEVICE, "cpu"),
+        xfail_file=getattr(args, "xfail_file", None),
         dtype=session.pick(args.dtype, session.ENV_DTYPE, "float32"),
-        enable_prefix_caching=args.enable_prefix_caching, mamba_cache_mode=args.mamba_cache_mode)
+        enable_prefix_caching=args.enable_prefix_caching,
+        mamba_cache_mode=args.mamba_cache_mode,
+    )
     if sel.device == "cpu":
         import torch
 
@@ -179,8 +226,10 @@ def cmd_replay(args, out) -> int:
     if args.request is not None:
         if "reference" in traces and args.request not in traces["reference"].requests:
             known = ", ".join(sorted(traces["reference"].requests))
-            print(f"conformance replay: no request {args.request!r} in {result.scenario_id} (requests: {known})",
-                  file=sys.stderr)
+            print(
+                f"conformance replay: no request {args.request!r} in {result.scenario_id} (requests: {known})",
+                file=sys.stderr,
+            )
             return 2
         print("\n" + format_request_detail(args.request, traces), file=out)
     elif traces:
@@ -205,24 +254,44 @@ def cmd_fuzz(args, out) -> int:
     sel = _selection(args)
     case = sel.open_case()
     budget = f"{args.examples} workloads" + (f" or {args.budget_seconds:g} s" if args.budget_seconds else "")
-    print(f"conformance fuzz: engine under test {sel.engine}, reference engine as oracle, model {case.facts.label}, "
-          f"dtype {case.dtype} (both engines), seed {args.seed}, at most {budget}", file=out, flush=True)
+    print(
+        f"conformance fuzz: engine under test {sel.engine}, reference engine as oracle, model {case.facts.label}, "
+        f"dtype {case.dtype} (both engines), seed {args.seed}, at most {budget}",
+        file=out,
+        flush=True,
+    )
     shrinking = []
 
     def progress(e):
         if e.phase == "shrink" and not shrinking:
             shrinking.append(True)
-            print(f"shrinking: '{e.failing[0] if e.failing else '?'}' failed; looking for a smaller workload on which "
-                  "it still fails", file=out, flush=True)
+            print(
+                f"shrinking: '{e.failing[0] if e.failing else '?'}' failed; looking for a smaller workload on which "
+                "it still fails",
+                file=out,
+                flush=True,
+            )
         if args.quiet and not e.target_failed:
             return
-        verdict = ("SKIP " + e.skipped) if e.skipped else ("FAIL " + ", ".join(e.failing) if e.failing else "pass")
+        verdict = (
+            ("SKIP " + e.skipped) if e.skipped else ("FAIL " + ", ".join(e.failing) if e.failing else "pass")
+        )
         print(f"[{e.index:>4}] {e.phase:<8} {e.size}: {verdict} ({e.seconds:.1f} s)", file=out, flush=True)
 
-    report = fuzz(case, seed=args.seed, max_examples=args.examples, budget_seconds=args.budget_seconds,
-                  out_dir=args.out, limits=Limits(max_requests=args.max_requests, max_new_tokens=args.max_new_tokens,
-                                max_prompt=args.max_prompt), shrink=not args.no_shrink, shrink_seconds=args.shrink_seconds,
-                  aborts=False if args.no_aborts else None, progress=progress)
+    report = fuzz(
+        case,
+        seed=args.seed,
+        max_examples=args.examples,
+        budget_seconds=args.budget_seconds,
+        out_dir=args.out,
+        limits=Limits(
+            max_requests=args.max_requests, max_new_tokens=args.max_new_tokens, max_prompt=args.max_prompt
+        ),
+        shrink=not args.no_shrink,
+        shrink_seconds=args.shrink_seconds,
+        aborts=False if args.no_aborts else None,
+        progress=progress,
+    )
     s = report.search
     print(f"\n{s.examples} workloads in {s.seconds:.1f} s ({s.skipped} skipped); stopped by "
           f"{'a failure' if report.failed else s.stopped}", file=out)
@@ -265,9 +334,12 @@ def cmd_mutate(args, out) -> int:
     torch.set_num_threads(args.threads)
     model = session.pick(args.model, session.ENV_MODEL, None)
     dtype = session.pick(args.dtype, session.ENV_DTYPE, "float32")
-    print(f"conformance mutate: the async engine with one seed bug re-created at a time, against the reference "
-          f"engine, model {model or 'embedded default model'}, tier {args.tier}, dtype {dtype} (both engines)",
-          file=out, flush=True)
+    print(
+        f"conformance mutate: the async engine with one seed bug re-created at a time, against the reference "
+        f"engine, model {model or 'embedded default model'}, tier {args.tier}, dtype {dtype} (both engines)",
+        file=out,
+        flush=True,
+    )
 
     def progress(result, i, n):
         verdict = (f"caught by {result.scenario}" if result.caught
@@ -283,7 +355,13 @@ def main(argv: list[str] | None = None, out=None) -> int:
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
     try:
-        commands = {"list": cmd_list, "run": cmd_run, "replay": cmd_replay, "fuzz": cmd_fuzz, "mutate": cmd_mutate}
+        commands = {
+            "list": cmd_list,
+            "run": cmd_run,
+            "replay": cmd_replay,
+            "fuzz": cmd_fuzz,
+            "mutate": cmd_mutate,
+        }
         return commands[args.command](args, out)
     except (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError, KeyError) as e:
         print(f"conformance {args.command}: {e}", file=sys.stderr)

@@ -95,8 +95,15 @@ class LLMInstance:
         self.llm = llm
 
     def add_request(self, request_id, prompt, params: RequestParams) -> None:
-        self.llm.add_request(request_id, prompt, SamplingParams(max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
-                                                                stop_token_ids=list(params.stop_token_ids)))
+        self.llm.add_request(
+            request_id,
+            prompt,
+            SamplingParams(
+                max_tokens=params.max_tokens,
+                ignore_eos=params.ignore_eos,
+                stop_token_ids=list(params.stop_token_ids),
+            ),
+        )
 
     def step(self):
         return self.llm.step()
@@ -151,11 +158,26 @@ class RefEngineAdapter:
             drafter, lookup = "ngram", {"prompt_lookup_min": s.prompt_lookup_min,
                                         "prompt_lookup_max": s.prompt_lookup_max}
         checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
-        return LLM(model=spec.model, engine=self.engine, graph_mode=self.graph_mode, num_speculative_tokens=s.k,
-                   drafter=drafter, **lookup, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                   block_size=s.block_size, num_kv_blocks=s.num_kv_blocks, max_model_len=s.max_model_len,
-                   device=spec.device, dtype=spec.dtype, seed=spec.seed, observer=spec.observer,
-                   enable_prefix_caching=s.enable_prefix_caching, mamba_cache_mode=s.mamba_cache_mode, **checked)
+        return LLM(
+            model=spec.model,
+            engine=self.engine,
+            graph_mode=self.graph_mode,
+            num_speculative_tokens=s.k,
+            drafter=drafter,
+            **lookup,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            block_size=s.block_size,
+            num_kv_blocks=s.num_kv_blocks,
+            max_model_len=s.max_model_len,
+            device=spec.device,
+            dtype=spec.dtype,
+            seed=spec.seed,
+            observer=spec.observer,
+            enable_prefix_caching=s.enable_prefix_caching,
+            mamba_cache_mode=s.mamba_cache_mode,
+            **checked,
+        )
 
 
 def reference_adapter() -> RefEngineAdapter:
@@ -180,14 +202,18 @@ def load_engine(name: str) -> EngineAdapter:
         return RefEngineAdapter("async", name.partition(":")[2])
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
-        raise UnknownEngine(f"unknown engine {name!r}: use one of {', '.join(BUILTIN_ENGINES)} or an import path "
-                            "'package.module:factory'")
+        raise UnknownEngine(
+            f"unknown engine {name!r}: use one of {', '.join(BUILTIN_ENGINES)} or an import path "
+            "'package.module:factory'"
+        )
     try:
         obj = getattr(_import(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise UnknownEngine(f"cannot load engine {name!r}: {e}") from e
     except Exception as e:  # the user's module broke while importing: one line, not a traceback
-        raise UnknownEngine(f"cannot load engine {name!r}: importing {module_name} raised {_one_line(e)}") from e
+        raise UnknownEngine(
+            f"cannot load engine {name!r}: importing {module_name} raised {_one_line(e)}"
+        ) from e
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "start")):
         try:
             obj = obj()

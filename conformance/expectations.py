@@ -92,7 +92,9 @@ def judge(result: ScenarioResult, exp: Expectations) -> Verdict:
         return Verdict("skip", [], {}, [])
     if result.error:
         return Verdict("error", [], {}, [])
-    expected = {c: listed.get(c, listed.get(ANY_CHECK, "")) for c in failing if c in listed or ANY_CHECK in listed}
+    expected = {
+        c: listed.get(c, listed.get(ANY_CHECK, "")) for c in failing if c in listed or ANY_CHECK in listed
+    }
     unexpected = [c for c in failing if c not in expected]
     stale = [f"{result.scenario_id}/{c}" for c in listed if c != ANY_CHECK and c not in failing]
     if ANY_CHECK in listed and not failing:

@@ -194,10 +194,21 @@ def can_abort(case: Case) -> bool:
     return True
 
 
-def fuzz(case: Case, *, seed: int = 0, max_examples: int = 20, budget_seconds: float | None = None,
-         out_dir: str | Path = ".", limits: Limits | None = None, shrink: bool = True, shrink_seconds: float = 300.0,
-         aborts: bool | None = None, caching: bool | None = None, progress: Callable[[Example], None] | None = None,
-         known: Callable[[ScenarioResult], str | None] | None = None) -> FuzzReport:
+def fuzz(
+    case: Case,
+    *,
+    seed: int = 0,
+    max_examples: int = 20,
+    budget_seconds: float | None = None,
+    out_dir: str | Path = ".",
+    limits: Limits | None = None,
+    shrink: bool = True,
+    shrink_seconds: float = 300.0,
+    aborts: bool | None = None,
+    caching: bool | None = None,
+    progress: Callable[[Example], None] | None = None,
+    known: Callable[[ScenarioResult], str | None] | None = None,
+) -> FuzzReport:
     """Fuzz ``case``'s engine against the reference; on a failure write the shrunk workload to
     ``out_dir/fuzz-s<seed>-<check>.json``. ``aborts``: draw aborts (default: when both engines can).
     ``caching``: draw prefix caching, shared prefixes and next turns (default: when the engine caches).
@@ -209,8 +220,15 @@ def fuzz(case: Case, *, seed: int = 0, max_examples: int = 20, budget_seconds: f
     if caching is None:
         caching = case.adapter.supports("prefix_caching")
     name = f"fuzz-s{seed}"
-    strategy = scenarios(facts.vocab_size, limits=limits or Limits(), has_mtp=facts.has_mtp and case.adapter.supports("mtp"),
-                         scripted=case.adapter.supports("scripted_drafter"), aborts=aborts, caching=caching, name=name)
+    strategy = scenarios(
+        facts.vocab_size,
+        limits=limits or Limits(),
+        has_mtp=facts.has_mtp and case.adapter.supports("mtp"),
+        scripted=case.adapter.supports("scripted_drafter"),
+        aborts=aborts,
+        caching=caching,
+        name=name,
+    )
 
     def judge(scenario: Scenario):
         result, _ = run_scenario(scenario, case)
@@ -227,12 +245,20 @@ def fuzz(case: Case, *, seed: int = 0, max_examples: int = 20, budget_seconds: f
                            description=f"shrunk by conformance fuzz (seed {seed}, engine {case.engine}): "
                            f"'{search.check}' fails; " + search.smallest.description)
         path = Path(out_dir) / f"{smallest.id}.json"
-        origin = {"seed": seed, "engine": case.engine, "failing_check": search.check, "examples": search.examples,
-                  "first_failure": describe_size(search.first), "shrunk": describe_size(smallest)}
+        origin = {
+            "seed": seed,
+            "engine": case.engine,
+            "failing_check": search.check,
+            "examples": search.examples,
+            "first_failure": describe_size(search.first),
+            "shrunk": describe_size(smallest),
+        }
         report.file = write_scenario_file(path, smallest, facts.vocab_size, origin)
         report.replay = case.replay_command(smallest.id, scenario_file=str(report.file))
         replayed = read_scenario_file(report.file, facts.vocab_size)
         report.result, _ = run_scenario(replayed, case, scenario_file=str(report.file))
-        failing = {c.check for c in report.result.failures} | ({ERROR_CHECK} if report.result.error else set())
+        failing = {c.check for c in report.result.failures} | (
+            {ERROR_CHECK} if report.result.error else set()
+        )
         report.reproduced = search.check in failing
     return report

@@ -37,8 +37,16 @@ class AbortsUnsupported(RuntimeError):
     """The scenario aborts requests, but the engine instance has no ``abort``."""
 
 
-def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, *, label: str,
-                 settings: EngineSettings | None = None, device: str = "cpu", dtype: str = "float32") -> Trace:
+def run_workload(
+    adapter: EngineAdapter,
+    scenario: Scenario,
+    facts: ModelFacts,
+    *,
+    label: str,
+    settings: EngineSettings | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> Trace:
     """Feed the scenario's requests at their arrival steps and record everything the engine reports.
 
     Before the engine's step ``s`` the harness adds every request arriving at ``s``, then aborts every
@@ -59,7 +67,9 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
     torch.manual_seed(seed_of(scenario.id) % (1 << 31))
     pending = sorted(scenario.requests, key=lambda r: (r.arrival_step, r.request_id))
     aborts = sorted((r.abort_step, r.request_id) for r in scenario.requests if r.abort_step is not None)
-    turns = 1 + sum(r.extends is not None for r in scenario.requests)  # an extended prompt holds earlier turns
+    turns = 1 + sum(
+        r.extends is not None for r in scenario.requests
+    )  # an extended prompt holds earlier turns
     limit = 1000 + 20 * turns * sum(len(r.prompt) + r.max_tokens for r in scenario.requests)
     step = next_abort = 0
     added: set[str] = set()
@@ -101,7 +111,9 @@ def run_workload(adapter: EngineAdapter, scenario: Scenario, facts: ModelFacts, 
         slots = getattr(engine, "request_slots_in_use", None)
         recorder.trace.request_slots_in_use = None if slots is None else slots()
         occupancy = getattr(engine, "occupancy", None)
-        recorder.trace.occupancy = None if occupancy is None else {k: int(v) for k, v in dict(occupancy()).items()}
+        recorder.trace.occupancy = (
+            None if occupancy is None else {k: int(v) for k, v in dict(occupancy()).items()}
+        )
     except Exception:  # noqa: BLE001 - the engine under test may fail in any way; the report shows how
         recorder.trace.error = traceback.format_exc()
     recorder.trace.num_engine_steps = step
@@ -201,8 +213,13 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
         return "the engine under test does not support prefix caching"
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
         return "text prompts need a model with a tokenizer"
-    bad = [t for r in scenario.requests if not isinstance(r.prompt, str) for t in (*r.prompt, *r.stop_token_ids)
-           if not 0 <= t < facts.vocab_size]
+    bad = [
+        t
+        for r in scenario.requests
+        if not isinstance(r.prompt, str)
+        for t in (*r.prompt, *r.stop_token_ids)
+        if not 0 <= t < facts.vocab_size
+    ]
     if bad:
         return f"token id {bad[0]} is outside the model's vocabulary [0, {facts.vocab_size})"
     return None
@@ -222,9 +239,16 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
     if isinstance(scenario, str):
         scenario = get_def(scenario).materialize(case.tier, case.facts.vocab_size)
     scenario = case.apply(scenario)
-    result = ScenarioResult(scenario.id, scenario.description, case.tier, case.engine, case.facts.label,
-                            describe_settings(scenario),
-                            replay=case.replay_command(scenario.id, scenario_file=scenario_file), dtype=case.dtype)
+    result = ScenarioResult(
+        scenario.id,
+        scenario.description,
+        case.tier,
+        case.engine,
+        case.facts.label,
+        describe_settings(scenario),
+        replay=case.replay_command(scenario.id, scenario_file=scenario_file),
+        dtype=case.dtype,
+    )
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)
     if result.skipped is None:
@@ -274,9 +298,16 @@ def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
 
 def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
              scenario_file: str | None = None) -> list[CheckResult]:
-    inputs = checks.CheckInputs(scenario, traces["reference"], traces["test"], traces.get("plain"),
-                                case.facts.vocab_size, case.adapter.supports("batch_invariant"), case.default_model,
-                                traces.get("cached"))
+    inputs = checks.CheckInputs(
+        scenario,
+        traces["reference"],
+        traces["test"],
+        traces.get("plain"),
+        case.facts.vocab_size,
+        case.adapter.supports("batch_invariant"),
+        case.default_model,
+        traces.get("cached"),
+    )
     test = inputs.test
     results = []
     for name, check in checks.CHECKS:

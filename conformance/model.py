@@ -94,8 +94,14 @@ def describe_model(model: str | None) -> ModelFacts:
         raise
     except Exception as e:
         raise UnusableSetup(f"checkpoint {_where(model)} cannot be used: {type(e).__name__}: {e}") from e
-    return ModelFacts(folder, label, cfg.vocab_size, tuple(cfg.eos_token_ids),
-                      any(n.startswith("mtp.") for n in names), any((root / f).is_file() for f in TOKENIZER_FILES))
+    return ModelFacts(
+        folder,
+        label,
+        cfg.vocab_size,
+        tuple(cfg.eos_token_ids),
+        any(n.startswith("mtp.") for n in names),
+        any((root / f).is_file() for f in TOKENIZER_FILES),
+    )
 
 
 def _tensor_names(root: Path) -> set[str]:

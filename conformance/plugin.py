@@ -79,26 +79,48 @@ def pytest_addoption(parser):
     g.addoption("--conformance-engine", default=None, help="engine under test: reference, async, "
                 "async:<graph mode> or package.module:factory (default: $CONFORMANCE_ENGINE, else async)")
     g.addoption("--conformance-tier", default=None, choices=TIERS, help="workload tier (default: default)")
-    g.addoption("--conformance-model", default=None, help="checkpoint folder (default: $CONFORMANCE_MODEL, else "
-                "the embedded default model)")
+    g.addoption(
+        "--conformance-model",
+        default=None,
+        help="checkpoint folder (default: $CONFORMANCE_MODEL, else the embedded default model)",
+    )
     g.addoption("--conformance-device", default=None, help="device for both engines (default: cpu)")
-    g.addoption("--conformance-dtype", default=None, help="dtype both engines run in: float32, bfloat16, float16 "
-                "or auto, the checkpoint's own (default: $CONFORMANCE_DTYPE, else float32)")
-    g.addoption("--conformance-enable-prefix-caching", action="store_true", help="run every scenario with prefix "
-                "caching for the engine under test (the reference engine it is compared with runs without)")
-    g.addoption("--conformance-mamba-cache-mode", default=None, help="with --conformance-enable-prefix-caching: "
-                "align or all (default: each scenario's own mode, else align)")
+    g.addoption(
+        "--conformance-dtype",
+        default=None,
+        help="dtype both engines run in: float32, bfloat16, float16 "
+        "or auto, the checkpoint's own (default: $CONFORMANCE_DTYPE, else float32)",
+    )
+    g.addoption(
+        "--conformance-enable-prefix-caching",
+        action="store_true",
+        help="run every scenario with prefix "
+        "caching for the engine under test (the reference engine it is compared with runs without)",
+    )
+    g.addoption(
+        "--conformance-mamba-cache-mode",
+        default=None,
+        help="with --conformance-enable-prefix-caching: "
+        "align or all (default: each scenario's own mode, else align)",
+    )
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")
     g.addoption("--conformance-strict-expectations", action="store_true",
                 help="fail (not just warn) when a listed expected failure passes")
     g.addoption("--conformance-report-json", default=None, metavar="FILE", help="write all results as JSON")
-    g.addoption("--conformance-threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)")
+    g.addoption(
+        "--conformance-threads", type=int, default=1, help="torch intra-op threads on CPU (default 1)"
+    )
     g.addoption("--conformance-scenario", action="append", default=[], metavar="ID",
                 help="run only this scenario of the tier (repeatable; default: every scenario of the tier)")
-    g.addoption("--conformance-scenario-file", action="append", default=[], metavar="FILE",
-                help="run the workload in this scenario file, e.g. one written by `conformance fuzz` (repeatable; "
-                "with no --conformance-scenario, only the files run)")
+    g.addoption(
+        "--conformance-scenario-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="run the workload in this scenario file, e.g. one written by `conformance fuzz` (repeatable; "
+        "with no --conformance-scenario, only the files run)",
+    )
     g.addoption("--conformance-gpus", default=None, metavar="IDS",
                 help="pin xdist workers round robin to these GPUs: 'all' (every visible GPU) or a comma list "
                 "of ids; several workers share each GPU")
@@ -172,7 +194,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a conformance-suite scenario test (conformance.suite)")
     _check_options(config)
     if config.getoption("conformance_scenario") or config.getoption("conformance_scenario_file"):
-        _scenarios(config)  # a mistyped id or a broken file: one usage error now, not a collection error later
+        _scenarios(
+            config
+        )  # a mistyped id or a broken file: one usage error now, not a collection error later
     is_worker = hasattr(config, "workerinput")
     if not is_worker:
         config.pluginmanager.register(ResultCollector(config), "conformance-results")
@@ -192,13 +216,17 @@ def _check_options(config) -> None:
     dtype = _dtype(config)
     if dtype not in DTYPE_CHOICES:
         where = "--conformance-dtype" if config.getoption("conformance_dtype") else f"${settings.ENV_DTYPE}"
-        raise pytest.UsageError(f"conformance: {where} must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+        raise pytest.UsageError(
+            f"conformance: {where} must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}"
+        )
     mode = config.getoption("conformance_mamba_cache_mode")
     if mode is not None and mode not in MAMBA_CACHE_MODES:
         raise pytest.UsageError(f"conformance: --conformance-mamba-cache-mode must be one of "
                                 f"{', '.join(MAMBA_CACHE_MODES)}, got {mode!r}")
     if mode is not None and not config.getoption("conformance_enable_prefix_caching"):
-        raise pytest.UsageError("conformance: --conformance-mamba-cache-mode needs --conformance-enable-prefix-caching")
+        raise pytest.UsageError(
+            "conformance: --conformance-mamba-cache-mode needs --conformance-enable-prefix-caching"
+        )
 
 
 def _dtype(config) -> str:
@@ -211,7 +239,11 @@ def pytest_sessionstart(session):
     one usage error, not an error per scenario (what only a conftest's ``conformance_default_engine``
     or ``conformance_default_model`` names is known inside the workers alone; their fixtures check it)."""
     config = session.config
-    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or not _is_active(config):
+    if (
+        hasattr(config, "workerinput")
+        or not getattr(config.option, "numprocesses", None)
+        or not _is_active(config)
+    ):
         return
     from conformance.model import UnusableSetup, preflight
 
@@ -240,7 +272,9 @@ def pytest_report_header(config):
     tier = config.getoption("conformance_tier") or "default"
     caching = ""
     if config.getoption("conformance_enable_prefix_caching"):
-        caching = f", prefix caching {config.getoption('conformance_mamba_cache_mode') or 'on'} (engine under test)"
+        caching = (
+            f", prefix caching {config.getoption('conformance_mamba_cache_mode') or 'on'} (engine under test)"
+        )
     return (f"conformance: engine {engine}, tier {tier}, model {model}, dtype {_dtype(config)} (both engines)"
             f"{caching}; {describe(environment(probe_device=False))}")
 
@@ -249,9 +283,11 @@ def _scenarios(config) -> list[str]:
     """The scenario ids and scenario-file paths this run parametrises over, selected once."""
     if _SCENARIOS not in config.stash:
         try:
-            config.stash[_SCENARIOS] = settings.select_scenarios(config.getoption("conformance_tier") or "default",
-                                                                 config.getoption("conformance_scenario"),
-                                                                 config.getoption("conformance_scenario_file"))
+            config.stash[_SCENARIOS] = settings.select_scenarios(
+                config.getoption("conformance_tier") or "default",
+                config.getoption("conformance_scenario"),
+                config.getoption("conformance_scenario_file"),
+            )
         except (UnknownScenario, ValueError) as e:
             raise pytest.UsageError(f"conformance: {e}") from None
     return config.stash[_SCENARIOS]
@@ -347,7 +383,9 @@ def conformance_result(request, conformance_scenario, conformance_case) -> Scena
     node = request.node  # a rerun (pytest-rerunfailures) reuses the item: drop the last attempt's properties
     node.user_properties[:] = [(k, v) for k, v in node.user_properties if not _recorded_key(k)]
     if conformance_scenario in request.config.getoption("conformance_scenario_file"):
-        scenario = read_scenario_file(conformance_scenario, conformance_case.facts.vocab_size, conformance_case.tier)
+        scenario = read_scenario_file(
+            conformance_scenario, conformance_case.facts.vocab_size, conformance_case.tier
+        )
         result, _ = run_scenario(scenario, conformance_case, scenario_file=conformance_scenario)
     else:
         result, _ = run_scenario(conformance_scenario, conformance_case)
@@ -367,8 +405,10 @@ def conformance_expectations(pytestconfig, conformance_selection):
         _end_run(pytestconfig, f"conformance: {e}")
     typos = unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES)
     if typos:
-        warnings.warn(StaleExpectationWarning(f"{exp.source}: entries name no scenario or check: {', '.join(typos)}"),
-                      stacklevel=1)
+        warnings.warn(
+            StaleExpectationWarning(f"{exp.source}: entries name no scenario or check: {', '.join(typos)}"),
+            stacklevel=1,
+        )
     return exp
 
 

@@ -100,8 +100,10 @@ def format_check_table(checks: list) -> str:
     lines = [f"  {'check':<22} {'pass':>5} {'fail':>5} {'n/a':>5}"]
     for name in names:
         of = [c for c in checks if c.check == name]
-        lines.append(f"  {name:<22} {sum(c.status == PASS for c in of):>5} {sum(c.status == FAIL for c in of):>5} "
-                     f"{sum(c.status == NA for c in of):>5}")
+        lines.append(
+            f"  {name:<22} {sum(c.status == PASS for c in of):>5} {sum(c.status == FAIL for c in of):>5} "
+            f"{sum(c.status == NA for c in of):>5}"
+        )
     return "\n".join(lines)
 
 
@@ -112,12 +114,16 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
     by = {outcome: [r for r in results if r.outcome == outcome] for outcome in VERDICTS}
     failed = by["fail"] + by["error"]
     dtypes = sorted({r.dtype for r in results})
-    lines = [(
-        f"{len(results)} scenarios in {elapsed:.1f} s" + (f", both engines in {', '.join(dtypes)}" if dtypes else "")
-        + f": {len(by['pass'])} passed, {len(failed)} failed, "
-        f"{len(by['xfail'])} expected failures, {len(by['skip'])} skipped; "
-        f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
-        f"{sum(c.status == FAIL for c in checks)} failed, {sum(c.status == NA for c in checks)} n/a")]
+    lines = [
+        (
+            f"{len(results)} scenarios in {elapsed:.1f} s"
+            + (f", both engines in {', '.join(dtypes)}" if dtypes else "")
+            + f": {len(by['pass'])} passed, {len(failed)} failed, "
+            f"{len(by['xfail'])} expected failures, {len(by['skip'])} skipped; "
+            f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
+            f"{sum(c.status == FAIL for c in checks)} failed, {sum(c.status == NA for c in checks)} n/a"
+        )
+    ]
     lines.append(format_check_table(checks))
     for r in failed:
         what = [c.check for c in r.unexpected_failures] or (["infrastructure error"] if r.error else [])
@@ -125,11 +131,15 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
             what.append(f"stale expected failure {', '.join(r.stale)} (strict expectations)")
         lines.append(f"  FAILED {r.scenario_id}: {'; '.join(what)}")
     for r in by["xfail"]:
-        lines.append(f"  expected failure {r.scenario_id}: " + ", ".join(f"{k} ({v})" for k, v in r.expected.items()))
+        lines.append(
+            f"  expected failure {r.scenario_id}: " + ", ".join(f"{k} ({v})" for k, v in r.expected.items())
+        )
     for r in results:
         if r.stale and not r.stale_fails:
-            lines.append(f"  stale expected failure {', '.join(r.stale)}: passed; remove the entry (a warning; "
-                         "strict expectations fail the run on it)")
+            lines.append(
+                f"  stale expected failure {', '.join(r.stale)}: passed; remove the entry (a warning; "
+                "strict expectations fail the run on it)"
+            )
     return "\n".join(lines)
 
 
@@ -145,7 +155,9 @@ def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
         req = trace.requests.get(request_id)
         lines.append(f"== {trace.engine} ==")
         if req is None:
-            lines.append(f"  request {request_id} did not finish" + (" (engine error)" if trace.error else ""))
+            lines.append(
+                f"  request {request_id} did not finish" + (" (engine error)" if trace.error else "")
+            )
             continue
         lines += [
             f"  prompt ({len(req.prompt_token_ids)} tokens): {req.prompt_token_ids}",
@@ -182,13 +194,17 @@ def format_step_table(traces: dict[str, Trace], max_steps: int | None = None) ->
                 slot = "zero" if r.state_slot_read is None else f"{r.state_slot_read}({r.state_offset})"
                 out = "(partial prefill)" if r.output_token_ids is None else str(r.output_token_ids)
                 head = f"  {step.index:>4}  {step.graph_mode:<5}" if i == 0 else " " * 13
-                lines.append(f"{head}  {r.request_id:<7}  {r.kind:<8} {r.num_computed_tokens:>8}  {r.query_len:>5}  "
-                             f"{slot:>9}  {r.draft_token_ids} -> {out}" + (mark if i == 0 else ""))
+                lines.append(
+                    f"{head}  {r.request_id:<7}  {r.kind:<8} {r.num_computed_tokens:>8}  {r.query_len:>5}  "
+                    f"{slot:>9}  {r.draft_token_ids} -> {out}" + (mark if i == 0 else "")
+                )
         if max_steps is not None and len(trace.steps) > max_steps:
             lines.append(f"  ... {len(trace.steps) - max_steps} more steps")
         for rid, abort in sorted(trace.aborts.items()):
-            lines.append(f"  aborted {rid} before engine step {abort.step} (after {abort.records_before} step records)"
-                         + ("" if abort.returned else "; it had already finished"))
+            lines.append(
+                f"  aborted {rid} before engine step {abort.step} (after {abort.records_before} step records)"
+                + ("" if abort.returned else "; it had already finished")
+            )
         for rid, req in sorted(trace.requests.items()):
             lines.append(f"  {rid}: {len(req.token_ids)} tokens, finish {req.finish_reason}, acceptance "
                          f"{acceptance_history(req.acceptance)}, preemptions {req.num_preemptions}"

@@ -29,7 +29,9 @@ def not_applicable(check: str, summary: str) -> CheckResult:
     return CheckResult(check, NA, summary)
 
 
-def failed(check: str, summary: str, report: str = "", request_id: str | None = None, **details) -> CheckResult:
+def failed(
+    check: str, summary: str, report: str = "", request_id: str | None = None, **details
+) -> CheckResult:
     return CheckResult(check, FAIL, summary, report or summary, request_id, details)
 
 
@@ -46,7 +48,9 @@ class ScenarioResult:
     skipped: str | None = None  # why the scenario does not apply (e.g. the model has no MTP head)
     error: str | None = None  # the harness or the reference engine broke: an infrastructure error
     replay: str = ""  # command that reruns the whole scenario
-    expected: dict[str, str] = field(default_factory=dict)  # failing checks an expectations file lists -> reason
+    expected: dict[str, str] = field(
+        default_factory=dict
+    )  # failing checks an expectations file lists -> reason
     stale: list[str] = field(default_factory=list)  # listed "<scenario>/<check>" entries that did not fail
     stale_fails: bool = False  # strict expectations: a stale entry fails the scenario (else a warning)
     dtype: str = "float32"  # what both engines ran in

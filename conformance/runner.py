@@ -31,14 +31,44 @@ EXIT_STATUS = {pytest.ExitCode.OK: 0, pytest.ExitCode.TESTS_FAILED: 1, pytest.Ex
                pytest.ExitCode.NO_TESTS_COLLECTED: 2, pytest.ExitCode.INTERRUPTED: 130}
 
 
-def suite_args(sel: session.Selection, *, scenarios=(), scenario_files=(), strict: bool = False, threads: int = 1,
-               junit_xml: str | None = None, report_json: str | None = None) -> list[str]:
+def suite_args(
+    sel: session.Selection,
+    *,
+    scenarios=(),
+    scenario_files=(),
+    strict: bool = False,
+    threads: int = 1,
+    junit_xml: str | None = None,
+    report_json: str | None = None,
+) -> list[str]:
     """The pytest command line of a ``conformance run`` (what ``pytest`` would be given by hand)."""
     root = Path(conformance.__file__).resolve().parent
-    args = ["--pyargs", "conformance.suite", "-p", "conformance.plugin", "-p", "no:cacheprovider",
-            "-c", os.devnull, "--rootdir", str(root.parent), "--confcutdir", str(root), "-o", "addopts=",
-            "--conformance-engine", sel.engine, "--conformance-tier", sel.tier, "--conformance-device", sel.device,
-            "--conformance-dtype", sel.dtype, "--conformance-threads", str(threads)]
+    args = [
+        "--pyargs",
+        "conformance.suite",
+        "-p",
+        "conformance.plugin",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        os.devnull,
+        "--rootdir",
+        str(root.parent),
+        "--confcutdir",
+        str(root),
+        "-o",
+        "addopts=",
+        "--conformance-engine",
+        sel.engine,
+        "--conformance-tier",
+        sel.tier,
+        "--conformance-device",
+        sel.device,
+        "--conformance-dtype",
+        sel.dtype,
+        "--conformance-threads",
+        str(threads),
+    ]
     if sel.model is not None:
         args += ["--conformance-model", sel.model]
     if sel.xfail_file is not None:
@@ -83,7 +113,9 @@ def expectations_note(sel: session.Selection, strict: bool) -> str:
     """What the run does with expected failures, said up front (the file, and what a stale entry does)."""
     exp = sel.expectations()
     if exp.source is None:
-        return "expected failures: none listed (no expectations file applies); every failing check fails the run"
+        return (
+            "expected failures: none listed (no expectations file applies); every failing check fails the run"
+        )
     stale = ("fails the run (--strict-expectations)" if strict
              else "is a warning (--strict-expectations makes it fail the run)")
     return (f"expected failures: {exp.source} ({len(exp.entries)} entries); a listed check that fails is an "
@@ -122,12 +154,16 @@ class RunPrinter:
 
     def pytest_collection_finish(self, session):
         self.total = len(session.items)
-        self._print(f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
-                    f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}")
+        self._print(
+            f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
+            f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}"
+        )
         if self.sel.enable_prefix_caching:
-            self._print(f"prefix caching: on for the engine under test in every scenario, mode "
-                        f"{self.sel.mamba_cache_mode or 'of each scenario (else align)'}; the reference engine runs "
-                        "without it")
+            self._print(
+                f"prefix caching: on for the engine under test in every scenario, mode "
+                f"{self.sel.mamba_cache_mode or 'of each scenario (else align)'}; the reference engine runs "
+                "without it"
+            )
         self._print(dtype_note(self.dtype))
         if self.expectations:
             self._print(self.expectations)
@@ -152,7 +188,9 @@ class RunPrinter:
             return
         self._print(status_line(result, self.done, self.total, elapsed))
         if hasattr(report, "wasxfail"):
-            self._print("  expected failure(s): " + ", ".join(f"{k} ({v})" for k, v in result.expected.items()))
+            self._print(
+                "  expected failure(s): " + ", ".join(f"{k} ({v})" for k, v in result.expected.items())
+            )
             if self.verbose:
                 self._print(format_result(result, show_passing=True))
             return

@@ -66,8 +66,17 @@ class Selection:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
         adapter = resolve_engine(self.engine)
         facts = preflight(self.model, self.device, self.dtype)
-        return Case(self.engine, adapter, facts, self.model, self.tier, self.device, run_dtype(self.dtype, facts),
-                    self.enable_prefix_caching, self.mamba_cache_mode)
+        return Case(
+            self.engine,
+            adapter,
+            facts,
+            self.model,
+            self.tier,
+            self.device,
+            run_dtype(self.dtype, facts),
+            self.enable_prefix_caching,
+            self.mamba_cache_mode,
+        )
 
     def expectations(self) -> Expectations:
         path = self.xfail_file or expectations_file_for(self.engine)
@@ -83,7 +92,9 @@ def select_scenarios(tier: str, wanted: list[str], files: list[str]) -> list[str
     known = scenario_ids(tier)
     unknown = [sid for sid in wanted if sid not in known]
     if unknown:
-        raise UnknownScenario(f"scenario {unknown[0]!r} is not in tier {tier!r}; `conformance list` shows the ids")
+        raise UnknownScenario(
+            f"scenario {unknown[0]!r} is not in tier {tier!r}; `conformance list` shows the ids"
+        )
     for f in files:
         try:
             read_scenario_file(f, None, tier)  # the format; the vocabulary is checked once the model is known

@@ -68,8 +68,12 @@ class RequestTrace:
     returned_at: int | None = None  # engine steps run when its output came back (an abort: before the next)
     verify_steps: list[VerifyStep] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)  # engine step that produced each output token
-    token_kinds: list[str] = field(default_factory=list)  # kind of the row ("prefill"/"decode") that produced it
-    logits: list[tuple[int, int, str]] = field(default_factory=list)  # (position, rows, digest) per sampling row
+    token_kinds: list[str] = field(
+        default_factory=list
+    )  # kind of the row ("prefill"/"decode") that produced it
+    logits: list[tuple[int, int, str]] = field(
+        default_factory=list
+    )  # (position, rows, digest) per sampling row
 
 
 @dataclass
@@ -82,7 +86,9 @@ class AbortTrace:
     records_before: int
     returned: bool
     live: int | None = None  # requests the harness had added and not yet got back, right after the abort
-    queued: int | None = None  # waiting + running requests the engine's occupancy() reported then (None: none)
+    queued: int | None = (
+        None  # waiting + running requests the engine's occupancy() reported then (None: none)
+    )
 
 
 @dataclass
@@ -119,7 +125,11 @@ class Trace:
                 "verify_steps": [VerifyStep(**v) for v in r["verify_steps"]],
                 "logits": [tuple(x) for x in r["logits"]]})
         aborts = {rid: AbortTrace(**a) for rid, a in d.get("aborts", {}).items()}
-        rest = {f.name: d[f.name] for f in fields(cls) if f.name not in ("steps", "requests", "aborts") and f.name in d}
+        rest = {
+            f.name: d[f.name]
+            for f in fields(cls)
+            if f.name not in ("steps", "requests", "aborts") and f.name in d
+        }
         return cls(**rest, steps=steps, requests=requests, aborts=aborts)
 
 
@@ -134,25 +144,43 @@ class Recorder:
         """Record one StepRecord-shaped object. A field the object lacks is noted in
         ``trace.missing_fields`` (the checks that need it are then n/a) and recorded as empty."""
         get = self._reader()
-        rows = [RowTrace(
-            step=int(get(record, "step_index", len(self.trace.steps))), request_id=str(get(r, "request_id", "?")),
-            kind=get(r, "kind", "?"), has_initial_state=bool(get(r, "has_initial_state", False)),
-            num_computed_tokens=int(get(r, "num_computed_tokens", -1)), query_len=int(get(r, "query_len", 0)),
-            state_slot_read=_opt_int(get(r, "state_slot_read", None)), state_offset=int(get(r, "state_offset", 0)),
-            input_ids=_ints(get(r, "input_ids", [])), positions=_ints(get(r, "positions", [])),
-            draft_token_ids=_ints(get(r, "draft_token_ids", [])),
-            output_token_ids=None if get(r, "output_token_ids", None) is None else _ints(r.output_token_ids),
-            num_accepted=_opt_int(get(r, "num_accepted", None)),
-            logits_digest=get(r, "logits_digest", None),
-            drafter_input_ids=_ints(get(r, "drafter_input_ids", [])),
-            next_draft_token_ids=_ints(get(r, "next_draft_token_ids", [])),
-            logits_finite=get(r, "logits_finite", None),
-        ) for r in get(record, "rows", [])]
-        shapes = {k: [int(x) for x in v] for k, v in sorted(dict(get(record, "gdn_metadata_shapes", {})).items())}
-        self.trace.steps.append(StepTrace(
-            index=rows[0].step if rows else int(get(record, "step_index", len(self.trace.steps))),
-            graph_mode=get(record, "graph_mode", "none"), num_reqs_padded=get(record, "num_reqs_padded", None),
-            gdn_metadata_shapes=shapes, preempted=list(get(record, "preempted", [])), rows=rows))
+        rows = [
+            RowTrace(
+                step=int(get(record, "step_index", len(self.trace.steps))),
+                request_id=str(get(r, "request_id", "?")),
+                kind=get(r, "kind", "?"),
+                has_initial_state=bool(get(r, "has_initial_state", False)),
+                num_computed_tokens=int(get(r, "num_computed_tokens", -1)),
+                query_len=int(get(r, "query_len", 0)),
+                state_slot_read=_opt_int(get(r, "state_slot_read", None)),
+                state_offset=int(get(r, "state_offset", 0)),
+                input_ids=_ints(get(r, "input_ids", [])),
+                positions=_ints(get(r, "positions", [])),
+                draft_token_ids=_ints(get(r, "draft_token_ids", [])),
+                output_token_ids=None
+                if get(r, "output_token_ids", None) is None
+                else _ints(r.output_token_ids),
+                num_accepted=_opt_int(get(r, "num_accepted", None)),
+                logits_digest=get(r, "logits_digest", None),
+                drafter_input_ids=_ints(get(r, "drafter_input_ids", [])),
+                next_draft_token_ids=_ints(get(r, "next_draft_token_ids", [])),
+                logits_finite=get(r, "logits_finite", None),
+            )
+            for r in get(record, "rows", [])
+        ]
+        shapes = {
+            k: [int(x) for x in v] for k, v in sorted(dict(get(record, "gdn_metadata_shapes", {})).items())
+        }
+        self.trace.steps.append(
+            StepTrace(
+                index=rows[0].step if rows else int(get(record, "step_index", len(self.trace.steps))),
+                graph_mode=get(record, "graph_mode", "none"),
+                num_reqs_padded=get(record, "num_reqs_padded", None),
+                gdn_metadata_shapes=shapes,
+                preempted=list(get(record, "preempted", [])),
+                rows=rows,
+            )
+        )
 
     def _reader(self):
         """``get(obj, name, default)``: the attribute, or ``default`` with the name noted as missing."""
@@ -178,13 +206,19 @@ class Recorder:
         if cached is None and "num_cached_tokens" not in self.trace.missing_fields:
             self.trace.missing_fields.append("num_cached_tokens")
         self.trace.requests[out.request_id] = RequestTrace(
-            request_id=out.request_id, prompt_token_ids=_ints(out.prompt_token_ids), token_ids=_ints(out.token_ids),
-            finish_reason=out.finish_reason, acceptance=[(int(d), int(a)) for d, a in out.acceptance],
+            request_id=out.request_id,
+            prompt_token_ids=_ints(out.prompt_token_ids),
+            token_ids=_ints(out.token_ids),
+            finish_reason=out.finish_reason,
+            acceptance=[(int(d), int(a)) for d, a in out.acceptance],
             num_preemptions=int(getattr(out, "num_preemptions", 0)),
             num_draft_tokens=_opt_int(getattr(out, "num_draft_tokens", None)),
             num_accepted_tokens=_opt_int(getattr(out, "num_accepted_tokens", None)),
-            text=getattr(out, "text", None), num_cached_tokens=_opt_int(cached),
-            added_at=self.added.get(out.request_id), returned_at=steps_run)
+            text=getattr(out, "text", None),
+            num_cached_tokens=_opt_int(cached),
+            added_at=self.added.get(out.request_id),
+            returned_at=steps_run,
+        )
 
     def on_abort(self, request_id: str, step: int, out, live: int, occupancy=None) -> None:
         """The harness aborted ``request_id`` before engine step ``step``; ``out``: what abort() returned;
@@ -211,8 +245,15 @@ def _derive(req: RequestTrace, rows: list[RowTrace], spec_enabled: bool) -> None
         if row.output_token_ids is None:
             continue
         if spec_enabled and row.kind == "decode":
-            req.verify_steps.append(VerifyStep(len(req.verify_steps), row.step, produced, len(row.draft_token_ids),
-                                               row.num_accepted if row.num_accepted is not None else -1))
+            req.verify_steps.append(
+                VerifyStep(
+                    len(req.verify_steps),
+                    row.step,
+                    produced,
+                    len(row.draft_token_ids),
+                    row.num_accepted if row.num_accepted is not None else -1,
+                )
+            )
         if row.logits_digest is not None:
             req.logits.append((produced, len(row.draft_token_ids) + 1, row.logits_digest))
         req.token_steps += [row.step] * len(row.output_token_ids)

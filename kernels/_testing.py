@@ -20,4 +20,6 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float, 
         return
     assert not torch.isnan(out).any(), f"{name}: output has NaN"
     err = rel_rms_error(ref, out)
-    assert err < ratio, f"{name}: relative RMS error {err:.3e} >= {ratio:.1e} (max abs diff {diff.max().item():.3e})"
+    assert err < ratio, (
+        f"{name}: relative RMS error {err:.3e} >= {ratio:.1e} (max abs diff {diff.max().item():.3e})"
+    )

@@ -128,7 +128,9 @@ class Compiler:
 
     def __init__(self):
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-            raise RuntimeError("the compile check needs TRITON_INTERPRET unset (the interpreter replaces kernels)")
+            raise RuntimeError(
+                "the compile check needs TRITON_INTERPRET unset (the interpreter replaces kernels)"
+            )
         self._results: dict[tuple[str, str], Result] = {}
 
     def compile(self, c: CompileCase, target: Target) -> Result:
@@ -166,8 +168,10 @@ def format_result(r: Result) -> str:
     pct = 100 * r.shared / r.target.shared_limit
     spill = f", spills {r.spill_bytes} B" if r.spill_bytes else ""
     why = f": {'; '.join(r.problems)}" if r.problems else ""
-    return (f"{r.target.name}  {r.case.name:<58} shared {r.shared:>6} / {r.target.shared_limit} ({pct:3.0f}%)  "
-            f"regs {r.registers:>3} x {r.case.num_warps} warps{spill}  {status}{why}")
+    return (
+        f"{r.target.name}  {r.case.name:<58} shared {r.shared:>6} / {r.target.shared_limit} ({pct:3.0f}%)  "
+        f"regs {r.registers:>3} x {r.case.num_warps} warps{spill}  {status}{why}"
+    )
 
 
 def run(targets: list[str], *, match: str | None = None, representative: bool = False,
@@ -190,7 +194,9 @@ def run(targets: list[str], *, match: str | None = None, representative: bool = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.compile_check", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--targets", default="sm_80,sm_90", help=f"comma list of {', '.join(TARGETS)}")
     parser.add_argument("--match", default=None, help="only cases whose name contains this text")
     parser.add_argument("--representative", action="store_true",

@@ -20,8 +20,17 @@ from refengine.model.qwen3_next import MTP_CACHE_KEY
 
 
 class ModelCaches:
-    def __init__(self, cfg: ModelConfig, num_kv_blocks: int, block_size: int, num_state_slots: int,
-                 num_speculative_tokens: int, dtype: torch.dtype, device: torch.device | str, drafter_kv: bool):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_kv_blocks: int,
+        block_size: int,
+        num_state_slots: int,
+        num_speculative_tokens: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        drafter_kv: bool,
+    ):
         self.sink_block = num_kv_blocks  # the block after the pool's blocks
         self.num_speculative_tokens = num_speculative_tokens  # K: columns the conv window is widened by
         self.kv: dict = {}  # layer idx | "mtp" -> (k_cache, v_cache), each [blocks, block_size, Hkv, D]

@@ -51,7 +51,9 @@ def check_device(name: str, value) -> str:
         raise ConfigError(f"{name}={value!r} but CUDA is not available on this machine (use device='cpu')")
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
-        raise ConfigError(f"{name}={value!r} but this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+        raise ConfigError(
+            f"{name}={value!r} but this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+        )
     return str(dev)
 
 
@@ -74,7 +76,10 @@ class GraphMode(enum.StrEnum):
 
 GRAPH_MODES = tuple(m.value for m in GraphMode)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = (*DTYPES, "auto")  # what LLM(dtype=...) and the commands' --dtype take; auto: the checkpoint's
+DTYPE_CHOICES = (
+    *DTYPES,
+    "auto",
+)  # what LLM(dtype=...) and the commands' --dtype take; auto: the checkpoint's
 ENGINES = ("reference", "async")
 
 
@@ -127,8 +132,10 @@ class CacheConfig:
         if mode is None:
             mode = "align" if self.enable_prefix_caching else "none"
         if self.enable_prefix_caching and mode == "none":
-            raise ConfigError("mamba_cache_mode='none' cannot serve enable_prefix_caching=True on a hybrid model: "
-                              "a hit needs the recurrent state at its boundary (use 'align' or 'all')")
+            raise ConfigError(
+                "mamba_cache_mode='none' cannot serve enable_prefix_caching=True on a hybrid model: "
+                "a hit needs the recurrent state at its boundary (use 'align' or 'all')"
+            )
         if not self.enable_prefix_caching and mode != "none":
             raise ConfigError(f"mamba_cache_mode={mode!r} needs enable_prefix_caching=True")
         self.mamba_cache_mode = mode
@@ -167,10 +174,16 @@ class SpeculativeConfig:
         lo = check_int("prompt_lookup_min", self.prompt_lookup_min, 1, optional=True)
         hi = check_int("prompt_lookup_max", self.prompt_lookup_max, 1, optional=True)
         if d != "ngram":
-            given = [f"{n}={v!r}" for n, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)) if v is not None]
+            given = [
+                f"{n}={v!r}"
+                for n, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
+                if v is not None
+            ]
             if given:
-                raise ConfigError(f"{', '.join(given)}: prompt lookup settings apply to drafter='ngram' only, "
-                                  f"got drafter={d!r}")
+                raise ConfigError(
+                    f"{', '.join(given)}: prompt lookup settings apply to drafter='ngram' only, "
+                    f"got drafter={d!r}"
+                )
             return
         lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
         if lo > hi:
@@ -204,7 +217,9 @@ class EngineConfig:
         self.device = check_device("device", self.device)
         self.seed = check_int("seed", self.seed, 0)
         self.graph_mode = graph_mode(self.graph_mode)
-        self.recurrent_prefill_chunked = check_bool("recurrent_prefill_chunked", self.recurrent_prefill_chunked)
+        self.recurrent_prefill_chunked = check_bool(
+            "recurrent_prefill_chunked", self.recurrent_prefill_chunked
+        )
         for name, kind in (("cache", CacheConfig), ("scheduler", SchedulerConfig),
                            ("speculative", SpeculativeConfig)):
             if not isinstance(getattr(self, name), kind):

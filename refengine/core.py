@@ -82,7 +82,9 @@ class EngineCore:
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, request_id: str, prompt_token_ids, params: SamplingParams) -> list[int]:
         if not isinstance(params, SamplingParams):
-            raise EngineError(f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}")
+            raise EngineError(
+                f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}"
+            )
         if request_id in self.requests:
             raise EngineError(f"request id {request_id!r} is already in use by a live request")
         ids = list(prompt_token_ids)
@@ -91,11 +93,14 @@ class EngineCore:
         vocab = self.model_config.vocab_size
         for pos, t in enumerate(ids):
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise EngineError(f"request {request_id!r}: prompt token {t!r} at index {pos} is not an id in "
-                                  f"[0, {vocab})")
+                raise EngineError(
+                    f"request {request_id!r}: prompt token {t!r} at index {pos} is not an id in [0, {vocab})"
+                )
         bad_stops = [t for t in params.stop_token_ids if t >= vocab]
         if bad_stops:
-            raise EngineError(f"request {request_id!r}: stop_token_ids {bad_stops[0]} is not an id in [0, {vocab})")
+            raise EngineError(
+                f"request {request_id!r}: stop_token_ids {bad_stops[0]} is not an id in [0, {vocab})"
+            )
         max_len = self.config.scheduler.max_model_len
         if len(ids) >= max_len:
             raise EngineError(f"request {request_id!r}: prompt of {len(ids)} tokens leaves no room under "
@@ -161,8 +166,9 @@ class EngineCore:
     # ---- faults -------------------------------------------------------------------------------------
     def check_usable(self) -> None:
         if self.fault is not None:
-            raise EngineFaulted(f"the engine stopped after a fault it could not recover from: {self.fault!r}") \
-                from self.fault
+            raise EngineFaulted(
+                f"the engine stopped after a fault it could not recover from: {self.fault!r}"
+            ) from self.fault
 
     def recover(self, fault: BaseException, reset: Callable[[], None] | None = None) -> None:
         """After ``fault`` escaped a step: every running request starts over from its committed tokens.

@@ -54,16 +54,31 @@ class LLM:
         if dtype == "auto":
             dtype = resolve_dtype(dtype, path)  # the checkpoint's own dtype
         self.config = EngineConfig(
-            model=path, engine=engine, dtype=dtype, device=device, seed=seed, graph_mode=graph_mode,
+            model=path,
+            engine=engine,
+            dtype=dtype,
+            device=device,
+            seed=seed,
+            graph_mode=graph_mode,
             recurrent_prefill_chunked=recurrent_prefill_chunked,
-            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
-                              enable_prefix_caching=enable_prefix_caching, mamba_cache_mode=mamba_cache_mode,
-                              num_state_checkpoints=num_state_checkpoints),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=min(positions, 1024) if max_model_len is None
-                                      else max_model_len),
-            speculative=SpeculativeConfig(num_speculative_tokens=num_speculative_tokens, drafter=drafter,
-                                          prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max),
+            cache=CacheConfig(
+                block_size=block_size,
+                num_kv_blocks=num_kv_blocks,
+                enable_prefix_caching=enable_prefix_caching,
+                mamba_cache_mode=mamba_cache_mode,
+                num_state_checkpoints=num_state_checkpoints,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=min(positions, 1024) if max_model_len is None else max_model_len,
+            ),
+            speculative=SpeculativeConfig(
+                num_speculative_tokens=num_speculative_tokens,
+                drafter=drafter,
+                prompt_lookup_min=prompt_lookup_min,
+                prompt_lookup_max=prompt_lookup_max,
+            ),
         )
         if self.config.scheduler.max_model_len > positions:
             raise ConfigError(f"max_model_len={max_model_len!r} exceeds the model's max_position_embeddings "
@@ -150,8 +165,10 @@ def _check_params(params) -> None:
     """``generate``'s params: SamplingParams or a sequence of them (each checked by the engine). A dict
     such as ``{"max_tokens": 4}`` would otherwise be read as the sequence of its keys."""
     if isinstance(params, str | bytes) or not isinstance(params, Sequence):
-        raise EngineError(f"params must be a SamplingParams or a list of them, got {type(params).__name__} "
-                          f"{params!r}" + (" (pass SamplingParams(**it))" if isinstance(params, dict) else ""))
+        raise EngineError(
+            f"params must be a SamplingParams or a list of them, got {type(params).__name__} "
+            f"{params!r}" + (" (pass SamplingParams(**it))" if isinstance(params, dict) else "")
+        )
 
 
 def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_options):
@@ -166,10 +183,16 @@ class GreedyTruth:
     end are scripted too."""
 
     def __init__(self, config: EngineConfig, net, model_config):
-        self._config = EngineConfig(model=config.model, engine="reference", dtype=config.dtype,
-                                    device=config.device, seed=config.seed,
-                                    recurrent_prefill_chunked=config.recurrent_prefill_chunked, scheduler=config.scheduler,
-                                    cache=CacheConfig(block_size=config.cache.block_size))
+        self._config = EngineConfig(
+            model=config.model,
+            engine="reference",
+            dtype=config.dtype,
+            device=config.device,
+            seed=config.seed,
+            recurrent_prefill_chunked=config.recurrent_prefill_chunked,
+            scheduler=config.scheduler,
+            cache=CacheConfig(block_size=config.cache.block_size),
+        )
         self._num_speculative_tokens = config.speculative.num_speculative_tokens
         self._net, self._model_config = net, model_config
         self._engine: ReferenceEngine | None = None
@@ -178,8 +201,11 @@ class GreedyTruth:
         if self._engine is None:
             self._engine = ReferenceEngine(self._config, self._net, self._model_config)
         p = req.params
-        self._engine.add_request("truth", req.prompt_token_ids,
-                         SamplingParams(p.max_tokens + self._num_speculative_tokens, p.ignore_eos, p.stop_token_ids))
+        self._engine.add_request(
+            "truth",
+            req.prompt_token_ids,
+            SamplingParams(p.max_tokens + self._num_speculative_tokens, p.ignore_eos, p.stop_token_ids),
+        )
         out = []
         while self._engine.has_unfinished():
             out += self._engine.step()
@@ -191,5 +217,7 @@ def default_model_path() -> str:
 
     path = files("refengine") / "data" / "default_model"
     if not (path / "config.json").is_file():
-        raise FileNotFoundError("the embedded default model is not installed; pass model=PATH to a checkpoint")
+        raise FileNotFoundError(
+            "the embedded default model is not installed; pass model=PATH to a checkpoint"
+        )
     return str(path)

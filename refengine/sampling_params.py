@@ -53,6 +53,8 @@ def _stop_ids(value) -> tuple[int, ...]:
     ids = []
     for pos, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ConfigError(f"stop_token_ids must hold non-negative int ids, got {value!r} ({t!r} at index {pos})")
+            raise ConfigError(
+                f"stop_token_ids must hold non-negative int ids, got {value!r} ({t!r} at index {pos})"
+            )
         ids.append(int(t))
     return tuple(ids)

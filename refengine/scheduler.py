@@ -142,7 +142,9 @@ class Scheduler:
             if req.num_preemptions:
                 out.resumed.append(req.request_id)
             self.running.append(req)
-            out.rows.append(ScheduledRow(req, num_new, [], samples=req.num_computed_tokens + num_new == total))
+            out.rows.append(
+                ScheduledRow(req, num_new, [], samples=req.num_computed_tokens + num_new == total)
+            )
             budget -= num_new
         return out
 

@@ -31,13 +31,25 @@ READMES = ("README.md", "conformance/README.md", "kernels/README.md", "refengine
 PROGRAMS = ("refengine", "conformance", "pytest", "python", "python3", "pip", "tox", ".")
 # Commands whose flags are checked but which are not run in the default tier, and why.
 NOT_RUN = {
-    ("conformance", "run"): "a conformance run takes minutes; its flags are parsed here, the run is tests/conformance",
-    ("conformance", "replay"): "replays a whole scenario; flags parsed here, replay is tested in tests/conformance",
-    ("conformance", "mutate"): "runs the suite once per mutant (slow); tests/conformance/test_mutants.py runs it",
+    (
+        "conformance",
+        "run",
+    ): "a conformance run takes minutes; its flags are parsed here, the run is tests/conformance",
+    (
+        "conformance",
+        "replay",
+    ): "replays a whole scenario; flags parsed here, replay is tested in tests/conformance",
+    (
+        "conformance",
+        "mutate",
+    ): "runs the suite once per mutant (slow); tests/conformance/test_mutants.py runs it",
     ("conformance", "fuzz"): "searches generated workloads (minutes); tests/conformance/test_fuzz.py runs it",
     ("refengine", "report"): "times the default workload three times; tests/refengine/test_default_model.py",
     ("refengine", "bench"): "times both engines; tests/refengine/test_bench.py runs bench.run",
-    ("refengine", "add-mtp-head"): "writes a checkpoint folder; tests/refengine/test_mtp_head.py runs it end to end",
+    (
+        "refengine",
+        "add-mtp-head",
+    ): "writes a checkpoint folder; tests/refengine/test_mtp_head.py runs it end to end",
     ("python3", "-m"): "creates a virtual environment (set-up, run by .ci/run)",
     (".", ".venv/bin/activate"): "activates the virtual environment (set-up, run by .ci/run)",
 }
@@ -306,7 +318,9 @@ def test_ci_runs_the_readmes_test_command():
     """README.md says `.ci/run` runs exactly its test command."""
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
-    test_blocks = [body.strip() for info, body in _blocks(readme) if info == "bash" and body.startswith("pytest")]
+    test_blocks = [
+        body.strip() for info, body in _blocks(readme) if info == "bash" and body.startswith("pytest")
+    ]
     assert test_blocks and test_blocks[0] in ci.splitlines()
 
 
@@ -329,7 +343,9 @@ def test_the_api_example_shows_every_argument_at_its_default():
     call = _documented_call(_api_example(), "LLM")
     documented = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
     params = inspect.signature(LLM).parameters
-    wrong = {k: (v, params[k].default) for k, v in documented.items() if k in params and v != params[k].default}
+    wrong = {
+        k: (v, params[k].default) for k, v in documented.items() if k in params and v != params[k].default
+    }
     assert not wrong, f"README default (documented, actual): {wrong}"
     assert list(documented) == list(params), "the README's LLM(...) lists other arguments than LLM, in order"
 
@@ -377,7 +393,9 @@ def test_kernel_signatures_match_the_readme(name, documented):
     for arg, default in zip(documented.kwonlyargs, documented.kw_defaults):
         actual = inspect.signature(fn).parameters[arg.arg].default
         if default is None:
-            assert actual is inspect.Parameter.empty, f"{name}: README gives {arg.arg} no default, it has {actual!r}"
+            assert actual is inspect.Parameter.empty, (
+                f"{name}: README gives {arg.arg} no default, it has {actual!r}"
+            )
         else:
             assert ast.literal_eval(default) == actual, f"{name}: {arg.arg} defaults to {actual!r}"
 

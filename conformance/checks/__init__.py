@@ -64,7 +64,10 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ("request-outputs", lambda c: check_request_outputs(c.ref, c.test, c.scenario.k)),
     ("aborts", lambda c: check_aborts(c.scenario, c.ref, c.test, c.plain)),
     ("logits-digests", _logits_digests),
-    ("spec-lossless", lambda c: check_spec_lossless(c.plain if c.scenario.k else None, c.test, skip=c.aborted)),
+    (
+        "spec-lossless",
+        lambda c: check_spec_lossless(c.plain if c.scenario.k else None, c.test, skip=c.aborted),
+    ),
     ("cache-lossless", lambda c: check_cache_lossless(c.scenario, c.ref, c.cached)),
     ("cached-tokens", lambda c: check_cached_tokens(c.scenario, c.test)),
     ("restored-state", lambda c: check_restored_state(c.scenario, c.ref, c.test, c.batch_invariant)),
@@ -74,7 +77,10 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ("state-slots", lambda c: check_state_slots(c.test)),
     ("pools-empty", lambda c: check_pools_empty(c.test)),
     ("degenerate-run", lambda c: check_degenerate_run(c.ref, c.test)),
-    ("workload-triggers", lambda c: check_triggers(c.scenario, c.ref, strict=c.strict_triggers, cached=c.cached)),
+    (
+        "workload-triggers",
+        lambda c: check_triggers(c.scenario, c.ref, strict=c.strict_triggers, cached=c.cached),
+    ),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
@@ -85,12 +91,26 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "acceptance": ("rows", "kind", "draft_token_ids", "output_token_ids", "num_accepted"),
     "logits-digests": ("rows", "logits_digest"),
     "full-graph-metadata": ("rows", "graph_mode", "num_reqs_padded", "gdn_metadata_shapes"),
-    "new-prompt-prefill": ("rows", "kind", "num_computed_tokens", "query_len", "has_initial_state",
-                           "state_slot_read", "input_ids"),
+    "new-prompt-prefill": (
+        "rows",
+        "kind",
+        "num_computed_tokens",
+        "query_len",
+        "has_initial_state",
+        "state_slot_read",
+        "input_ids",
+    ),
     "id-range": ("rows", "input_ids", "drafter_input_ids", "draft_token_ids", "next_draft_token_ids"),
     "state-slots": ("rows", "state_slot_read"),
     "cached-tokens": ("num_cached_tokens",),
-    "restored-state": ("num_cached_tokens", "rows", "kind", "num_computed_tokens", "query_len", "has_initial_state"),
+    "restored-state": (
+        "num_cached_tokens",
+        "rows",
+        "kind",
+        "num_computed_tokens",
+        "query_len",
+        "has_initial_state",
+    ),
 }
 
 

@@ -44,8 +44,12 @@ def check_aborts(scenario: Scenario, reference: Trace, test: Trace, plain: Trace
             if full is None:
                 return not_applicable(name, f"the plain run never finished request {rid}")
             if got is None:
-                return failed(name, f"request {rid}: {trace.engine} never returned an output for it", request_id=rid,
-                              engine=trace.engine)
+                return failed(
+                    name,
+                    f"request {rid}: {trace.engine} never returned an output for it",
+                    request_id=rid,
+                    engine=trace.engine,
+                )
             problem = _problem(got.token_ids, got.finish_reason, full.token_ids, full.finish_reason)
             if problem:
                 pos = first_difference(got.token_ids, full.token_ids)
@@ -53,29 +57,47 @@ def check_aborts(scenario: Scenario, reference: Trace, test: Trace, plain: Trace
                 abort = trace.aborts.get(rid)
                 when = (f"aborted before engine step {abort.step}" if abort is not None else
                         "the harness never had to abort it (its output came back first)")
-                return failed(name, f"request {rid}: {trace.engine} {problem}",
-                              f"request {rid} ({when}) in {trace.engine}: {problem}\n"
-                              f"  {trace.engine} : {token_window(got.token_ids, pos)} (finish {got.finish_reason!r})\n"
-                              f"  un-aborted   : {token_window(full.token_ids, pos)} (finish "
-                              f"{full.finish_reason!r}; reference engine, K=0, no aborts)", rid, engine=trace.engine,
-                              position=pos)
+                return failed(
+                    name,
+                    f"request {rid}: {trace.engine} {problem}",
+                    f"request {rid} ({when}) in {trace.engine}: {problem}\n"
+                    f"  {trace.engine} : {token_window(got.token_ids, pos)} (finish {got.finish_reason!r})\n"
+                    f"  un-aborted   : {token_window(full.token_ids, pos)} (finish "
+                    f"{full.finish_reason!r}; reference engine, K=0, no aborts)",
+                    rid,
+                    engine=trace.engine,
+                    position=pos,
+                )
             late = _scheduled_after_abort(trace, rid)
             if late is not None:
-                return failed(name, f"request {rid}: {trace.engine} shows it in engine step {late} after aborting it",
-                              f"request {rid} was aborted after {trace.aborts[rid].records_before} step records, "
-                              f"but step record {late}, delivered after the abort, still has a row for it: work "
-                              f"for an aborted request must be discarded, also that of a step already in flight",
-                              rid, engine=trace.engine, step=late)
+                return failed(
+                    name,
+                    f"request {rid}: {trace.engine} shows it in engine step {late} after aborting it",
+                    f"request {rid} was aborted after {trace.aborts[rid].records_before} step records, "
+                    f"but step record {late}, delivered after the abort, still has a row for it: work "
+                    f"for an aborted request must be discarded, also that of a step already in flight",
+                    rid,
+                    engine=trace.engine,
+                    step=late,
+                )
             abort = trace.aborts.get(rid)
             if abort is not None and abort.queued is not None and abort.queued != abort.live:
-                return failed(name, f"request {rid}: {trace.engine} still queues it after abort()",
-                              f"right after abort({rid!r}) the engine reported {abort.queued} waiting + running "
-                              f"requests, but only {abort.live} are live (added and not returned)", rid,
-                              engine=trace.engine)
+                return failed(
+                    name,
+                    f"request {rid}: {trace.engine} still queues it after abort()",
+                    f"right after abort({rid!r}) the engine reported {abort.queued} waiting + running "
+                    f"requests, but only {abort.live} are live (added and not returned)",
+                    rid,
+                    engine=trace.engine,
+                )
             kept.append(f"{trace.engine} {rid} {len(got.token_ids)}/{len(full.token_ids)}"
                         + ("" if got.finish_reason == "abort" else f" ({got.finish_reason})"))
-    return passed(name, f"{len(scenario.aborted)} aborted request(s), each a prefix of its un-aborted output: "
-                  + ", ".join(kept[:6]) + (" ..." if len(kept) > 6 else ""))
+    return passed(
+        name,
+        f"{len(scenario.aborted)} aborted request(s), each a prefix of its un-aborted output: "
+        + ", ".join(kept[:6])
+        + (" ..." if len(kept) > 6 else ""),
+    )
 
 
 def _problem(tokens: list[int], reason: str | None, full: list[int], full_reason: str | None) -> str | None:
@@ -86,8 +108,10 @@ def _problem(tokens: list[int], reason: str | None, full: list[int], full_reason
             return f"kept {len(tokens)} tokens that are not a prefix of its un-aborted output"
         return None
     if tokens != full or reason != full_reason:
-        return (f"finished with {reason!r} after {len(tokens)} tokens instead of being aborted, but that is not its "
-                f"un-aborted output ({len(full)} tokens, {full_reason!r})")
+        return (
+            f"finished with {reason!r} after {len(tokens)} tokens instead of being aborted, but that is not its "
+            f"un-aborted output ({len(full)} tokens, {full_reason!r})"
+        )
     return None
 
 

@@ -65,8 +65,12 @@ def _missing(name: str, reference: Trace, test: Trace) -> CheckResult | None:
     return None
 
 
-def check_tokens(reference: Trace, test: Trace, name: str = "tokens", skip: set[str] | frozenset = frozenset(),
-                 ) -> CheckResult:
+def check_tokens(
+    reference: Trace,
+    test: Trace,
+    name: str = "tokens",
+    skip: set[str] | frozenset = frozenset(),
+) -> CheckResult:
     """Every request's output tokens and finish reason are identical.
 
     Requests in ``skip`` (the ones the workload aborts) are left out: how much of an aborted request
@@ -107,8 +111,10 @@ def check_tokens(reference: Trace, test: Trace, name: str = "tokens", skip: set[
     ]
     if len(diverged) > 1:
         others = ", ".join(r for _, r, _ in sorted(diverged)[1:9])
-        lines.append(f"  {len(diverged)} of {len(reference.requests) - len(skip & reference.requests.keys())} "
-                     f"requests diverge; the others: {others}")
+        lines.append(
+            f"  {len(diverged)} of {len(reference.requests) - len(skip & reference.requests.keys())} "
+            f"requests diverge; the others: {others}"
+        )
     summary = f"request {rid}: first divergence at output position {pos}" + (
         f" (verify step {v_got})" if v_got is not None else "")
     return failed(name, summary, "\n".join(lines), rid, position=pos, verify_step=v_got,
@@ -131,7 +137,9 @@ def _verifies_by_position(trace: Trace, rid: str) -> dict[int, tuple[tuple[int, 
             for r in trace.rows_of(rid) if r.kind == "decode" and r.num_accepted is not None}
 
 
-def check_acceptance(reference: Trace, test: Trace, aborted: set[str] | frozenset = frozenset()) -> CheckResult:
+def check_acceptance(
+    reference: Trace, test: Trace, aborted: set[str] | frozenset = frozenset()
+) -> CheckResult:
     """Per request, per verify step: the same drafts, the same number drafted and accepted.
 
     Requests neither engine preempted must have identical histories, step for step. A preemption
@@ -203,17 +211,25 @@ def check_logits_digests(reference: Trace, test: Trace) -> CheckResult:
             if ref[key] != got[key]:
                 pos, rows = key
                 what = f"output position {pos} ({rows} logit row{'s' if rows > 1 else ''})"
-                return failed(name, f"request {rid}: logits at {what} differ bitwise",
-                              f"request {rid}: the verify logits for {what} hash to {ref[key]} in "
-                              f"{reference.engine} and {got[key]} in {test.engine}\n"
-                              "  where the tokens still agree, bitwise-different logits mean some kernel's result "
-                              "depends on the batch or its padding", rid, position=pos, rows=rows)
+                return failed(
+                    name,
+                    f"request {rid}: logits at {what} differ bitwise",
+                    f"request {rid}: the verify logits for {what} hash to {ref[key]} in "
+                    f"{reference.engine} and {got[key]} in {test.engine}\n"
+                    "  where the tokens still agree, bitwise-different logits mean some kernel's result "
+                    "depends on the batch or its padding",
+                    rid,
+                    position=pos,
+                    rows=rows,
+                )
     if compared == 0:
         return not_applicable(name, "no logits digests recorded by both engines")
     return passed(name, f"{compared} logits digests identical")
 
 
-def check_spec_lossless(plain: Trace | None, test: Trace, skip: set[str] | frozenset = frozenset()) -> CheckResult:
+def check_spec_lossless(
+    plain: Trace | None, test: Trace, skip: set[str] | frozenset = frozenset()
+) -> CheckResult:
     """Speculative output equals plain greedy output (the same workload run with K=0).
 
     Aborted requests (``skip``) are left to the "aborts" check, which holds them to the same plain run.
@@ -254,11 +270,16 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
             problem = _counter_problem(trace.requests[rid], k)
             if problem:
                 req = trace.requests[rid]
-                return failed(name, f"request {rid}: {trace.engine} reports {problem}",
-                              f"request {rid} in {trace.engine}: {problem}\n"
-                              f"  num_draft_tokens={req.num_draft_tokens}, num_accepted_tokens="
-                              f"{req.num_accepted_tokens}\n  acceptance: {acceptance_history(req.acceptance)}",
-                              rid, engine=trace.engine, field="counters")
+                return failed(
+                    name,
+                    f"request {rid}: {trace.engine} reports {problem}",
+                    f"request {rid} in {trace.engine}: {problem}\n"
+                    f"  num_draft_tokens={req.num_draft_tokens}, num_accepted_tokens="
+                    f"{req.num_accepted_tokens}\n  acceptance: {acceptance_history(req.acceptance)}",
+                    rid,
+                    engine=trace.engine,
+                    field="counters",
+                )
     texts = 0
     for rid in sorted(reference.requests):
         ref, got = reference.requests[rid], test.requests[rid]
@@ -285,7 +306,9 @@ def _counter_problem(req: RequestTrace, k: int) -> str | None:
     if req.num_draft_tokens is not None and req.num_draft_tokens != drafted:
         return f"num_draft_tokens={req.num_draft_tokens}, but its acceptance history drafted {drafted}"
     if req.num_accepted_tokens is not None and req.num_accepted_tokens != accepted:
-        return f"num_accepted_tokens={req.num_accepted_tokens}, but its acceptance history accepted {accepted}"
+        return (
+            f"num_accepted_tokens={req.num_accepted_tokens}, but its acceptance history accepted {accepted}"
+        )
     for i, (d, a) in enumerate(req.acceptance):
         if not 0 <= a <= d <= k:
             return f"verify step {i} drafted {d} and accepted {a} (each must be within 0 <= accepted <= drafted <= K={k})"

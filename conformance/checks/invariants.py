@@ -18,19 +18,28 @@ def check_runs(test: Trace, expected_requests: list[str]) -> CheckResult:
     """The engine finished every request without raising."""
     if test.duplicate_outputs:
         rid = test.duplicate_outputs[0]
-        return failed("runs", f"request {rid} was handed back twice", f"{test.engine} returned an output for "
-                      f"request(s) {', '.join(sorted(set(test.duplicate_outputs)))} more than once (an aborted "
-                      "request must not come back from a later step)", rid)
+        return failed(
+            "runs",
+            f"request {rid} was handed back twice",
+            f"{test.engine} returned an output for "
+            f"request(s) {', '.join(sorted(set(test.duplicate_outputs)))} more than once (an aborted "
+            "request must not come back from a later step)",
+            rid,
+        )
     if test.error is not None:
         last = test.error.strip().splitlines()[-1] if test.error.strip() else "error"
         lines = test.error.rstrip().splitlines()
         if len(lines) > TRACEBACK_LINES:
-            lines = [f"... ({len(lines) - TRACEBACK_LINES} traceback lines left out)"] + lines[-TRACEBACK_LINES:]
+            lines = [f"... ({len(lines) - TRACEBACK_LINES} traceback lines left out)"] + lines[
+                -TRACEBACK_LINES:
+            ]
         return failed("runs", f"{test.engine} raised: {last}", f"{test.engine} did not finish the workload:\n"
                       + _indent("\n".join(lines)), traceback=test.error)
     lost = sorted(set(expected_requests) - set(test.requests))
     if lost:
-        return failed("runs", f"{len(lost)} request(s) never finished: {', '.join(lost[:8])}", request_id=lost[0])
+        return failed(
+            "runs", f"{len(lost)} request(s) never finished: {', '.join(lost[:8])}", request_id=lost[0]
+        )
     return passed("runs", f"{len(expected_requests)} requests finished in {test.num_engine_steps} steps")
 
 
@@ -79,16 +88,26 @@ def check_new_prompt_prefill(test: Trace) -> CheckResult:
         wrong = _classification_problem(row)
         if wrong:
             others = [r for r in step.rows if r is not row]
-            company = (f"alongside {sum(r.kind == 'decode' for r in others)} decode row(s)" if others else "alone")
-            return failed(name, f"request {row.request_id} (new, {row.query_len}-token query) {wrong} in engine "
-                          f"step {step.index}",
-                          f"request {row.request_id} had no computed tokens, so its first row must be a prefill "
-                          f"that starts from zero state\n  engine step {step.index}, {company}: query of "
-                          f"{row.query_len} tokens {row.input_ids[:12]}, kind={row.kind!r}, "
-                          f"has_initial_state={row.has_initial_state}, state slot read={row.state_slot_read}",
-                          row.request_id, step=step.index, kind=row.kind, query_len=row.query_len)
+            company = (
+                f"alongside {sum(r.kind == 'decode' for r in others)} decode row(s)" if others else "alone"
+            )
+            return failed(
+                name,
+                f"request {row.request_id} (new, {row.query_len}-token query) {wrong} in engine "
+                f"step {step.index}",
+                f"request {row.request_id} had no computed tokens, so its first row must be a prefill "
+                f"that starts from zero state\n  engine step {step.index}, {company}: query of "
+                f"{row.query_len} tokens {row.input_ids[:12]}, kind={row.kind!r}, "
+                f"has_initial_state={row.has_initial_state}, state slot read={row.state_slot_read}",
+                row.request_id,
+                step=step.index,
+                kind=row.kind,
+                query_len=row.query_len,
+            )
     short = sum(1 for _, r in new_rows if r.query_len <= 8)
-    return passed(name, f"{len(new_rows)} new prompts ({short} of at most 8 tokens) started as zero-state prefills")
+    return passed(
+        name, f"{len(new_rows)} new prompts ({short} of at most 8 tokens) started as zero-state prefills"
+    )
 
 
 def _classification_problem(row: RowTrace) -> str | None:
@@ -115,15 +134,26 @@ def check_id_range(test: Trace, vocab_size: int) -> CheckResult:
                 seen += len(ids)
                 bad = [t for t in ids if not 0 <= t < vocab_size]
                 if bad:
-                    return failed(name, f"request {row.request_id}: {field} holds {bad[0]} in engine step "
-                                  f"{step.index}", f"request {row.request_id}, engine step {step.index}: {field} = "
-                                  f"{ids} holds {bad[0]}, outside the vocabulary [0, {vocab_size})",
-                                  row.request_id, step=step.index, field=field, value=bad[0])
+                    return failed(
+                        name,
+                        f"request {row.request_id}: {field} holds {bad[0]} in engine step {step.index}",
+                        f"request {row.request_id}, engine step {step.index}: {field} = "
+                        f"{ids} holds {bad[0]}, outside the vocabulary [0, {vocab_size})",
+                        row.request_id,
+                        step=step.index,
+                        field=field,
+                        value=bad[0],
+                    )
     for rid, req in sorted(test.requests.items()):
         bad = [t for t in req.token_ids if not 0 <= t < vocab_size]
         if bad:
-            return failed(name, f"request {rid}: output token {bad[0]} is outside [0, {vocab_size})", request_id=rid,
-                          field="token_ids", value=bad[0])
+            return failed(
+                name,
+                f"request {rid}: output token {bad[0]} is outside [0, {vocab_size})",
+                request_id=rid,
+                field="token_ids",
+                value=bad[0],
+            )
     if seen == 0:
         return not_applicable(name, "no step records to inspect")
     return passed(name, f"{seen} ids fed to the model and drafter, all in [0, {vocab_size})")
@@ -141,14 +171,24 @@ def check_state_slots(test: Trace) -> CheckResult:
             if slot is None:
                 continue
             if slot in owner and owner[slot] != row.request_id:
-                return failed(name, f"engine step {step.index}: requests {owner[slot]} and {row.request_id} both "
-                              f"read state slot {slot}", request_id=row.request_id, step=step.index, slot=slot)
+                return failed(
+                    name,
+                    f"engine step {step.index}: requests {owner[slot]} and {row.request_id} both "
+                    f"read state slot {slot}",
+                    request_id=row.request_id,
+                    step=step.index,
+                    slot=slot,
+                )
             owner[slot] = row.request_id
     return passed(name, f"{len(test.steps)} steps, no state slot read by two requests")
 
 
 # What an instance's occupancy() reports: a pool's used / free counts, and its request queues.
-OCCUPANCY_POOLS = (("kv_blocks", "KV blocks"), ("state_slots", "state slots"), ("request_slots", "request slots"))
+OCCUPANCY_POOLS = (
+    ("kv_blocks", "KV blocks"),
+    ("state_slots", "state slots"),
+    ("request_slots", "request slots"),
+)
 OCCUPANCY_QUEUES = (("waiting", "waiting requests"), ("running", "running requests"))
 
 
@@ -180,11 +220,16 @@ def check_pools_empty(test: Trace) -> CheckResult:
 def _occupancy_verdict(occ: dict[str, int], pools_empty: bool | None) -> CheckResult:
     """A prefix cache's blocks that no request references any more are free (evictable): "used" counts
     referenced blocks, so a block a finished request still holds fails here."""
-    figures = [f"{label} {occ[key + '_used']} used / {occ[key + '_free']} free" for key, label in OCCUPANCY_POOLS
-               if key + "_used" in occ and key + "_free" in occ]
+    figures = [
+        f"{label} {occ[key + '_used']} used / {occ[key + '_free']} free"
+        for key, label in OCCUPANCY_POOLS
+        if key + "_used" in occ and key + "_free" in occ
+    ]
     if occ.get("prefix_cache_queries"):
-        figures.append(f"prefix cache {occ.get('prefix_cache_hits', 0)} of {occ['prefix_cache_queries']} looked-up "
-                       "tokens hit")
+        figures.append(
+            f"prefix cache {occ.get('prefix_cache_hits', 0)} of {occ['prefix_cache_queries']} looked-up "
+            "tokens hit"
+        )
     problems = [f"{occ[key + '_used']} {label}" for key, label in OCCUPANCY_POOLS if occ.get(key + "_used")]
     problems += [f"{occ[key]} {label}" for key, label in OCCUPANCY_QUEUES if occ.get(key)]
     if pools_empty is False and not problems:
@@ -193,7 +238,9 @@ def _occupancy_verdict(occ: dict[str, int], pools_empty: bool | None) -> CheckRe
         return failed("pools-empty", f"still in use after every request finished: {', '.join(problems)}",
                       "after every request finished the engine still holds " + ", ".join(problems)
                       + ("\n  occupancy: " + "; ".join(figures) if figures else ""), occupancy=occ)
-    return passed("pools-empty", "empty at the end: " + ("; ".join(figures) or "every pool the engine reports"))
+    return passed(
+        "pools-empty", "empty at the end: " + ("; ".join(figures) or "every pool the engine reports")
+    )
 
 
 def _indent(text: str, by: str = "    ") -> str:

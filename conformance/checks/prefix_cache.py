@@ -185,9 +185,15 @@ def no_eviction_before(rid: str, scenario, trace: Trace, timeline: Timeline) -> 
 def lower_sources(rid: str, trace: Trace, aborted: set[str], g: Geometry) -> list[Published]:
     """The requests whose output came back before ``rid`` was added, as they must have left the cache."""
     req = trace.requests[rid]
-    return [settled(other, g) for oid, other in trace.requests.items()
-            if oid != rid and oid not in aborted and other.returned_at is not None and req.added_at is not None
-            and other.returned_at <= req.added_at]
+    return [
+        settled(other, g)
+        for oid, other in trace.requests.items()
+        if oid != rid
+        and oid not in aborted
+        and other.returned_at is not None
+        and req.added_at is not None
+        and other.returned_at <= req.added_at
+    ]
 
 
 def upper_sources(rid: str, trace: Trace, timeline: Timeline, g: Geometry) -> list[Published]:
@@ -201,7 +207,9 @@ def upper_sources(rid: str, trace: Trace, timeline: Timeline, g: Geometry) -> li
             for oid, o in trace.requests.items() if oid != rid]
 
 
-def bounds(rid: str, scenario, trace: Trace, timeline: Timeline, *, assume_no_eviction: bool = False) -> Bounds:
+def bounds(
+    rid: str, scenario, trace: Trace, timeline: Timeline, *, assume_no_eviction: bool = False
+) -> Bounds:
     """The cached-token bounds of request ``rid`` in ``trace`` (``assume_no_eviction``: skip the pool rule,
     which tells what a cache that evicted nothing would have given)."""
     g = Geometry.of(scenario.settings)
@@ -226,7 +234,9 @@ def check_cached_tokens(scenario, test: Trace) -> CheckResult:
             rid, n = next(iter(cached.items()))
             return failed(name, f"request {rid} reports {n} cached tokens with prefix caching off",
                           request_id=rid, cached=n)
-        return passed(name, f"prefix caching off: none of {len(test.requests)} requests reports cached tokens")
+        return passed(
+            name, f"prefix caching off: none of {len(test.requests)} requests reports cached tokens"
+        )
     timeline = Timeline(test)
     pinned = 0
     for rid in sorted(test.requests):
@@ -246,15 +256,19 @@ def _out_of_bounds(name: str, scenario, test: Trace, rid: str, got: int, b: Boun
     req = test.requests[rid]
     g = Geometry.of(scenario.settings)
     if got > b.upper:
-        why = (f"more than the {b.upper} tokens the cache can hold for its prompt (from the requests that ran "
-               "before its first step)")
+        why = (
+            f"more than the {b.upper} tokens the cache can hold for its prompt (from the requests that ran "
+            "before its first step)"
+        )
     else:
         why = f"fewer than the {b.lower} tokens the cache must hold for it ({b.lower_rule})"
     summary = f"request {rid}: {got} cached tokens, expected {b.lower}" + (
         "" if b.lower == b.upper else f"..{b.upper}")
-    report = (f"request {rid} ({len(req.prompt_token_ids)}-token prompt, added after {req.added_at} engine steps) "
-              f"reports {got} cached tokens: {why}\n  mode {g.mode}, block size {g.block_size}, block keys cover "
-              f"{g.lookahead} token(s) past the block; bounds {b.lower}..{b.upper}")
+    report = (
+        f"request {rid} ({len(req.prompt_token_ids)}-token prompt, added after {req.added_at} engine steps) "
+        f"reports {got} cached tokens: {why}\n  mode {g.mode}, block size {g.block_size}, block keys cover "
+        f"{g.lookahead} token(s) past the block; bounds {b.lower}..{b.upper}"
+    )
     return failed(name, summary, report, rid, cached=got, lower=b.lower, upper=b.upper)
 
 
@@ -298,11 +312,17 @@ def check_restored_state(scenario, ref: Trace, test: Trace, batch_invariant: boo
             continue
         compared += 1
         if digests[0] != digests[1]:
-            return failed(name, f"request {rid}: the first logits after a hit of {h} tokens differ from the "
-                          "uncached run's", f"request {rid} was served {h} tokens from the cache; the logits of "
-                          f"its first output token hash to {digests[1]} in {test.engine} and {digests[0]} in "
-                          f"{ref.engine} (no cache): the restored state is not the state the uncached run had at "
-                          f"position {h}", rid, position=0, hit=h)
+            return failed(
+                name,
+                f"request {rid}: the first logits after a hit of {h} tokens differ from the uncached run's",
+                f"request {rid} was served {h} tokens from the cache; the logits of "
+                f"its first output token hash to {digests[1]} in {test.engine} and {digests[0]} in "
+                f"{ref.engine} (no cache): the restored state is not the state the uncached run had at "
+                f"position {h}",
+                rid,
+                position=0,
+                hit=h,
+            )
     return passed(name, f"{len(hits)} hits started from the restored state"
                   + (f", {compared} first logits bitwise the uncached run's" if compared else ""))
 
@@ -331,8 +351,12 @@ def check_cache_lossless(scenario, ref: Trace, cached: Trace | None) -> CheckRes
         return not_applicable(name, "the scenario runs without prefix caching")
     if cached.error is not None:
         last = cached.error.strip().splitlines()[-1] if cached.error.strip() else "error"
-        return failed(name, f"{cached.engine} raised: {last}", f"{cached.engine} did not finish the workload:\n"
-                      + cached.error, traceback=cached.error)
+        return failed(
+            name,
+            f"{cached.engine} raised: {last}",
+            f"{cached.engine} did not finish the workload:\n" + cached.error,
+            traceback=cached.error,
+        )
     aborted = set(scenario.aborted)
     for result in (check_tokens(ref, cached, skip=aborted), check_acceptance(ref, cached, aborted),
                    check_logits_digests(ref, cached)):
@@ -342,5 +366,8 @@ def check_cache_lossless(scenario, ref: Trace, cached: Trace | None) -> CheckRes
             result.report = ("the reference engine's prefix cache changed what it computes\n" + result.report)
             return result
     hits = sum(r.num_cached_tokens or 0 for r in cached.requests.values())
-    return passed(name, f"{len(cached.requests)} requests ({hits} cached tokens): tokens, acceptance and logits "
-                  "digests as without the cache")
+    return passed(
+        name,
+        f"{len(cached.requests)} requests ({hits} cached tokens): tokens, acceptance and logits "
+        "digests as without the cache",
+    )

@@ -135,41 +135,70 @@ def _shared_preemption(sc: Scenario, t: Trace) -> bool:
             head = t.requests[victim].prompt_token_ids[:n] if victim in t.requests else None
             if head is None or len(head) < n:
                 continue
-            if any(oid != victim and (victim in hits or oid in hits) and o.prompt_token_ids[:n] == head
-                   and oid in live and live[oid][0] < step.index <= live[oid][1] for oid, o in t.requests.items()):
+            if any(
+                oid != victim
+                and (victim in hits or oid in hits)
+                and o.prompt_token_ids[:n] == head
+                and oid in live
+                and live[oid][0] < step.index <= live[oid][1]
+                for oid, o in t.requests.items()
+            ):
                 return True
     return False
 
 
-TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingProxyType({
-    "new-short-prompt": ("a new prompt of at most K+2 tokens was scheduled", _new_short_prompt),
-    "mixed-batch": ("a new prompt shared a step with running decodes", _mixed_batch),
-    "chunk-tails": ("prompt chunks ended in tails of every length 1..K+1", _chunk_tails),
-    "batch-churn": ("requests left and joined the batch between consecutive steps", _batch_churn),
-    "preemption": ("the KV pool ran out and a request was preempted", _preemption),
-    "recycled-slot": ("a state slot was read by two different requests over the run", _recycled_slot),
-    "decode-batches-3-5-7": ("decode-only steps with 3, 5 and 7 rows ran", _decode_batches),
-    "accept-all": ("a verify step accepted all K drafts", lambda sc, t: sc.k in _accepted(t)),
-    "reject-all": ("a verify step rejected every draft", lambda sc, t: 0 in _accepted(t)),
-    "every-accept-count": ("every accepted count 0..K occurred", lambda sc, t: set(range(sc.k + 1)) <= _accepted(t)),
-    "spec-verify": ("speculative verify steps ran", lambda sc, t: bool(_accepted(t))),
-    "stop-mid-window": ("a stop token ended a request inside a verified window", _stop_mid_window),
-    "zero-draft-after-accept": ("a request verified no drafts right after a step that accepted some",
-                                _zero_draft_after_accept),
-    "partial-drafts": ("a verify step had drafts, but fewer than K", _partial_drafts),
-    "prefix-hit": ("a request was served tokens from the prefix cache", lambda sc, t: bool(_hits(t))),
-    "hit-on-output": ("a prefix hit covered tokens an earlier request generated", _hit_on_output),
-    "hit-short-tail": ("a prefix hit left fewer than 1+K prompt tokens to compute", _hit_short_tail),
-    "hit-block-edges": ("prompts of block-size multiples -1, 0 and +1 tokens were served from the cache",
-                        _hit_block_edges),
-    "concurrent-hits": ("two requests served from the cache ran in the same step", _concurrent_hits),
-    "eviction": ("a request got fewer cached tokens than a cache that evicted nothing would give", _eviction),
-    "shared-preemption": ("a request was preempted while another request shared its cached prefix",
-                          _shared_preemption),
-})
+TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingProxyType(
+    {
+        "new-short-prompt": ("a new prompt of at most K+2 tokens was scheduled", _new_short_prompt),
+        "mixed-batch": ("a new prompt shared a step with running decodes", _mixed_batch),
+        "chunk-tails": ("prompt chunks ended in tails of every length 1..K+1", _chunk_tails),
+        "batch-churn": ("requests left and joined the batch between consecutive steps", _batch_churn),
+        "preemption": ("the KV pool ran out and a request was preempted", _preemption),
+        "recycled-slot": ("a state slot was read by two different requests over the run", _recycled_slot),
+        "decode-batches-3-5-7": ("decode-only steps with 3, 5 and 7 rows ran", _decode_batches),
+        "accept-all": ("a verify step accepted all K drafts", lambda sc, t: sc.k in _accepted(t)),
+        "reject-all": ("a verify step rejected every draft", lambda sc, t: 0 in _accepted(t)),
+        "every-accept-count": (
+            "every accepted count 0..K occurred",
+            lambda sc, t: set(range(sc.k + 1)) <= _accepted(t),
+        ),
+        "spec-verify": ("speculative verify steps ran", lambda sc, t: bool(_accepted(t))),
+        "stop-mid-window": ("a stop token ended a request inside a verified window", _stop_mid_window),
+        "zero-draft-after-accept": (
+            "a request verified no drafts right after a step that accepted some",
+            _zero_draft_after_accept,
+        ),
+        "partial-drafts": ("a verify step had drafts, but fewer than K", _partial_drafts),
+        "prefix-hit": ("a request was served tokens from the prefix cache", lambda sc, t: bool(_hits(t))),
+        "hit-on-output": ("a prefix hit covered tokens an earlier request generated", _hit_on_output),
+        "hit-short-tail": ("a prefix hit left fewer than 1+K prompt tokens to compute", _hit_short_tail),
+        "hit-block-edges": (
+            "prompts of block-size multiples -1, 0 and +1 tokens were served from the cache",
+            _hit_block_edges,
+        ),
+        "concurrent-hits": ("two requests served from the cache ran in the same step", _concurrent_hits),
+        "eviction": (
+            "a request got fewer cached tokens than a cache that evicted nothing would give",
+            _eviction,
+        ),
+        "shared-preemption": (
+            "a request was preempted while another request shared its cached prefix",
+            _shared_preemption,
+        ),
+    }
+)
 # Judged on the reference engine's run with the scenario's prefix caching.
-CACHE_TRIGGERS = frozenset({"prefix-hit", "hit-on-output", "hit-short-tail", "hit-block-edges", "concurrent-hits",
-                            "eviction", "shared-preemption"})
+CACHE_TRIGGERS = frozenset(
+    {
+        "prefix-hit",
+        "hit-on-output",
+        "hit-short-tail",
+        "hit-block-edges",
+        "concurrent-hits",
+        "eviction",
+        "shared-preemption",
+    }
+)
 
 
 def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, cached: Trace | None = None,
@@ -201,10 +230,13 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
         return result
     if missed:
         what = "; ".join(f"{t}: expected that {TRIGGERS[t][0]}" for t in missed)
-        return failed(name, f"the reference run never hit {', '.join(missed)}",
-                      f"scenario {scenario.id} exists to exercise {', '.join(scenario.triggers)}, but in the "
-                      f"reference run {what} - it did not happen, so this workload no longer tests what it is for",
-                      missed=missed)
+        return failed(
+            name,
+            f"the reference run never hit {', '.join(missed)}",
+            f"scenario {scenario.id} exists to exercise {', '.join(scenario.triggers)}, but in the "
+            f"reference run {what} - it did not happen, so this workload no longer tests what it is for",
+            missed=missed,
+        )
     return passed(name, "reference run hit " + ", ".join(scenario.triggers))
 
 

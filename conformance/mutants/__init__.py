@@ -73,7 +73,9 @@ def _stale_accepted(engine) -> None:
         return finished
 
     engine.process = processed
-    stale = _PlanSnapshots(engine, lambda sched: {id(r.request): known.get(id(r.request), 1) for r in sched.rows})
+    stale = _PlanSnapshots(
+        engine, lambda sched: {id(r.request): known.get(id(r.request), 1) for r in sched.rows}
+    )
     runner = engine.runner
     prepare = runner.prepare
 
@@ -110,8 +112,12 @@ def _token_count_metadata(engine) -> None:
         attn = replace(attn, query_start_loc=qsl, seq_lens=_pad(attn.seq_lens, rows, 0),
                        block_table=_pad(attn.block_table, rows, builder.state.sink_block))
         d = recurrent.decode
-        recurrent.decode = replace(d, query_start_loc=qsl, state_indices=_pad(d.state_indices, rows, PAD_SLOT_ID),
-                                   num_valid=None if d.num_valid is None else _pad(d.num_valid, rows, 1))
+        recurrent.decode = replace(
+            d,
+            query_start_loc=qsl,
+            state_indices=_pad(d.state_indices, rows, PAD_SLOT_ID),
+            num_valid=None if d.num_valid is None else _pad(d.num_valid, rows, 1),
+        )
         return attn, recurrent
 
     builder.build = build_by_tokens
@@ -159,8 +165,9 @@ def _shared_host_buffer(engine) -> None:
 
     def enqueue_from_one_buffer(plan):
         if "buf" not in persistent:
-            persistent["buf"] = HostBuffer("step-inputs (persistent)", engine.stream, (4096, plan.inputs.tensor.shape[1]),
-                                           torch.int64)
+            persistent["buf"] = HostBuffer(
+                "step-inputs (persistent)", engine.stream, (4096, plan.inputs.tensor.shape[1]), torch.int64
+            )
         buf = persistent["buf"]
         buf.write(plan.inputs.tensor[: plan.shape.num_reqs])
         plan.inputs = buf
@@ -172,7 +179,9 @@ def _shared_host_buffer(engine) -> None:
 def _host_positions(engine) -> None:
     """Own (contract 4): positions come from the host's optimistic num_computed_tokens."""
     runner = engine.runner
-    host = _PlanSnapshots(engine, lambda sched: {id(r.request): r.request.num_computed_tokens for r in sched.rows})
+    host = _PlanSnapshots(
+        engine, lambda sched: {id(r.request): r.request.num_computed_tokens for r in sched.rows}
+    )
     prepare = runner.prepare
 
     def prepare_from_host(shape, rows, num_computed):
@@ -331,7 +340,10 @@ def _stop_rule_on_optimistic_count(engine) -> None:
 
     def stop_with_placeholders(req, token):
         reason = stop_reason(req, token)
-        if reason is None and len(req.output_token_ids) + req.num_output_placeholders >= req.params.max_tokens:
+        if (
+            reason is None
+            and len(req.output_token_ids) + req.num_output_placeholders >= req.params.max_tokens
+        ):
             return "length"
         return reason
 
@@ -459,80 +471,197 @@ def _conv_window_unshifted(engine) -> None:
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    Mutant("stale-accepted-counts", "seed 000 (vLLM #45100)", "contract 3: accepted counts keyed by request",
-           "recurrent state offsets read from a per-row host copy of the kept counts, stale after rows move",
-           _stale_accepted, scenarios=("churn-k3", "scripted-ragged-k3")),
-    Mutant("token-count-gdn-metadata", "seed 000 (vLLM #45100)", "contract 6: FULL-graph metadata sized by requests",
-           "FULL-graph per-request tensors padded to the token count instead of the request count",
-           _token_count_metadata, graph_mode="full", scenarios=("graph-padding-k1",)),
-    Mutant("short-prompt-as-decode", "seed 004 (vLLM #32716)", "contract 2: classification by context",
-           "a new prompt of at most 1+K tokens is classified as a decode and skips state initialisation",
-           _short_prompt_as_decode, scenarios=("short-prompts-k3", "short-prompts-mixed-k3")),
-    Mutant("optimistic-backup-token", "seed 002 (vLLM #38556)", "contract 5: drafter inputs are committed tokens",
-           "the drafter's next token is read at the optimistic (placeholder-inflated) sequence length",
-           _optimistic_backup_token, scenarios=("mtp-k3",)),
-    Mutant("shared-host-buffer", "seed 001 (async scheduling x spec decode)", "contract 7: host buffers",
-           "the step inputs are staged in one host buffer that the next step rewrites while the copy is pending",
-           _shared_host_buffer, scenarios=("chunk-tails-k3",)),
-    Mutant("host-optimistic-positions", "own", "contract 4: num_computed_tokens is device-authoritative",
-           "positions and slot mappings built from the host's optimistic num_computed_tokens",
-           _host_positions, scenarios=("scripted-ragged-k3", "churn-k3")),
-    Mutant("prefill-in-decode-graph", "own", "contract 6: no decode graph for a batch with a prefill",
-           "a batch whose prefill rows happen to have 1+K tokens replays the uniform-decode FULL graph",
-           _prefill_in_decode_graph, graph_mode="full", scenarios=("short-prompts-mixed-k3",)),
-    Mutant("pad-rows-on-a-real-slot", "own", "contract 6: padding rows are inert",
-           "a FULL step's padding rows point at request slot 0, so they write its state and tokens",
-           _pad_rows_on_a_real_slot, graph_mode="full", scenarios=("mtp-k1",)),
-    Mutant("zero-draft-rows-read-drafts", "own", "contract 5: drafts are what was proposed",
-           "rows that carry no drafts (a finished prefill) are verified against K stale draft columns",
-           _zero_draft_rows_read_drafts, scenarios=("mtp-k3", "chunk-tails-k3")),
-    Mutant("zero-draft-reads-first-slot", "vLLM #52942", "contract 1: the live state is s_{a-1}",
-           "a decode row with no drafts reads the state of slot s_0, not that of the last accepted token",
-           _zero_draft_reads_first_slot, scenarios=("ngram-k3", "ngram-k1")),
-    Mutant("zero-draft-keeps-offset", "own", "contract 1: the live state is s_{a-1}",
-           "a step that verified no drafts leaves the state offset of the step before it",
-           _zero_draft_keeps_offset, scenarios=("ngram-k3", "ngram-k1")),
-    Mutant("drafts-counted-from-host", "own", "contract 5: only the drafts proposed are verified",
-           "a decode row verifies and reports the host's K draft positions, fillers included",
-           _drafts_counted_from_host, graph_mode="full", scenarios=("ngram-k1", "ngram-k3")),
-    Mutant("accepted-count-off-by-one", "own", "contract 1: the live state is s_{a-1}",
-           "the GDN kernels read the state slot one past the live one",
-           _accepted_off_by_one, scenarios=("mtp-k3", "scripted-ragged-k3")),
-    Mutant("resume-without-reset", "own", "contract 2: a resumed request starts from zero",
-           "a request readmitted after preemption keeps its request slot's old device row",
-           _resume_without_reset, scenarios=("preemption-k3", "preemption-k0")),
-    Mutant("preempted-keeps-placeholders", "own", "contract 4: optimistic counts never steer recompute",
-           "a preempted request keeps its optimistic placeholders and recomputes a wrong prefix",
-           _preempted_keeps_placeholders, scenarios=("preemption-k3",)),
-    Mutant("stop-rule-on-optimistic-count", "own", "contract 4: host copies are upper bounds only",
-           "the max_tokens stop rule counts optimistic placeholders, so requests stop early",
-           _stop_rule_on_optimistic_count, scenarios=("mtp-k3", "churn-k3")),
-    Mutant("pc-publish-optimistic-count", "own (prefix caching)", "contract 9: published once committed",
-           "a verify row publishes the block and checkpoint its scheduled drafts would reach, holding a "
-           "rejected draft's KV and a state never copied", _publish_optimistic_count,
-           scenarios=("pc-preemption-k3",)),
-    Mutant("pc-kv-hit-past-checkpoint", "own (prefix caching)", "contract 9: the state at the hit's position",
-           "a hit is as long as its cached KV blocks and restores the last checkpoint inside them (or none)",
-           _kv_hit_past_checkpoint, scenarios=("pc-shared-prompt-k0-align", "pc-shared-prompt-k3-align")),
-    Mutant("pc-hit-without-reference", "own (prefix caching)", "contract 9: a hit references its blocks",
-           "the KV blocks of a hit are shared without taking a reference, so eviction can reuse them while "
-           "shared",
-           _hit_without_reference, scenarios=("pc-shared-prompt-k0-all",)),
-    Mutant("pc-restore-repeated", "vLLM #53505 (copy over newer state)", "contract 9: never over newer state",
-           "a hit's restore copy is queued again with the request's next step and overwrites the state its "
-           "first step left", _restore_repeated, scenarios=("pc-shared-prompt-k3-all",)),
-    Mutant("pc-checkpoint-slots-permuted", "own (prefix caching; the #53919 family)",
-           "contract 9: each checkpoint from its own row",
-           "the checkpoint slots held per row are staged in scheduling order but read in batch order",
-           _checkpoint_slots_in_schedule_order,
-           scenarios=("pc-shared-prompt-k3-all", "pc-shared-prompt-k0-all")),
-    Mutant("pc-stale-kept-counts", "vLLM #53919 (kept counts permuted when rows move)",
-           "contracts 3 and 9: kept counts keyed by request",
-           "the checkpoint copy masks with the kept counts the previous step left at the same batch row",
-           _stale_kept_counts_for_checkpoints, scenarios=("pc-preemption-k3",)),
-    Mutant("pc-conv-window-unshifted", "own (prefix caching)", "contracts 1 and 9: the state after token j",
-           "a verify step's checkpoint takes the conv window of its first token, not of the boundary's token",
-           _conv_window_unshifted, scenarios=("pc-preemption-k3",)),
+    Mutant(
+        "stale-accepted-counts",
+        "seed 000 (vLLM #45100)",
+        "contract 3: accepted counts keyed by request",
+        "recurrent state offsets read from a per-row host copy of the kept counts, stale after rows move",
+        _stale_accepted,
+        scenarios=("churn-k3", "scripted-ragged-k3"),
+    ),
+    Mutant(
+        "token-count-gdn-metadata",
+        "seed 000 (vLLM #45100)",
+        "contract 6: FULL-graph metadata sized by requests",
+        "FULL-graph per-request tensors padded to the token count instead of the request count",
+        _token_count_metadata,
+        graph_mode="full",
+        scenarios=("graph-padding-k1",),
+    ),
+    Mutant(
+        "short-prompt-as-decode",
+        "seed 004 (vLLM #32716)",
+        "contract 2: classification by context",
+        "a new prompt of at most 1+K tokens is classified as a decode and skips state initialisation",
+        _short_prompt_as_decode,
+        scenarios=("short-prompts-k3", "short-prompts-mixed-k3"),
+    ),
+    Mutant(
+        "optimistic-backup-token",
+        "seed 002 (vLLM #38556)",
+        "contract 5: drafter inputs are committed tokens",
+        "the drafter's next token is read at the optimistic (placeholder-inflated) sequence length",
+        _optimistic_backup_token,
+        scenarios=("mtp-k3",),
+    ),
+    Mutant(
+        "shared-host-buffer",
+        "seed 001 (async scheduling x spec decode)",
+        "contract 7: host buffers",
+        "the step inputs are staged in one host buffer that the next step rewrites while the copy is pending",
+        _shared_host_buffer,
+        scenarios=("chunk-tails-k3",),
+    ),
+    Mutant(
+        "host-optimistic-positions",
+        "own",
+        "contract 4: num_computed_tokens is device-authoritative",
+        "positions and slot mappings built from the host's optimistic num_computed_tokens",
+        _host_positions,
+        scenarios=("scripted-ragged-k3", "churn-k3"),
+    ),
+    Mutant(
+        "prefill-in-decode-graph",
+        "own",
+        "contract 6: no decode graph for a batch with a prefill",
+        "a batch whose prefill rows happen to have 1+K tokens replays the uniform-decode FULL graph",
+        _prefill_in_decode_graph,
+        graph_mode="full",
+        scenarios=("short-prompts-mixed-k3",),
+    ),
+    Mutant(
+        "pad-rows-on-a-real-slot",
+        "own",
+        "contract 6: padding rows are inert",
+        "a FULL step's padding rows point at request slot 0, so they write its state and tokens",
+        _pad_rows_on_a_real_slot,
+        graph_mode="full",
+        scenarios=("mtp-k1",),
+    ),
+    Mutant(
+        "zero-draft-rows-read-drafts",
+        "own",
+        "contract 5: drafts are what was proposed",
+        "rows that carry no drafts (a finished prefill) are verified against K stale draft columns",
+        _zero_draft_rows_read_drafts,
+        scenarios=("mtp-k3", "chunk-tails-k3"),
+    ),
+    Mutant(
+        "zero-draft-reads-first-slot",
+        "vLLM #52942",
+        "contract 1: the live state is s_{a-1}",
+        "a decode row with no drafts reads the state of slot s_0, not that of the last accepted token",
+        _zero_draft_reads_first_slot,
+        scenarios=("ngram-k3", "ngram-k1"),
+    ),
+    Mutant(
+        "zero-draft-keeps-offset",
+        "own",
+        "contract 1: the live state is s_{a-1}",
+        "a step that verified no drafts leaves the state offset of the step before it",
+        _zero_draft_keeps_offset,
+        scenarios=("ngram-k3", "ngram-k1"),
+    ),
+    Mutant(
+        "drafts-counted-from-host",
+        "own",
+        "contract 5: only the drafts proposed are verified",
+        "a decode row verifies and reports the host's K draft positions, fillers included",
+        _drafts_counted_from_host,
+        graph_mode="full",
+        scenarios=("ngram-k1", "ngram-k3"),
+    ),
+    Mutant(
+        "accepted-count-off-by-one",
+        "own",
+        "contract 1: the live state is s_{a-1}",
+        "the GDN kernels read the state slot one past the live one",
+        _accepted_off_by_one,
+        scenarios=("mtp-k3", "scripted-ragged-k3"),
+    ),
+    Mutant(
+        "resume-without-reset",
+        "own",
+        "contract 2: a resumed request starts from zero",
+        "a request readmitted after preemption keeps its request slot's old device row",
+        _resume_without_reset,
+        scenarios=("preemption-k3", "preemption-k0"),
+    ),
+    Mutant(
+        "preempted-keeps-placeholders",
+        "own",
+        "contract 4: optimistic counts never steer recompute",
+        "a preempted request keeps its optimistic placeholders and recomputes a wrong prefix",
+        _preempted_keeps_placeholders,
+        scenarios=("preemption-k3",),
+    ),
+    Mutant(
+        "stop-rule-on-optimistic-count",
+        "own",
+        "contract 4: host copies are upper bounds only",
+        "the max_tokens stop rule counts optimistic placeholders, so requests stop early",
+        _stop_rule_on_optimistic_count,
+        scenarios=("mtp-k3", "churn-k3"),
+    ),
+    Mutant(
+        "pc-publish-optimistic-count",
+        "own (prefix caching)",
+        "contract 9: published once committed",
+        "a verify row publishes the block and checkpoint its scheduled drafts would reach, holding a "
+        "rejected draft's KV and a state never copied",
+        _publish_optimistic_count,
+        scenarios=("pc-preemption-k3",),
+    ),
+    Mutant(
+        "pc-kv-hit-past-checkpoint",
+        "own (prefix caching)",
+        "contract 9: the state at the hit's position",
+        "a hit is as long as its cached KV blocks and restores the last checkpoint inside them (or none)",
+        _kv_hit_past_checkpoint,
+        scenarios=("pc-shared-prompt-k0-align", "pc-shared-prompt-k3-align"),
+    ),
+    Mutant(
+        "pc-hit-without-reference",
+        "own (prefix caching)",
+        "contract 9: a hit references its blocks",
+        "the KV blocks of a hit are shared without taking a reference, so eviction can reuse them while "
+        "shared",
+        _hit_without_reference,
+        scenarios=("pc-shared-prompt-k0-all",),
+    ),
+    Mutant(
+        "pc-restore-repeated",
+        "vLLM #53505 (copy over newer state)",
+        "contract 9: never over newer state",
+        "a hit's restore copy is queued again with the request's next step and overwrites the state its "
+        "first step left",
+        _restore_repeated,
+        scenarios=("pc-shared-prompt-k3-all",),
+    ),
+    Mutant(
+        "pc-checkpoint-slots-permuted",
+        "own (prefix caching; the #53919 family)",
+        "contract 9: each checkpoint from its own row",
+        "the checkpoint slots held per row are staged in scheduling order but read in batch order",
+        _checkpoint_slots_in_schedule_order,
+        scenarios=("pc-shared-prompt-k3-all", "pc-shared-prompt-k0-all"),
+    ),
+    Mutant(
+        "pc-stale-kept-counts",
+        "vLLM #53919 (kept counts permuted when rows move)",
+        "contracts 3 and 9: kept counts keyed by request",
+        "the checkpoint copy masks with the kept counts the previous step left at the same batch row",
+        _stale_kept_counts_for_checkpoints,
+        scenarios=("pc-preemption-k3",),
+    ),
+    Mutant(
+        "pc-conv-window-unshifted",
+        "own (prefix caching)",
+        "contracts 1 and 9: the state after token j",
+        "a verify step's checkpoint takes the conv window of its first token, not of the boundary's token",
+        _conv_window_unshifted,
+        scenarios=("pc-preemption-k3",),
+    ),
 )
 
 

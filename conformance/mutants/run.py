@@ -37,7 +37,9 @@ def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device:
                preferred_only: bool = False, dtype: str = "float32") -> MutantResult:
     """Run scenarios (the mutant's preferred ones first) until one fails."""
     facts = preflight(model, device, dtype)
-    case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device, run_dtype(dtype, facts))
+    case = Case(
+        f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device, run_dtype(dtype, facts)
+    )
     start = time.perf_counter()
     order = scenario_order(mutant, tier)
     if preferred_only:
@@ -57,12 +59,22 @@ def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device:
     missed = MutantResult(mutant, False, time.perf_counter() - start)
     aimed = [s for s in mutant.scenarios if s in order]
     if aimed and all(s in skipped for s in aimed):  # the scenarios written for it cannot run on this model
-        missed.untried = "; ".join(sorted({f"{skipped[s]}" for s in aimed})) + f" ({', '.join(aimed)} skipped)"
+        missed.untried = (
+            "; ".join(sorted({f"{skipped[s]}" for s in aimed})) + f" ({', '.join(aimed)} skipped)"
+        )
     return missed
 
 
-def fuzz_mutant(mutant: Mutant, model: str | None, device: str = "cpu", *, seed: int = 0,
-                examples: int = FUZZ_BUDGET, out_dir: str | None = None, dtype: str = "float32") -> MutantResult:
+def fuzz_mutant(
+    mutant: Mutant,
+    model: str | None,
+    device: str = "cpu",
+    *,
+    seed: int = 0,
+    examples: int = FUZZ_BUDGET,
+    out_dir: str | None = None,
+    dtype: str = "float32",
+) -> MutantResult:
     """A fixed budget of generated workloads (no shrinking) against the mutant."""
     import tempfile
 
@@ -76,8 +88,16 @@ def fuzz_mutant(mutant: Mutant, model: str | None, device: str = "cpu", *, seed:
         report = fuzz(case, seed=seed, max_examples=examples, out_dir=out_dir or tmp, shrink=False)
     if not report.failed:
         return MutantResult(mutant, False, time.perf_counter() - start)
-    return MutantResult(mutant, True, time.perf_counter() - start, f"fuzz seed {seed}", (report.search.check,),
-                        f"a generated workload failed {report.search.check}", report.replay or "", by_fuzz=True)
+    return MutantResult(
+        mutant,
+        True,
+        time.perf_counter() - start,
+        f"fuzz seed {seed}",
+        (report.search.check,),
+        f"a generated workload failed {report.search.check}",
+        report.replay or "",
+        by_fuzz=True,
+    )
 
 
 def run_mutants(model: str | None, tier: str = "default", only: list[str] | None = None, device: str = "cpu",
@@ -109,7 +129,9 @@ def format_score(results: list[MutantResult]) -> str:
         elif r.untried:
             lines.append(f"  UNTRIED {m.id:28s} {r.seconds:5.1f}s  {r.untried}")
         else:
-            lines.append(f"  MISSED  {m.id:28s} {r.seconds:5.1f}s  no scenario and no generated workload failed")
+            lines.append(
+                f"  MISSED  {m.id:28s} {r.seconds:5.1f}s  no scenario and no generated workload failed"
+            )
         lines.append(f"          {m.origin}; breaks {m.contract}: {m.description}")
         if r.caught:
             lines.append(f"          first failure: {r.summary}")

@@ -30,7 +30,9 @@ def get_def(scenario_id: str) -> ScenarioDef:
     for d in scenario_defs():
         if d.id == scenario_id:
             return d
-    raise UnknownScenario(f"unknown scenario {scenario_id!r}; `conformance list --tier nightly` shows every id")
+    raise UnknownScenario(
+        f"unknown scenario {scenario_id!r}; `conformance list --tier nightly` shows every id"
+    )
 
 
 def load_scenario(scenario_id: str, tier: str, vocab_size: int) -> Scenario:

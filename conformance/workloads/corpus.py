@@ -22,8 +22,13 @@ def _short_prompts(k: int) -> ScenarioDef:
                 b.add(n, b.size(6, 24))
 
     return ScenarioDef(
-        f"short-prompts-k{k}", f"prompts of 1, 2, K+1 and K+2 tokens arriving together (K={k}): each starts "
-        "as a prefill from zero state", EngineSettings(num_speculative_tokens=k), build, ("new-short-prompt",))
+        f"short-prompts-k{k}",
+        f"prompts of 1, 2, K+1 and K+2 tokens arriving together (K={k}): each starts "
+        "as a prefill from zero state",
+        EngineSettings(num_speculative_tokens=k),
+        build,
+        ("new-short-prompt",),
+    )
 
 
 def _short_prompts_mixed(k: int, tiers=TIERS) -> ScenarioDef:
@@ -34,8 +39,13 @@ def _short_prompts_mixed(k: int, tiers=TIERS) -> ScenarioDef:
             b.add(n, b.size(4, 16), arrival=2 + i)
 
     return ScenarioDef(
-        f"short-prompts-mixed-k{k}", f"prompts of 1..K+2 tokens arriving one per step while two long requests "
-        f"decode (K={k})", EngineSettings(num_speculative_tokens=k), build, ("new-short-prompt", "mixed-batch"), tiers)
+        f"short-prompts-mixed-k{k}",
+        f"prompts of 1..K+2 tokens arriving one per step while two long requests decode (K={k})",
+        EngineSettings(num_speculative_tokens=k),
+        build,
+        ("new-short-prompt", "mixed-batch"),
+        tiers,
+    )
 
 
 def _chunk_tails(k: int) -> ScenarioDef:
@@ -53,8 +63,12 @@ def _chunk_tails(k: int) -> ScenarioDef:
         b.add(3 * budget - 1, new, arrival=arrival)
 
     return ScenarioDef(
-        f"chunk-tails-k{k}", f"a budget of {budget} tokens cuts prompts into chunks whose last piece is 1..K+1 tokens "
-        f"(K={k})", EngineSettings(num_speculative_tokens=k, max_num_batched_tokens=budget), build, ("chunk-tails",))
+        f"chunk-tails-k{k}",
+        f"a budget of {budget} tokens cuts prompts into chunks whose last piece is 1..K+1 tokens (K={k})",
+        EngineSettings(num_speculative_tokens=k, max_num_batched_tokens=budget),
+        build,
+        ("chunk-tails",),
+    )
 
 
 def _churn(k: int) -> ScenarioDef:
@@ -76,10 +90,13 @@ def _preemption(k: int) -> ScenarioDef:
 
     # 12 blocks is the smallest pool that still holds one request of max_model_len (40 + 2K tokens).
     return ScenarioDef(
-        f"preemption-k{k}", f"a pool of 12 KV blocks of 4 tokens cannot hold the growing requests: the newest "
+        f"preemption-k{k}",
+        f"a pool of 12 KV blocks of 4 tokens cannot hold the growing requests: the newest "
         f"are preempted and recomputed (K={k})",
-        EngineSettings(num_speculative_tokens=k, block_size=4, num_kv_blocks=12, max_model_len=40), build,
-        ("preemption",))
+        EngineSettings(num_speculative_tokens=k, block_size=4, num_kv_blocks=12, max_model_len=40),
+        build,
+        ("preemption",),
+    )
 
 
 def _recycled_slots(k: int) -> ScenarioDef:
@@ -90,9 +107,13 @@ def _recycled_slots(k: int) -> ScenarioDef:
             b.add(n, b.size(4, 16), arrival=b.size(8, 26))
 
     return ScenarioDef(
-        f"recycled-slots-k{k}", f"four requests fill every state slot and finish; short prompts then reuse the "
-        f"slots, which still hold old state (K={k})", EngineSettings(num_speculative_tokens=k, max_num_seqs=4), build,
-        ("recycled-slot", "new-short-prompt"))
+        f"recycled-slots-k{k}",
+        f"four requests fill every state slot and finish; short prompts then reuse the "
+        f"slots, which still hold old state (K={k})",
+        EngineSettings(num_speculative_tokens=k, max_num_seqs=4),
+        build,
+        ("recycled-slot", "new-short-prompt"),
+    )
 
 
 def _graph_padding(k: int, drafter: str, pattern: str, tiers=TIERS) -> ScenarioDef:
@@ -103,9 +124,13 @@ def _graph_padding(k: int, drafter: str, pattern: str, tiers=TIERS) -> ScenarioD
             b.add(n, 1 + step * stop * scale)
 
     return ScenarioDef(
-        f"graph-padding-k{k}", f"7, then 5, then 3 concurrent decodes: batch sizes a CUDA graph must pad (K={k})",
-        EngineSettings(num_speculative_tokens=k, drafter=drafter, pattern=pattern), build,
-        ("decode-batches-3-5-7",), tiers)
+        f"graph-padding-k{k}",
+        f"7, then 5, then 3 concurrent decodes: batch sizes a CUDA graph must pad (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter=drafter, pattern=pattern),
+        build,
+        ("decode-batches-3-5-7",),
+        tiers,
+    )
 
 
 def _scripted(k: int, pattern: str, name: str, triggers: tuple[str, ...], tiers=TIERS) -> ScenarioDef:
@@ -115,9 +140,13 @@ def _scripted(k: int, pattern: str, name: str, triggers: tuple[str, ...], tiers=
             b.add(n, b.size(8, 40))
 
     return ScenarioDef(
-        f"scripted-{name}-k{k}", f"a scripted drafter proposes the true continuation with {pattern} correct "
-        f"tokens per step (K={k})", EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern=pattern),
-        build, triggers, tiers)
+        f"scripted-{name}-k{k}",
+        f"a scripted drafter proposes the true continuation with {pattern} correct tokens per step (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern=pattern),
+        build,
+        triggers,
+        tiers,
+    )
 
 
 def _mtp(k: int) -> ScenarioDef:
@@ -137,9 +166,13 @@ def _stop_tokens(k: int) -> ScenarioDef:
             b.add(n, b.size(10, 48), ignore_eos=False, stop_token_ids=stops)
 
     return ScenarioDef(
-        f"stop-tokens-k{k}", f"stop tokens end requests at data-dependent points, also in the middle of an "
-        f"accepted draft window (K={k})", EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern="all-accept"),
-        build, ("stop-mid-window",))
+        f"stop-tokens-k{k}",
+        f"stop tokens end requests at data-dependent points, also in the middle of an "
+        f"accepted draft window (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern="all-accept"),
+        build,
+        ("stop-mid-window",),
+    )
 
 
 def _ngram(k: int, lookup: tuple[int, int]) -> ScenarioDef:
@@ -153,10 +186,13 @@ def _ngram(k: int, lookup: tuple[int, int]) -> ScenarioDef:
     triggers = ("zero-draft-after-accept", "partial-drafts") if k > 1 else ("zero-draft-after-accept",)
     lo, hi = lookup
     return ScenarioDef(
-        f"ngram-k{k}", f"n-gram prompt lookup ({lo}..{hi}-grams) proposes 0..K drafts per step: a request that "
+        f"ngram-k{k}",
+        f"n-gram prompt lookup ({lo}..{hi}-grams) proposes 0..K drafts per step: a request that "
         f"accepted drafts may verify none in its next step (K={k})",
         EngineSettings(num_speculative_tokens=k, drafter="ngram", prompt_lookup_min=lo, prompt_lookup_max=hi),
-        build, ("spec-verify", *triggers))
+        build,
+        ("spec-verify", *triggers),
+    )
 
 
 def _soak(k: int) -> ScenarioDef:
@@ -165,10 +201,21 @@ def _soak(k: int) -> ScenarioDef:
             b.add(b.rng.randint(1, 40), b.rng.randint(1, 24), arrival=b.rng.randint(0, 80))
 
     return ScenarioDef(
-        f"soak-k{k}", f"60 requests with random lengths and arrivals through a small, preempting pool (K={k})",
-        EngineSettings(num_speculative_tokens=k, drafter="scripted", max_num_seqs=6, max_num_batched_tokens=32,
-                       block_size=4, num_kv_blocks=40, max_model_len=120),
-        build, ("preemption", "batch-churn"), NIGHTLY)
+        f"soak-k{k}",
+        f"60 requests with random lengths and arrivals through a small, preempting pool (K={k})",
+        EngineSettings(
+            num_speculative_tokens=k,
+            drafter="scripted",
+            max_num_seqs=6,
+            max_num_batched_tokens=32,
+            block_size=4,
+            num_kv_blocks=40,
+            max_model_len=120,
+        ),
+        build,
+        ("preemption", "batch-churn"),
+        NIGHTLY,
+    )
 
 
 def _long_prompts(k: int) -> ScenarioDef:
@@ -193,8 +240,14 @@ ROOMY = 256  # KV blocks: more than every request of a non-pressure scenario can
 
 def _cache_settings(k: int, mode: str, drafter: str = "mtp", **kw) -> EngineSettings:
     kw = {"block_size": 4, "num_kv_blocks": ROOMY, "max_model_len": 160, **kw}
-    return EngineSettings(num_speculative_tokens=k, drafter=drafter, pattern="hash", enable_prefix_caching=True,
-                          mamba_cache_mode=mode, **kw)
+    return EngineSettings(
+        num_speculative_tokens=k,
+        drafter=drafter,
+        pattern="hash",
+        enable_prefix_caching=True,
+        mamba_cache_mode=mode,
+        **kw,
+    )
 
 
 def _cache_def(name: str, k: int, mode: str, description: str, settings: EngineSettings, build,
@@ -216,9 +269,17 @@ def _system_prompt(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
         b.add_ids(other + b.prompt(3), b.size(6, 20), arrival=LATER)
         b.add_ids(other + b.prompt(1), b.size(4, 12), arrival=LATER + 3)  # ...that a third finds half-way
 
-    return _cache_def("system-prompt", k, mode, "a system prompt shared by concurrent requests, cached by a "
-                      "first one; another prefix first seen by two requests at once", _cache_settings(k, mode),
-                      build, ("concurrent-hits",), tiers)
+    return _cache_def(
+        "system-prompt",
+        k,
+        mode,
+        "a system prompt shared by concurrent requests, cached by a "
+        "first one; another prefix first seen by two requests at once",
+        _cache_settings(k, mode),
+        build,
+        ("concurrent-hits",),
+        tiers,
+    )
 
 
 def _multi_turn(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
@@ -228,9 +289,17 @@ def _multi_turn(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
             for _ in range(b.size(2, 4)):  # each turn: the previous prompt and reply, then a few new tokens
                 turn = b.extend(turn, b.rng.randint(0, 3), b.size(5, 12))
 
-    return _cache_def("multi-turn", k, mode, "multi-turn chats: each prompt is the previous prompt and reply "
-                      "plus a few tokens, so hits reach blocks the decode steps wrote", _cache_settings(k, mode),
-                      build, ("hit-on-output",), tiers)
+    return _cache_def(
+        "multi-turn",
+        k,
+        mode,
+        "multi-turn chats: each prompt is the previous prompt and reply "
+        "plus a few tokens, so hits reach blocks the decode steps wrote",
+        _cache_settings(k, mode),
+        build,
+        ("hit-on-output",),
+        tiers,
+    )
 
 
 def _block_edges(k: int, mode: str, drafter: str = "mtp", tiers=TIERS) -> ScenarioDef:
@@ -241,12 +310,24 @@ def _block_edges(k: int, mode: str, drafter: str = "mtp", tiers=TIERS) -> Scenar
         for n in (2, 3, 4, 5):  # sources one token past the grid: in both modes a state at each boundary
             b.add_ids(base[: n * bs + 1], b.size(3, 10))
         for n in (3, 5):
-            for d in (-1, 0, 1):  # prefixes of block boundary -1, 0 and +1 tokens, and the same plus new tokens
+            for d in (
+                -1,
+                0,
+                1,
+            ):  # prefixes of block boundary -1, 0 and +1 tokens, and the same plus new tokens
                 b.add_ids(base[: n * bs + d], b.size(4, 12), arrival=LATER)
                 b.add_ids(base[: n * bs + d] + b.prompt(2), b.size(4, 12), arrival=LATER)
 
-    return _cache_def("block-edges", k, mode, f"prompt lengths at block boundaries -1/0/+1 ({bs}-token blocks) "
-                      "over cached prefixes", _cache_settings(k, mode, drafter), build, ("hit-block-edges",), tiers)
+    return _cache_def(
+        "block-edges",
+        k,
+        mode,
+        f"prompt lengths at block boundaries -1/0/+1 ({bs}-token blocks) over cached prefixes",
+        _cache_settings(k, mode, drafter),
+        build,
+        ("hit-block-edges",),
+        tiers,
+    )
 
 
 def _short_tail(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
@@ -258,8 +339,16 @@ def _short_tail(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
         for tail in range(1, k + 2):  # 1..K+1 prompt tokens left after the hit: fewer than 1+K but the last
             b.add_ids(base[: 4 * bs + tail], b.size(5, 16), arrival=LATER)
 
-    return _cache_def("short-tail", k, mode, "hits that leave 1..K+1 prompt tokens to compute: a prefill from "
-                      "the restored state, however short", _cache_settings(k, mode), build, ("hit-short-tail",), tiers)
+    return _cache_def(
+        "short-tail",
+        k,
+        mode,
+        "hits that leave 1..K+1 prompt tokens to compute: a prefill from the restored state, however short",
+        _cache_settings(k, mode),
+        build,
+        ("hit-short-tail",),
+        tiers,
+    )
 
 
 def _eviction(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
@@ -270,9 +359,16 @@ def _eviction(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
         for i, system in enumerate(reversed(systems)):  # the newest are still cached, the oldest evicted
             b.add_ids(system + b.prompt(3), b.size(4, 6), arrival=LATER + i)
 
-    return _cache_def("eviction", k, mode, "more distinct prefixes than a pool of 16 KV blocks keeps: the least "
-                      "recently used are evicted", _cache_settings(k, mode, num_kv_blocks=16, max_model_len=40,
-                                                                   max_num_seqs=2), build, ("eviction",), tiers)
+    return _cache_def(
+        "eviction",
+        k,
+        mode,
+        "more distinct prefixes than a pool of 16 KV blocks keeps: the least recently used are evicted",
+        _cache_settings(k, mode, num_kv_blocks=16, max_model_len=40, max_num_seqs=2),
+        build,
+        ("eviction",),
+        tiers,
+    )
 
 
 def _shared_preemption(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
@@ -282,10 +378,17 @@ def _shared_preemption(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
         for n in (2, 3, 5, 6):  # they share the cached prefix and outgrow the pool together
             b.add_ids(system + b.prompt(n), b.size(16, 30), arrival=LATER)
 
-    return _cache_def("shared-preemption", k, mode, "requests sharing a cached prefix outgrow a pool of 17 KV blocks: "
-                      "one whose blocks the others share is preempted and resumed",
-                      _cache_settings(k, mode, "scripted", num_kv_blocks=17, max_model_len=60, max_num_seqs=4), build,
-                      ("shared-preemption",), tiers)
+    return _cache_def(
+        "shared-preemption",
+        k,
+        mode,
+        "requests sharing a cached prefix outgrow a pool of 17 KV blocks: "
+        "one whose blocks the others share is preempted and resumed",
+        _cache_settings(k, mode, "scripted", num_kv_blocks=17, max_model_len=60, max_num_seqs=4),
+        build,
+        ("shared-preemption",),
+        tiers,
+    )
 
 
 def _prefix_caching() -> list[ScenarioDef]:

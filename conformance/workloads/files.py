@@ -49,18 +49,24 @@ def scenario_to_dict(scenario: Scenario, vocab_size: int, origin: dict | None = 
     }
 
 
-def write_scenario_file(path: str | Path, scenario: Scenario, vocab_size: int, origin: dict | None = None) -> Path:
+def write_scenario_file(
+    path: str | Path, scenario: Scenario, vocab_size: int, origin: dict | None = None
+) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(scenario_to_dict(scenario, vocab_size, origin), indent=1) + "\n")
     return path
 
 
-def scenario_from_dict(d: dict, vocab_size: int | None = None, tier: str = "default", source: str = "") -> Scenario:
+def scenario_from_dict(
+    d: dict, vocab_size: int | None = None, tier: str = "default", source: str = ""
+) -> Scenario:
     """A Scenario from a file's contents; ``vocab_size``: the model's (ids modulo it when smaller)."""
     where = f"{source}: " if source else ""
     if d.get("format") != FORMAT:
-        raise ScenarioFileError(f"{where}not a scenario file (format {d.get('format')!r}, expected {FORMAT!r})")
+        raise ScenarioFileError(
+            f"{where}not a scenario file (format {d.get('format')!r}, expected {FORMAT!r})"
+        )
     try:
         known = {f.name for f in fields(EngineSettings)}
         unknown = set(d["settings"]) - known
@@ -69,7 +75,9 @@ def scenario_from_dict(d: dict, vocab_size: int | None = None, tier: str = "defa
         settings = EngineSettings(**d["settings"])
         graph_mode = d.get("graph_mode")
         if graph_mode is not None and graph_mode not in GRAPH_MODES:
-            raise ScenarioFileError(f"{where}graph_mode must be null or one of {GRAPH_MODES}, got {graph_mode!r}")
+            raise ScenarioFileError(
+                f"{where}graph_mode must be null or one of {GRAPH_MODES}, got {graph_mode!r}"
+            )
         file_vocab = int(d["vocab_size"])
         remap = vocab_size is not None and vocab_size < file_vocab
         requests = []
@@ -97,8 +105,15 @@ def scenario_from_dict(d: dict, vocab_size: int | None = None, tier: str = "defa
     if remap:
         description += f" (token ids taken modulo {vocab_size}: drawn for a vocabulary of {file_vocab})"
     try:
-        return Scenario(str(d["id"]), description, tier, settings, tuple(requests), tuple(d.get("triggers", ())),
-                        graph_mode)
+        return Scenario(
+            str(d["id"]),
+            description,
+            tier,
+            settings,
+            tuple(requests),
+            tuple(d.get("triggers", ())),
+            graph_mode,
+        )
     except ValueError as e:
         raise ScenarioFileError(f"{where}{e}") from None
 
@@ -123,6 +138,16 @@ def regression_defs(directory: Path = REGRESSIONS_DIR) -> list[ScenarioDef]:
             sc = scenario_from_dict(data, b.vocab_size, b.tier, str(path))
             b.requests.extend(sc.requests)
 
-        defs.append(ScenarioDef(probe.id, probe.description or f"regression from {path.name}", probe.settings, build,
-                                probe.triggers, TIERS, ("regression",), probe.graph_mode))
+        defs.append(
+            ScenarioDef(
+                probe.id,
+                probe.description or f"regression from {path.name}",
+                probe.settings,
+                build,
+                probe.triggers,
+                TIERS,
+                ("regression",),
+                probe.graph_mode,
+            )
+        )
     return defs

@@ -92,7 +92,9 @@ def _prompt_length(draw, k: int, budget: int, max_prompt: int) -> int:
 
 def _shared_prefixes(draw, vocab_size: int, block_size: int, max_prompt: int) -> list[tuple[int, ...]]:
     """0..2 prefixes for requests to share, of lengths weighted to block multiples -1, 0 and +1."""
-    edges = sorted({n * block_size + d for n in (1, 2, 3) for d in (-1, 0, 1) if 1 <= n * block_size + d <= max_prompt})
+    edges = sorted(
+        {n * block_size + d for n in (1, 2, 3) for d in (-1, 0, 1) if 1 <= n * block_size + d <= max_prompt}
+    )
     prefixes = []
     for _ in range(draw(st.integers(0, 2))):
         length = draw(st.one_of(st.sampled_from(edges), st.integers(1, max_prompt))) if edges else 1
@@ -123,14 +125,25 @@ def _extends(draw, requests: list[RequestSpec], max_prompt: int) -> tuple[str | 
 def roomy_pool(scenario: Scenario) -> int:
     """KV blocks holding everything the workload can allocate, and one request of the model's length."""
     s, model_len = scenario.settings, scenario.settings.max_model_len or 1024
-    needed = sum(math.ceil((scenario.longest_prompt(r.request_id) + r.max_tokens + 2 * s.k + 1) / s.block_size) + 1
-                 for r in scenario.requests)
+    needed = sum(
+        math.ceil((scenario.longest_prompt(r.request_id) + r.max_tokens + 2 * s.k + 1) / s.block_size) + 1
+        for r in scenario.requests
+    )
     return max(needed, math.ceil((model_len + 2 * s.k + 1) / s.block_size))
 
 
 @st.composite
-def scenarios(draw, vocab_size: int, *, limits: Limits = Limits(), has_mtp: bool = True, scripted: bool = True,
-              aborts: bool = True, caching: bool = False, name: str = "generated") -> Scenario:
+def scenarios(
+    draw,
+    vocab_size: int,
+    *,
+    limits: Limits = Limits(),
+    has_mtp: bool = True,
+    scripted: bool = True,
+    aborts: bool = True,
+    caching: bool = False,
+    name: str = "generated",
+) -> Scenario:
     """A whole workload: engine settings, graph mode, and 1..limits.max_requests requests (``caching``: prefix
     caching, shared prefixes and multi-turn requests drawn too)."""
     settings, model_len = _settings(draw, limits, has_mtp, scripted)
@@ -161,8 +174,18 @@ def scenarios(draw, vocab_size: int, *, limits: Limits = Limits(), has_mtp: bool
             if shared is not None:
                 prompt = (prefixes[shared] + prompt)[:max_prompt]
             extends, new = _extends(draw, requests, max_prompt)
-        requests.append(RequestSpec(f"r{i:02d}", prompt[:new] if extends else prompt, max_tokens, arrival, True,
-                                    stops, None if abort_after is None else arrival + abort_after, extends))
+        requests.append(
+            RequestSpec(
+                f"r{i:02d}",
+                prompt[:new] if extends else prompt,
+                max_tokens,
+                arrival,
+                True,
+                stops,
+                None if abort_after is None else arrival + abort_after,
+                extends,
+            )
+        )
     return _finish(Scenario(name, _describe(requests, prefixes), "default", settings, tuple(requests), (),
                             graph_mode))
 
@@ -176,8 +199,10 @@ def _finish(scenario: Scenario) -> Scenario:
 
 
 def _describe(requests: list[RequestSpec], prefixes: list[tuple[int, ...]]) -> str:
-    text = (f"generated: {len(requests)} request(s), prompts of {[len(r.prompt) for r in requests]} tokens, arrivals "
-            f"{[r.arrival_step for r in requests]}")
+    text = (
+        f"generated: {len(requests)} request(s), prompts of {[len(r.prompt) for r in requests]} tokens, arrivals "
+        f"{[r.arrival_step for r in requests]}"
+    )
     if any(r.abort_step is not None for r in requests):
         text += f", aborts {[r.request_id for r in requests if r.abort_step is not None]}"
     if prefixes:

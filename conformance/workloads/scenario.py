@@ -31,8 +31,10 @@ class EngineSettings:
     num_speculative_tokens: int = 0  # K
     drafter: str = "mtp"  # "mtp" | "scripted" | "ngram"
     pattern: str = "hash"  # scripted drafter: how many drafts per verify step are correct
-    prompt_lookup_min: int | None = None  # ngram drafter: shortest n-gram looked up (None: the engine's default)
-    prompt_lookup_max: int | None = None  # ngram drafter: longest n-gram looked up (None: the engine's default)
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = (
+        None  # ngram drafter: longest n-gram looked up (None: the engine's default)
+    )
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
     block_size: int = 16
@@ -44,8 +46,10 @@ class EngineSettings:
     def __post_init__(self):
         if self.mamba_cache_mode is not None and (not self.enable_prefix_caching
                                                   or self.mamba_cache_mode not in MAMBA_CACHE_MODES):
-            raise ValueError(f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES} with enable_prefix_caching, "
-                             f"got {self.mamba_cache_mode!r}")
+            raise ValueError(
+                f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES} with enable_prefix_caching, "
+                f"got {self.mamba_cache_mode!r}"
+            )
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if self.pattern not in PATTERNS:
@@ -53,7 +57,9 @@ class EngineSettings:
         lookup = {"prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         given = {name: v for name, v in lookup.items() if v is not None}
         if given and self.drafter != "ngram":
-            raise ValueError(f"{', '.join(given)} apply to drafter 'ngram' only, got drafter {self.drafter!r}")
+            raise ValueError(
+                f"{', '.join(given)} apply to drafter 'ngram' only, got drafter {self.drafter!r}"
+            )
         for name, v in given.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1 or None, got {v!r}")
@@ -74,11 +80,22 @@ class EngineSettings:
     def describe(self) -> str:
         parts = [f"K={self.k}"]
         if self.k:
-            parts.append(f"drafter={self.drafter}" + (f"/{self.pattern}" if self.drafter == "scripted" else ""))
-            parts += [f"{name}={v}" for name, v in (("prompt_lookup_min", self.prompt_lookup_min),
-                                                   ("prompt_lookup_max", self.prompt_lookup_max)) if v is not None]
-        parts += [f"max_num_seqs={self.max_num_seqs}", f"max_num_batched_tokens={self.max_num_batched_tokens}",
-                  f"block_size={self.block_size}"]
+            parts.append(
+                f"drafter={self.drafter}" + (f"/{self.pattern}" if self.drafter == "scripted" else "")
+            )
+            parts += [
+                f"{name}={v}"
+                for name, v in (
+                    ("prompt_lookup_min", self.prompt_lookup_min),
+                    ("prompt_lookup_max", self.prompt_lookup_max),
+                )
+                if v is not None
+            ]
+        parts += [
+            f"max_num_seqs={self.max_num_seqs}",
+            f"max_num_batched_tokens={self.max_num_batched_tokens}",
+            f"block_size={self.block_size}",
+        ]
         if self.num_kv_blocks is not None:
             parts.append(f"num_kv_blocks={self.num_kv_blocks}")
         if self.max_model_len is not None:
@@ -111,7 +128,9 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id}: abort_step {self.abort_step} comes before its "
                              f"arrival_step {self.arrival_step}")
         if self.extends is not None and isinstance(self.prompt, str):
-            raise ValueError(f"request {self.request_id}: a request that extends another takes token ids, not text")
+            raise ValueError(
+                f"request {self.request_id}: a request that extends another takes token ids, not text"
+            )
 
 
 def longest_prompt(requests, request_id: str) -> int:
@@ -132,8 +151,10 @@ def check_extends(requests: tuple[RequestSpec, ...] | list[RequestSpec]) -> None
         if r.extends is not None:
             src = seen.get(r.extends)
             if src is None:
-                raise ValueError(f"request {r.request_id} extends {r.extends!r}, which is not an earlier request "
-                                 "of the workload")
+                raise ValueError(
+                    f"request {r.request_id} extends {r.extends!r}, which is not an earlier request "
+                    "of the workload"
+                )
             if src.abort_step is not None:
                 raise ValueError(f"request {r.request_id} extends {r.extends}, which the workload aborts")
             if isinstance(src.prompt, str):

@@ -26,8 +26,10 @@ def check_block_size(block_size: int) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int):
         raise ValueError(f"block_size must be an int, got {block_size!r}")  # noqa: TRY004 -- a bad setting
     if not 1 <= block_size <= MAX_TRITON_BLOCK_SIZE or block_size & (block_size - 1):
-        raise ValueError(f"block_size={block_size} cannot be served by the Triton paged attention: it takes a "
-                         f"power of two from 1 to {MAX_TRITON_BLOCK_SIZE}")
+        raise ValueError(
+            f"block_size={block_size} cannot be served by the Triton paged attention: it takes a "
+            f"power of two from 1 to {MAX_TRITON_BLOCK_SIZE}"
+        )
 
 
 class AttentionDims(NamedTuple):

@@ -19,14 +19,31 @@ def compile_cases():
 
     cases = []
     for update in (False, True):
-        cases.append(case(
-            f"conv1d.{'update' if update else 'prefill'}[C=8192,W={WIDTH},K={MAX_SPEC}]",
-            triton_conv1d.causal_conv1d_fwd_kernel,
-            types={"x": "*bf16", "weight": "*bf16", "out": "*bf16", "conv_state": "*bf16", "cu_seqlens": "*i32",
-                   "state_indices": "*i32",
-                   **({"num_accepted_tokens": "*i32"} if update else {"has_initial_state": "*i1"})},
-            constexprs={"W": WIDTH, "BC": 128, "BS": triton.next_power_of_2(WIDTH - 1 + MAX_SPEC), "PAD": PAD_SLOT_ID,
-                        "IS_UPDATE": update, "SILU": True, "HAS_INIT_FLAGS": not update, "HAS_ACCEPTED": update,
-                        **({"has_initial_state": None} if update else {"num_accepted_tokens": None})},
-            representative=update))
+        cases.append(
+            case(
+                f"conv1d.{'update' if update else 'prefill'}[C=8192,W={WIDTH},K={MAX_SPEC}]",
+                triton_conv1d.causal_conv1d_fwd_kernel,
+                types={
+                    "x": "*bf16",
+                    "weight": "*bf16",
+                    "out": "*bf16",
+                    "conv_state": "*bf16",
+                    "cu_seqlens": "*i32",
+                    "state_indices": "*i32",
+                    **({"num_accepted_tokens": "*i32"} if update else {"has_initial_state": "*i1"}),
+                },
+                constexprs={
+                    "W": WIDTH,
+                    "BC": 128,
+                    "BS": triton.next_power_of_2(WIDTH - 1 + MAX_SPEC),
+                    "PAD": PAD_SLOT_ID,
+                    "IS_UPDATE": update,
+                    "SILU": True,
+                    "HAS_INIT_FLAGS": not update,
+                    "HAS_ACCEPTED": update,
+                    **({"has_initial_state": None} if update else {"num_accepted_tokens": None}),
+                },
+                representative=update,
+            )
+        )
     return cases

@@ -157,11 +157,29 @@ def triton_prepare_inputs(
     slot_mapping = torch.empty(num_tokens_padded, dtype=torch.int64, device=device)
     seq_lens = torch.empty(n, dtype=torch.int32, device=device)
     prepare_inputs_kernel[(n + 1,)](
-        idx_mapping, query_start_loc, is_decode, num_computed, last_sampled, draft_tokens, token_ids, block_table,
-        input_ids, positions, seq_lens, slot_mapping,
-        n, num_tokens_padded, token_ids.shape[1], block_table.shape[1],
-        draft_tokens.stride(0), token_ids.stride(0), block_table.stride(0),
-        K=draft_tokens.shape[1], BLOCK_SIZE=block_size, BT=128, PAD_ID=PAD_SLOT_ID,
+        idx_mapping,
+        query_start_loc,
+        is_decode,
+        num_computed,
+        last_sampled,
+        draft_tokens,
+        token_ids,
+        block_table,
+        input_ids,
+        positions,
+        seq_lens,
+        slot_mapping,
+        n,
+        num_tokens_padded,
+        token_ids.shape[1],
+        block_table.shape[1],
+        draft_tokens.stride(0),
+        token_ids.stride(0),
+        block_table.stride(0),
+        K=draft_tokens.shape[1],
+        BLOCK_SIZE=block_size,
+        BT=128,
+        PAD_ID=PAD_SLOT_ID,
     )
     return input_ids, positions, seq_lens, slot_mapping
 
@@ -180,8 +198,19 @@ def triton_post_update(
     num_tokens: torch.Tensor,
 ) -> None:
     """Triton wrapper; same contract as ``kernels.input_prep.post_update``."""
-    n, _ = check_post_update_inputs(idx_mapping, query_lens, num_draft_tokens, is_sampling, sampled,
-                                    num_valid, num_computed, num_valid_state, last_sampled, token_ids, num_tokens)
+    n, _ = check_post_update_inputs(
+        idx_mapping,
+        query_lens,
+        num_draft_tokens,
+        is_sampling,
+        sampled,
+        num_valid,
+        num_computed,
+        num_valid_state,
+        last_sampled,
+        token_ids,
+        num_tokens,
+    )
     if n == 0:
         return
     # Read-only inputs: converted to the dtypes the kernel is compiled for where they are not.

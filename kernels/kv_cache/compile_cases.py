@@ -14,9 +14,19 @@ def compile_cases():
 
     cases = []
     for block_size in (16, 32, 64):
-        cases.append(case(
-            f"kv_cache.reshape_and_cache[HkvD=512,block={block_size}]", tkv.reshape_and_cache_kernel,
-            types={"k": "*bf16", "v": "*bf16", "k_cache": "*bf16", "v_cache": "*bf16", "slot_mapping": "*i64"},
-            constexprs={"BLOCK_SIZE": block_size, "HD": 512, "BHD": 512, "PAD_ID": PAD_SLOT_ID},
-            representative=block_size == 64))
+        cases.append(
+            case(
+                f"kv_cache.reshape_and_cache[HkvD=512,block={block_size}]",
+                tkv.reshape_and_cache_kernel,
+                types={
+                    "k": "*bf16",
+                    "v": "*bf16",
+                    "k_cache": "*bf16",
+                    "v_cache": "*bf16",
+                    "slot_mapping": "*i64",
+                },
+                constexprs={"BLOCK_SIZE": block_size, "HD": 512, "BHD": 512, "PAD_ID": PAD_SLOT_ID},
+                representative=block_size == 64,
+            )
+        )
     return cases

@@ -8,7 +8,9 @@ from kernels._dispatch import resolve_backend
 from kernels.moe.naive import naive_fused_moe, naive_moe_route
 
 
-def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``router_logits [T, E]`` -> ``(topk_weights [T, K] in router_logits.dtype, topk_ids [T, K] int32)``.
 
     Softmax in float32, ``torch.topk`` (descending), optional renormalisation to sum 1. Row-wise

@@ -116,7 +116,9 @@ class AsyncEngine(Engine):
                                  sink_checkpoint=-1 if sink_checkpoint is None else sink_checkpoint)
         self.slots = RequestSlots(c.scheduler.max_num_seqs)
         self.batch = PersistentBatch(k)
-        self.graphs = GraphDispatcher(c.graph_mode, c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens, k)
+        self.graphs = GraphDispatcher(
+            c.graph_mode, c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens, k
+        )
         self.builder = MetadataBuilder(self.state, k, device)
         proposer = None if self.drafter is None else self.drafter.device_proposer(DeviceDraftContext(
             model, self.caches, self.state, k, c.cache.block_size, model_config.vocab_size, device,
@@ -208,14 +210,35 @@ class AsyncEngine(Engine):
         shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))],
                                      [len(r.draft_token_ids) for r in rows])
         inputs = HostBuffer("step-inputs", self.stream, (len(rows), len(StepRows.columns())), torch.int64)
-        inputs.write(StepRows.pack([
-            {"idx": r.request.idx, "query_len": r.num_tokens, "is_decode": i < num_decode,
-             "has_initial_state": r.request.has_initial_state, "is_sampling": r.samples,
-             "num_draft_positions": len(r.draft_token_ids), "backup_token": backup_token(r.request, r.num_tokens)}
-            for i, r in enumerate(rows)]))
-        plan = StepPlan(self._plans, rows, shape, num_decode, qsl, inputs,
-                        [list(r.request.state_slots) for r in rows], list(sched.preempted), list(sched.resumed),
-                        record=bool(self.core.observers), admission=self._admission(admitted))
+        inputs.write(
+            StepRows.pack(
+                [
+                    {
+                        "idx": r.request.idx,
+                        "query_len": r.num_tokens,
+                        "is_decode": i < num_decode,
+                        "has_initial_state": r.request.has_initial_state,
+                        "is_sampling": r.samples,
+                        "num_draft_positions": len(r.draft_token_ids),
+                        "backup_token": backup_token(r.request, r.num_tokens),
+                    }
+                    for i, r in enumerate(rows)
+                ]
+            )
+        )
+        plan = StepPlan(
+            self._plans,
+            rows,
+            shape,
+            num_decode,
+            qsl,
+            inputs,
+            [list(r.request.state_slots) for r in rows],
+            list(sched.preempted),
+            list(sched.resumed),
+            record=bool(self.core.observers),
+            admission=self._admission(admitted),
+        )
         self._plans += 1
         self._stage_blocks(plan)
         if self.prefix is not None:
@@ -248,7 +271,9 @@ class AsyncEngine(Engine):
         grown = [r.request for r in plan.rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if not grown:
             return
-        table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block, dtype=torch.int32)
+        table = torch.full(
+            (len(grown), self.state.block_table.shape[1]), self.state.sink_block, dtype=torch.int32
+        )
         for i, req in enumerate(grown):
             table[i, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
             req.num_staged_blocks = len(req.block_ids)
@@ -273,9 +298,15 @@ class AsyncEngine(Engine):
             self._record(fut, tokens, drafted, discarded)
         return finished
 
-    def _record(self, fut: StepFuture, tokens: list[list[int]], drafted: list[int], discarded: set[int]) -> None:
+    def _record(
+        self, fut: StepFuture, tokens: list[list[int]], drafted: list[int], discarded: set[int]
+    ) -> None:
         plan, k = fut.plan, self.config.speculative.num_speculative_tokens
-        rows = [r for i, r in enumerate(build_records(plan, tokens, drafted, fut.payload, k)) if i not in discarded]
+        rows = [
+            r
+            for i, r in enumerate(build_records(plan, tokens, drafted, fut.payload, k))
+            if i not in discarded
+        ]
         self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
                                     plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
 

@@ -55,7 +55,9 @@ class GraphDispatcher:
         self.request_sizes = capture_sizes(max_num_seqs)
         self.token_sizes = capture_sizes(max_num_batched_tokens)
 
-    def dispatch(self, query_lens: list[int], is_decode: list[bool], num_draft_positions: list[int]) -> StepShape:
+    def dispatch(
+        self, query_lens: list[int], is_decode: list[bool], num_draft_positions: list[int]
+    ) -> StepShape:
         """Rows come decode rows first. A FULL step is a uniform decode (every row a decode of 1+K
         tokens); a batch with a real prefill never replays a decode graph (contract 6)."""
         n, t, k = len(query_lens), sum(query_lens), self.num_speculative_tokens

@@ -29,7 +29,9 @@ class RowTable:
     @classmethod
     def view(cls, table: torch.Tensor):
         """The record whose fields are the columns of ``table`` [N, F] (views, no copies)."""
-        assert table.dim() == 2 and table.shape[1] == len(cls.columns()), f"{cls.__name__}: table must be [N, F]"
+        assert table.dim() == 2 and table.shape[1] == len(cls.columns()), (
+            f"{cls.__name__}: table must be [N, F]"
+        )
         return cls(*table.unbind(1))
 
 
@@ -42,7 +44,9 @@ class StepRows(RowTable):
     is_decode: torch.Tensor  # [N] 1: the request is past its prompt (contract 2), else 0
     has_initial_state: torch.Tensor  # [N] 1: the request has computed tokens, so its state is live
     is_sampling: torch.Tensor  # [N] 1: the row reaches the request's last token and picks tokens
-    num_draft_positions: torch.Tensor  # [N] draft positions at the row's tail: the host schedules K per decode row
+    num_draft_positions: (
+        torch.Tensor
+    )  # [N] draft positions at the row's tail: the host schedules K per decode row
     #                                    (the device's drafts, fillers past their count); 0 for prefill rows, K for padding
     backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1
 

@@ -18,7 +18,11 @@ def build_records(plan, tokens: list[list[int]], drafted: list[int], payload,
     p = payload
     ids, positions = p.input_ids.tolist(), p.positions.tolist()
     used_num_valid, prev_drafts = p.used_num_valid.tolist(), p.prev_drafts.tolist()
-    used_initial_state, next_drafts, kept = p.used_initial_state.tolist(), p.next_drafts.tolist(), p.kept.tolist()
+    used_initial_state, next_drafts, kept = (
+        p.used_initial_state.tolist(),
+        p.next_drafts.tolist(),
+        p.kept.tolist(),
+    )
     next_num_drafts = p.next_num_drafts.tolist()
     cu = p.cu.tolist()
     first_pass = p.first_pass_ids.tolist() if p.first_pass_ids is not None else None
@@ -35,11 +39,19 @@ def build_records(plan, tokens: list[list[int]], drafted: list[int], payload,
         else:
             offset, slot = 0, (slots[0] if has_init else None)
         rec = RowRecord(
-            request_id=row.request.request_id, kind="decode" if decode else "prefill", has_initial_state=has_init,
-            num_computed_tokens=positions[lo] if hi > lo else 0, query_len=hi - lo, input_ids=ids[lo:hi],
-            positions=positions[lo:hi], state_slot_read=slot, state_offset=offset,
+            request_id=row.request.request_id,
+            kind="decode" if decode else "prefill",
+            has_initial_state=has_init,
+            num_computed_tokens=positions[lo] if hi > lo else 0,
+            query_len=hi - lo,
+            input_ids=ids[lo:hi],
+            positions=positions[lo:hi],
+            state_slot_read=slot,
+            state_offset=offset,
             draft_token_ids=prev_drafts[i][: drafted[i]] if decode else [],
-            output_token_ids=None, num_accepted=None)
+            output_token_ids=None,
+            num_accepted=None,
+        )
         if row.samples:
             row_logits = p.logits[cu[i]: cu[i] + 1 + drafted[i]]
             rec.output_token_ids = tokens[i]

@@ -137,11 +137,20 @@ class StepPayload:
         if d is not None:
             shapes.update(d.metadata_shapes)
         return cls(
-            s.input_ids[:t].cpu(), s.positions[:t].cpu(), s.used_num_valid[:n].cpu(), s.used_initial_state[:n].cpu(),
-            s.prev_drafts[:n].cpu(), v.logits[:m].cpu(), v.cu[: n + 1].cpu(), out.kept[:n].cpu(),
+            s.input_ids[:t].cpu(),
+            s.positions[:t].cpu(),
+            s.used_num_valid[:n].cpu(),
+            s.used_initial_state[:n].cpu(),
+            s.prev_drafts[:n].cpu(),
+            v.logits[:m].cpu(),
+            v.cu[: n + 1].cpu(),
+            out.kept[:n].cpu(),
             None if d is None or d.first_pass_ids is None else d.first_pass_ids[:t].cpu(),
-            None if d is None else d.chain_ids[:n].cpu(), out.next_drafts[:n].cpu(), out.next_num_drafts[:n].cpu(),
-            shapes)
+            None if d is None else d.chain_ids[:n].cpu(),
+            out.next_drafts[:n].cpu(),
+            out.next_num_drafts[:n].cpu(),
+            shapes,
+        )
 
 
 @dataclass
@@ -185,8 +194,13 @@ class AsyncRunner:
         n, k = plan.shape.num_reqs, self.num_speculative_tokens
         table = torch.empty(n, len(StepRows.columns()), dtype=torch.int64, device=self.device)
         self.stream.copy(table, plan.inputs.tensor[:n], host=plan.inputs)
-        fut = StepFuture(plan, None, torch.full((n, k + 1), -1, dtype=torch.int64), torch.ones(n, dtype=torch.int64),
-                         torch.zeros(n, dtype=torch.int64))
+        fut = StepFuture(
+            plan,
+            None,
+            torch.full((n, k + 1), -1, dtype=torch.int64),
+            torch.ones(n, dtype=torch.int64),
+            torch.zeros(n, dtype=torch.int64),
+        )
         self.stream.submit(lambda: self._execute(plan, table, fut))
         fut.event = self.stream.record_event()
         return fut
@@ -199,8 +213,13 @@ class AsyncRunner:
         out = self.graphs.run(shape, padded, self._inert, lambda: self.program(shape, StepRows.view(padded)))
         if self.check_inputs and out.drafts is not None and out.drafts.first_pass_ids is not None:
             t = shape.num_tokens
-            check_vocab_ids(out.drafts.first_pass_ids[:t], out.step.qsl[: n + 1], StepRows.view(padded).idx[:n],
-                            out.step.positions[:t], self.vocab_size)
+            check_vocab_ids(
+                out.drafts.first_pass_ids[:t],
+                out.step.qsl[: n + 1],
+                StepRows.view(padded).idx[:n],
+                out.step.positions[:t],
+                self.vocab_size,
+            )
         fut.sampled.copy_(out.verified.sampled[:n], non_blocking=True)
         fut.num_valid.copy_(out.verified.num_valid[:n], non_blocking=True)
         fut.num_drafts.copy_(out.step.num_drafts[:n], non_blocking=True)
@@ -308,11 +327,19 @@ class AsyncRunner:
         """Counted against the host-scheduled draft positions: a row's positions past its kept tokens are
         rejected, whether they held drafts or fillers, so ``num_computed`` advances by ``num_valid``."""
         st = self.state
-        post_update(idx_mapping=rows.idx.to(torch.int32), query_lens=rows.query_len.to(torch.int32),
-                    num_draft_tokens=rows.num_draft_positions.to(torch.int32), is_sampling=rows.is_sampling.bool(),
-                    sampled=v.sampled, num_valid=v.num_valid, num_computed=st.num_computed,
-                    num_valid_state=st.num_valid, last_sampled=st.last_sampled, token_ids=st.token_ids,
-                    num_tokens=st.num_tokens)
+        post_update(
+            idx_mapping=rows.idx.to(torch.int32),
+            query_lens=rows.query_len.to(torch.int32),
+            num_draft_tokens=rows.num_draft_positions.to(torch.int32),
+            is_sampling=rows.is_sampling.bool(),
+            sampled=v.sampled,
+            num_valid=v.num_valid,
+            num_computed=st.num_computed,
+            num_valid_state=st.num_valid,
+            last_sampled=st.last_sampled,
+            token_ids=st.token_ids,
+            num_tokens=st.num_tokens,
+        )
 
     def checkpoint(self, rows: StepRows, step: PreparedStep, v: Verified) -> None:
         """Copy the state at each block boundary a row's kept tokens reached into the slot held for it.
@@ -351,8 +378,14 @@ class AsyncRunner:
             idx=rows.idx, query_start_loc=step.qsl, is_sampling=sampling, backup_token=rows.backup_token,
             kept=kept, input_ids=step.input_ids, positions=step.positions, hidden=hidden, attn=step.attn))
         st = self.state
-        proposed = torch.full_like(rows.idx, self.num_speculative_tokens) if out.num_drafts is None else out.num_drafts
-        st.num_drafts[rows.idx] = torch.where(sampling, proposed, st.num_drafts[rows.idx].long()).to(torch.int32)
+        proposed = (
+            torch.full_like(rows.idx, self.num_speculative_tokens)
+            if out.num_drafts is None
+            else out.num_drafts
+        )
+        st.num_drafts[rows.idx] = torch.where(sampling, proposed, st.num_drafts[rows.idx].long()).to(
+            torch.int32
+        )
         return kept, out
 
 

@@ -71,7 +71,9 @@ class Stream:
         self._done_seq = 0
         self._released_seq = 0 if delay else float("inf")
         self._error: BaseException | None = None
-        self._discarded_through = 0  # CPU: queued work up to this sequence number is skipped (see _raise_if_failed)
+        self._discarded_through = (
+            0  # CPU: queued work up to this sequence number is skipped (see _raise_if_failed)
+        )
         self._queue: deque = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -198,7 +200,9 @@ class HostBuffer:
     def _check(self, action: str) -> None:
         if self.pending is not None and not self.pending.query():
             if self.stream.hazard_check:
-                raise HazardError(f"host buffer {self.name!r} {action} while its asynchronous copy is pending")
+                raise HazardError(
+                    f"host buffer {self.name!r} {action} while its asynchronous copy is pending"
+                )
             return
         self.pending = None
 

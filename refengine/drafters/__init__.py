@@ -37,9 +37,11 @@ def make_drafter(spec, vocab_size: int, max_model_len: int) -> Drafter | None:
         return DRAFTERS[spec.drafter](spec, vocab_size, max_model_len)
     drafter = spec.drafter
     if getattr(drafter, "num_speculative_tokens", None) != spec.num_speculative_tokens:
-        raise ValueError(f"drafter {getattr(drafter, 'method', drafter)!r} proposes "
-                         f"{getattr(drafter, 'num_speculative_tokens', '?')} tokens but num_speculative_tokens is "
-                         f"{spec.num_speculative_tokens}")
+        raise ValueError(
+            f"drafter {getattr(drafter, 'method', drafter)!r} proposes "
+            f"{getattr(drafter, 'num_speculative_tokens', '?')} tokens but num_speculative_tokens is "
+            f"{spec.num_speculative_tokens}"
+        )
     return drafter
 
 

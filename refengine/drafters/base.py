@@ -40,7 +40,9 @@ class HostDraftContext:
     caches: Any  # ModelCaches
     device: torch.device
     num_speculative_tokens: int
-    attn_metadata: Callable[[list[tuple[list[int], list[int], int]]], AttnMetadata]  # (blocks, positions, seq_len)
+    attn_metadata: Callable[
+        [list[tuple[list[int], list[int], int]]], AttnMetadata
+    ]  # (blocks, positions, seq_len)
 
 
 @dataclass
@@ -134,8 +136,13 @@ def attn_shapes(group: str, attn: AttnMetadata) -> dict[str, tuple[int, ...]]:
             f"{group}.block_table": tuple(attn.block_table.shape)}
 
 
-def check_vocab_ids(ids: torch.Tensor, query_start_loc: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor,
-                    vocab_size: int) -> None:
+def check_vocab_ids(
+    ids: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    idx: torch.Tensor,
+    positions: torch.Tensor,
+    vocab_size: int,
+) -> None:
     """Refuse ids [T] outside the vocabulary before they reach a drafter, naming slot and position.
 
     A debugging check: it reads the ids back to the host (a device sync).

@@ -119,7 +119,9 @@ class MTPDeviceProposer:
         r = d.idx[row.clamp(max=d.idx.shape[0] - 1)]  # request slot of each token (tokens past the rows: any)
         nxt_pos = d.positions + 1
         committed = nxt_pos < st.num_tokens[r].long()
-        nxt = torch.where(committed, st.token_ids[r, nxt_pos.clamp(max=st.token_ids.shape[1] - 1)], d.input_ids)
+        nxt = torch.where(
+            committed, st.token_ids[r, nxt_pos.clamp(max=st.token_ids.shape[1] - 1)], d.input_ids
+        )
         last = torch.where(d.is_sampling, st.last_sampled[d.idx], d.backup_token)
         out = torch.cat([nxt, nxt.new_zeros(1)])  # one spare entry takes the rows that kept nothing
         out[d.last_kept()] = last

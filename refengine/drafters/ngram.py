@@ -26,8 +26,13 @@ from refengine.drafters.base import DeviceDraftContext, DraftInputs, DraftOutput
 FILLER_TOKEN = 0  # what a draft column past a row's proposed drafts holds: an id in every vocabulary
 
 
-def ngram_lookup(tokens: list[int], prompt_lookup_min: int, prompt_lookup_max: int, num_speculative_tokens: int,
-                 max_model_len: int) -> list[int]:
+def ngram_lookup(
+    tokens: list[int],
+    prompt_lookup_min: int,
+    prompt_lookup_max: int,
+    num_speculative_tokens: int,
+    max_model_len: int,
+) -> list[int]:
     """The drafts for a request whose committed tokens are ``tokens`` (0..K of them)."""
     n_tokens = len(tokens)
     room = max(min(num_speculative_tokens, max_model_len - n_tokens), 0)
@@ -97,8 +102,13 @@ class NgramDrafter:
         return None  # it reads only the request's tokens
 
     def lookup(self, tokens: list[int]) -> list[int]:
-        return ngram_lookup(tokens, self.prompt_lookup_min, self.prompt_lookup_max, self.num_speculative_tokens,
-                            self.max_model_len)
+        return ngram_lookup(
+            tokens,
+            self.prompt_lookup_min,
+            self.prompt_lookup_max,
+            self.num_speculative_tokens,
+            self.max_model_len,
+        )
 
     def host_proposer(self, ctx: HostDraftContext) -> NgramHostProposer:
         return NgramHostProposer(self)

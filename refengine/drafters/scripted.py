@@ -38,11 +38,18 @@ class ScriptedDrafter:
     method = "scripted"
     uses_kv_cache = False
 
-    def __init__(self, num_speculative_tokens: int, vocab_size: int, pattern: str | Callable[[str, int], int] = "hash",
-                 truth: TruthSource | None = None):
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        vocab_size: int,
+        pattern: str | Callable[[str, int], int] = "hash",
+        truth: TruthSource | None = None,
+    ):
         """``pattern``: a name from PATTERNS, or (request id, committed outputs) -> correct drafts."""
         if isinstance(pattern, str) and pattern not in PATTERNS:
-            raise ValueError(f"scripted drafter pattern must be one of {PATTERNS} or a callable, got {pattern!r}")
+            raise ValueError(
+                f"scripted drafter pattern must be one of {PATTERNS} or a callable, got {pattern!r}"
+            )
         self.num_speculative_tokens = num_speculative_tokens
         self.vocab_size = vocab_size
         self.pattern = pattern

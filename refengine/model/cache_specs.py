@@ -14,7 +14,9 @@ class PagedKV:
     num_kv_heads: int
     head_dim: int
 
-    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
+    def allocate(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype, device
+    ) -> tuple[torch.Tensor, ...]:
         shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
         return tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(2))
 

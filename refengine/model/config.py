@@ -62,7 +62,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.model_type not in GDN_LAYOUTS:
-            raise ValueError(f"model_type: unsupported {self.model_type!r}, expected one of {sorted(GDN_LAYOUTS)}")
+            raise ValueError(
+                f"model_type: unsupported {self.model_type!r}, expected one of {sorted(GDN_LAYOUTS)}"
+            )
         for name in (
             "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
@@ -109,7 +111,9 @@ class ModelConfig:
             raise ValueError(f"hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
         for tok in self.eos_token_ids:
             if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < self.vocab_size:
-                raise ValueError(f"eos_token_ids: {tok!r} is not a token id below vocab_size {self.vocab_size}")
+                raise ValueError(
+                    f"eos_token_ids: {tok!r} is not a token id below vocab_size {self.vocab_size}"
+                )
         if self.num_experts > 0:
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(
@@ -213,7 +217,9 @@ class ModelConfig:
             rope_theta=theta,
             partial_rotary_factor=factor,
             rms_norm_eps=float(get("rms_norm_eps")),
-            tie_word_embeddings=bool(hf.tie_word_embeddings),  # the top level governs a wrapped model, as in HF
+            tie_word_embeddings=bool(
+                hf.tie_word_embeddings
+            ),  # the top level governs a wrapped model, as in HF
             max_position_embeddings=get("max_position_embeddings"),
             eos_token_ids=eos_ids,
             num_mtp_layers=int(mtp),
@@ -233,7 +239,9 @@ def layer_types_given(raw: dict[str, Any]) -> bool:
     """Whether a parsed config.json states ``layer_types`` (top level or ``text_config``); without
     them transformers derives the layer types from ``full_attention_interval``."""
     text = raw.get("text_config")
-    return raw.get("layer_types") is not None or (isinstance(text, dict) and text.get("layer_types") is not None)
+    return raw.get("layer_types") is not None or (
+        isinstance(text, dict) and text.get("layer_types") is not None
+    )
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -256,5 +264,7 @@ def _rope(params: Any) -> tuple[float, float]:
         raise TypeError("rope_parameters: expected a JSON object")
     rope_type = params.get("rope_type", "default")
     if rope_type != "default":
-        raise NotImplementedError(f"rope_parameters: rope_type {rope_type!r} is not supported (only 'default')")
+        raise NotImplementedError(
+            f"rope_parameters: rope_type {rope_type!r} is not supported (only 'default')"
+        )
     return float(params.get("rope_theta", 10000.0)), float(params.get("partial_rotary_factor", 1.0))

@@ -97,7 +97,9 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight  # [C, W]
         x = qkv.index_select(0, idx)  # [Tg, C]
         if is_prefill:
-            x = kernels.causal_conv1d_fn(x, weight, conv_state, qsl, slots, group.has_initial_state, activation="silu")
+            x = kernels.causal_conv1d_fn(
+                x, weight, conv_state, qsl, slots, group.has_initial_state, activation="silu"
+            )
         else:
             x = kernels.causal_conv1d_update(
                 x, weight, conv_state, qsl, slots, num_accepted_tokens=group.num_valid, activation="silu"

@@ -29,7 +29,9 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
     """log(1 + exp(x)) (x itself above the threshold), for float32 x."""
-    return torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD))))
+    return torch.where(
+        x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD)))
+    )
 
 
 class Linear(nn.Module):
@@ -55,7 +57,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         shape = x.shape
-        y = kernels.rms_norm(x.reshape(-1, shape[-1]), self.weight, self.eps, zero_centered=self.zero_centered)
+        y = kernels.rms_norm(
+            x.reshape(-1, shape[-1]), self.weight, self.eps, zero_centered=self.zero_centered
+        )
         return y.view(shape)
 
 

@@ -73,7 +73,9 @@ def resolve_dtype(requested: str, path: str | os.PathLike) -> str:
     if name is None:
         name = _first_float_dtype(root)
     if name not in DTYPE_NAMES:
-        raise CheckpointError(f"dtype='auto': the checkpoint's dtype {name!r} is not one of {sorted(DTYPE_NAMES)}")
+        raise CheckpointError(
+            f"dtype='auto': the checkpoint's dtype {name!r} is not one of {sorted(DTYPE_NAMES)}"
+        )
     return name
 
 
@@ -134,8 +136,10 @@ def read_config_json(root: Path) -> dict:
     if not root.exists():
         raise CheckpointError(f"checkpoint folder {root} does not exist")
     if not root.is_dir():
-        raise CheckpointError(f"checkpoint path {root} is not a folder (expected a folder holding {CONFIG_NAME} "
-                              f"and the safetensors weights)")
+        raise CheckpointError(
+            f"checkpoint path {root} is not a folder (expected a folder holding {CONFIG_NAME} "
+            f"and the safetensors weights)"
+        )
     file = root / CONFIG_NAME
     if not file.is_file():
         raise CheckpointError(f"missing {CONFIG_NAME} in {root}")
@@ -283,7 +287,9 @@ def _check_names_and_shapes(
         if got != shape and not conv_2d:
             raise CheckpointError(f"tensor {file_names[name]} has shape {list(got)}, expected {list(shape)}")
         if not tensors[name].is_floating_point():
-            raise CheckpointError(f"tensor {file_names[name]} has dtype {tensors[name].dtype}, expected a float type")
+            raise CheckpointError(
+                f"tensor {file_names[name]} has dtype {tensors[name].dtype}, expected a float type"
+            )
 
 
 def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> str:
@@ -296,9 +302,11 @@ def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: ModelConfig
             held[int(match.group(1))] = LINEAR if match.group(2) == "linear_attn" else FULL
     for i, derived in enumerate(cfg.layer_types):
         if held.get(i, derived) != derived:
-            return (f"; config.json has no layer_types, so transformers derived them from full_attention_interval "
-                    f"({derived} for layer {i}), but the tensors make layer {i} {held[i]}: add layer_types "
-                    f"to config.json")
+            return (
+                f"; config.json has no layer_types, so transformers derived them from full_attention_interval "
+                f"({derived} for layer {i}), but the tensors make layer {i} {held[i]}: add layer_types "
+                f"to config.json"
+            )
     return ""
 
 
@@ -371,4 +379,8 @@ def merge_ba(b: torch.Tensor, a: torch.Tensor, cfg: ModelConfig) -> torch.Tensor
     """Inverse of split_ba: in_proj_b / in_proj_a [Hv, H] -> Qwen3-Next in_proj_ba [2Hv, H]."""
     hk, hidden = cfg.linear_num_key_heads, b.shape[-1]
     r = cfg.linear_num_value_heads // hk
-    return torch.cat([b.reshape(hk, r, hidden), a.reshape(hk, r, hidden)], dim=1).reshape(-1, hidden).contiguous()
+    return (
+        torch.cat([b.reshape(hk, r, hidden), a.reshape(hk, r, hidden)], dim=1)
+        .reshape(-1, hidden)
+        .contiguous()
+    )

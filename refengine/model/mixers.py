@@ -28,4 +28,6 @@ def mixer_class(layer_type: str) -> type:
     try:
         return MIXERS[layer_type]
     except KeyError:
-        raise ValueError(f"layer_types: unknown layer type {layer_type!r}; known: {', '.join(MIXERS)}") from None
+        raise ValueError(
+            f"layer_types: unknown layer type {layer_type!r}; known: {', '.join(MIXERS)}"
+        ) from None

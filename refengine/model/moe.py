@@ -33,7 +33,9 @@ class Router(nn.Module):
         self.renormalize = renormalize
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))  # [E, H]
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> ([T, K], [T, K] int32)
+    def forward(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> ([T, K], [T, K] int32)
         logits = kernels.linear(x, self.weight)  # [T, E] in x.dtype, as transformers' F.linear
         return kernels.moe_route(logits, self.top_k, self.renormalize)
 

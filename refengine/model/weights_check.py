@@ -80,7 +80,9 @@ def _locate(name: str, tensor: torch.Tensor, bad: torch.Tensor) -> tuple[str, to
     rows = tensor.shape[1] // len(parts)
     index = next(i for i in range(len(parts)) if bool(bad[expert, i * rows:(i + 1) * rows].any()))
     span = slice(index * rows, (index + 1) * rows)
-    listed = ", ".join(map(str, experts[:MAX_LISTED_EXPERTS])) + (", ..." if len(experts) > MAX_LISTED_EXPERTS else "")
+    listed = ", ".join(map(str, experts[:MAX_LISTED_EXPERTS])) + (
+        ", ..." if len(experts) > MAX_LISTED_EXPERTS else ""
+    )
     where = (f" in expert {expert}'s {parts[index]} ([{expert}, {span.start}:{span.stop}]; "
              f"{len(experts)} expert(s) affected: {listed})")
     return where, tensor[expert, span], bad[expert, span]

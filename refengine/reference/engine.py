@@ -28,7 +28,9 @@ class ReferenceEngine(Engine):
         k = config.speculative.num_speculative_tokens
         self.config = config
         self.model = model
-        self.drafter = make_drafter(config.speculative, model_config.vocab_size, config.scheduler.max_model_len)
+        self.drafter = make_drafter(
+            config.speculative, model_config.vocab_size, config.scheduler.max_model_len
+        )
         if self.drafter is not None:
             self.drafter.check_model(model)
         self.drafter_kv = self.drafter is not None and self.drafter.uses_kv_cache
@@ -79,7 +81,9 @@ class ReferenceEngine(Engine):
             req.num_computed_tokens += row.num_tokens - num_rejected(row, valid)
             req.num_valid = len(valid)
             req.draft_token_ids = []
-            if self.core.commit(req, valid, num_drafts=len(row.draft_token_ids) if rec.kind == "decode" else None):
+            if self.core.commit(
+                req, valid, num_drafts=len(row.draft_token_ids) if rec.kind == "decode" else None
+            ):
                 finished.append(req)
         return finished
 
@@ -88,10 +92,14 @@ class ReferenceEngine(Engine):
         prefix = self.core.scheduler.prefix
         if prefix is None:
             return
-        for row, rec, nc, (blocks, slots) in zip(sched.rows, result.records, result.num_computed_before, held):
+        for row, rec, nc, (blocks, slots) in zip(
+            sched.rows, result.records, result.num_computed_before, held
+        ):
             req = row.request
             limit = req.num_computed_tokens  # committed, so every block it closes is final
-            if req.is_finished and self.drafter_kv:  # the drafter wrote no KV at a finished request's last positions
+            if (
+                req.is_finished and self.drafter_kv
+            ):  # the drafter wrote no KV at a finished request's last positions
                 limit = nc
             for p in prefix.publish(req, blocks, nc, limit, row.num_tokens, rec.kind == "prefill"):
                 self.caches.save_checkpoint(slots, p.column, p.slot)

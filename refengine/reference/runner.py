@@ -21,7 +21,9 @@ from refengine.scheduler import ScheduledRow, SchedulerOutput
 
 @dataclass
 class StepResult:
-    valid_tokens: list[list[int] | None]  # per row: verifier output (valid tokens), None for a partial prefill
+    valid_tokens: list[
+        list[int] | None
+    ]  # per row: verifier output (valid tokens), None for a partial prefill
     records: list[RowRecord]  # per row, for observers
     hidden: torch.Tensor  # [T, H] post-norm hidden states (the MTP's input)
     query_start: list[int]  # per row: first token index in the flat token axis
@@ -94,8 +96,13 @@ class ReferenceRunner:
         )
 
     def _context(self, attn: AttnMetadata, recurrent: RecurrentMetadata) -> ForwardContext:
-        return ForwardContext(attn=attn, recurrent=recurrent, kv_caches=self.caches.kv, states=self.caches.states,
-                              recurrent_prefill_chunked=self.recurrent_prefill_chunked)
+        return ForwardContext(
+            attn=attn,
+            recurrent=recurrent,
+            kv_caches=self.caches.kv,
+            states=self.caches.states,
+            recurrent_prefill_chunked=self.recurrent_prefill_chunked,
+        )
 
     # ---- one step ---------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput, record_digests: bool = False) -> StepResult:
@@ -121,7 +128,9 @@ class ReferenceRunner:
                 slot_read, offset = (req.state_slots[0] if req.has_initial_state else None), 0
             else:
                 offset = req.num_valid - 1  # contract 1: live state is s_{a-1}
-                decode.add(tokens, req.state_slots if speculative else req.state_slots[0], True, req.num_valid)
+                decode.add(
+                    tokens, req.state_slots if speculative else req.state_slots[0], True, req.num_valid
+                )
                 slot_read = req.state_slots[offset]
             records.append(RowRecord(
                 request_id=req.request_id, kind="prefill" if req.is_prefilling else "decode",

@@ -123,9 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=3)
     p.add_argument("--graph-mode", default="full_and_piecewise")
     p.add_argument("--repeat", type=int_at_least(1), default=3)
-    p.add_argument("--copies", type=int_at_least(1), default=1, help="repeat the default prompts this many times")
+    p.add_argument(
+        "--copies", type=int_at_least(1), default=1, help="repeat the default prompts this many times"
+    )
     p.add_argument("--max-num-seqs", type=int_at_least(1), default=16)
-    p.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
+    p.add_argument(
+        "--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)"
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both engines)")
     add_dtype_flag(p, "both engines")
     return p
@@ -137,26 +141,44 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     try:
-        ref, fast = engines(args.model, args.num_speculative_tokens, args.graph_mode, args.max_num_seqs, args.device,
-                            args.dtype)
+        ref, fast = engines(
+            args.model,
+            args.num_speculative_tokens,
+            args.graph_mode,
+            args.max_num_seqs,
+            args.device,
+            args.dtype,
+        )
     except SETUP_ERRORS as e:
         return report("refengine bench", e)
     r = measure(ref, fast, args.repeat, args.copies)
-    print(f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_speculative_tokens}, "
-          f"graph mode {args.graph_mode}, device {args.device}, dtype {r['dtype']} (both engines), "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_speculative_tokens}, "
+        f"graph mode {args.graph_mode}, device {args.device}, dtype {r['dtype']} (both engines), "
+        f"torch threads {torch.get_num_threads()}"
+    )
     for name, tps in r["tokens_per_s"].items():
         print(f"  {name:9s} {tps:8.1f} tokens/s (median of {args.repeat})")
     print(f"  ratio async/reference: {r['ratio']:.2f}x")
-    print(f"  async, totals over the warm-up and {args.repeat} timed runs: {r['async_syncs_per_step']:.2f} host syncs "
-          f"per step, {r['async_wasted_tokens']} wasted tokens, {r['async_row_moves']} row moves, "
-          f"graph steps {r['async_graph_steps']}")
+    print(
+        f"  async, totals over the warm-up and {args.repeat} timed runs: {r['async_syncs_per_step']:.2f} host syncs "
+        f"per step, {r['async_wasted_tokens']} wasted tokens, {r['async_row_moves']} row moves, "
+        f"graph steps {r['async_graph_steps']}"
+    )
     busy = r["async_host_busy"]
-    print(f"  async host busy {100 * busy:.1f}% of the run (the rest blocked on the device): overlapping host "
-          f"work with the device can gain at most {1 / max(1.0 - busy, 1e-9):.2f}x here")
+    print(
+        f"  async host busy {100 * busy:.1f}% of the run (the rest blocked on the device): overlapping host "
+        f"work with the device can gain at most {1 / max(1.0 - busy, 1e-9):.2f}x here"
+    )
     launches = r["async_launches_per_step"]
-    print(f"  async device busy {100 * r['async_device_busy']:.1f}% of the run (device time of the step programs "
-          f"over wall time), {r['async_us_per_step']:.0f} us per step, {r['async_host_us_per_step']:.0f} us host "
-          f"time per step, " + ("kernel launches per step n/a (CUDA only)" if launches is None
-                                 else f"{launches:.1f} kernel launches per step"))
+    print(
+        f"  async device busy {100 * r['async_device_busy']:.1f}% of the run (device time of the step programs "
+        f"over wall time), {r['async_us_per_step']:.0f} us per step, {r['async_host_us_per_step']:.0f} us host "
+        f"time per step, "
+        + (
+            "kernel launches per step n/a (CUDA only)"
+            if launches is None
+            else f"{launches:.1f} kernel launches per step"
+        )
+    )
     return 0

@@ -23,7 +23,9 @@ def _parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids wants comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--prompt-ids wants comma-separated integers, got {text!r}"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,15 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=0)
     g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted"))
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
-    g.add_argument("--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise")
+    g.add_argument(
+        "--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise"
+    )
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     add_dtype_flag(g, "the engine")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--enable-prefix-caching", action="store_true",
                    help="share KV blocks and recurrent checkpoints between prompts with a common prefix")
-    g.add_argument("--mamba-cache-mode", default=None,
-                   help="with --enable-prefix-caching: align (default) | all; where recurrent states are kept")
-    g.add_argument("--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)")
+    g.add_argument(
+        "--mamba-cache-mode",
+        default=None,
+        help="with --enable-prefix-caching: align (default) | all; where recurrent states are kept",
+    )
+    g.add_argument(
+        "--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)"
+    )
     sub.add_parser("report", help="acceptance and speed figures of the default model", add_help=False)
     sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
     mtp = sub.add_parser("add-mtp-head", help="copy a checkpoint saved without an MTP head (as transformers "
@@ -120,9 +129,11 @@ def add_mtp_head_command(src: str, dst: str) -> int:
     except SETUP_ERRORS as e:
         return report("refengine add-mtp-head", e)
     layer = origin["mtp.layers.0.self_attn.o_proj.weight"].split(".self_attn.")[0]
-    print(f"wrote {dst}: {src} plus an MTP head of {len(origin)} mtp.* tensors in {dst}/{mtp_head.HEAD_FILE}, "
-          f"initialised from the model's own layers (attention from {layer}, MLP from layer 0), untrained: "
-          "its drafts are valid but rarely accepted until it is trained")
+    print(
+        f"wrote {dst}: {src} plus an MTP head of {len(origin)} mtp.* tensors in {dst}/{mtp_head.HEAD_FILE}, "
+        f"initialised from the model's own layers (attention from {layer}, MLP from layer 0), untrained: "
+        "its drafts are valid but rarely accepted until it is trained"
+    )
     return 0
 
 

@@ -20,10 +20,40 @@ import sysconfig
 from pathlib import Path
 
 HELD_OUT_MODULES = ("textwrap.py", "fractions.py", "calendar.py", "sched.py", "shlex.py")
-SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3", "turtledemo", "ensurepip"}
+SKIP_DIRS = {
+    "site-packages",
+    "test",
+    "tests",
+    "idle_test",
+    "__pycache__",
+    "lib2to3",
+    "turtledemo",
+    "ensurepip",
+}
 MIN_DOC_CHARS = 60
-NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+NUMBER_WORDS = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+)
 COLORS = ("red", "blue", "green", "black", "white", "small", "big", "old", "young", "happy")
 ANIMALS = ("cat", "dog", "fox", "bird", "horse", "mouse", "cow", "fish")
 PLACES = ("the mat", "the hill", "the house", "the tree", "the road", "the river", "the garden")
@@ -41,7 +71,9 @@ def _is_prose(text: str) -> bool:
     return wordy / len(text) > 0.85
 
 
-def docstrings(root: Path, exclude: tuple[str, ...] = HELD_OUT_MODULES, max_files: int | None = None) -> list[str]:
+def docstrings(
+    root: Path, exclude: tuple[str, ...] = HELD_OUT_MODULES, max_files: int | None = None
+) -> list[str]:
     """Prose docstrings of every module under ``root`` (sorted walk; the first ``max_files`` files
     when given), one document each."""
     docs = []
@@ -95,7 +127,9 @@ def synthetic_lines(rng: random.Random, count: int) -> list[str]:
             start = rng.randrange(0, 10)
             lines.append(" ".join(letters[start:]) if rng.random() < 0.5 else letters[start:])
         elif kind == 3:
-            phrase = f"the {rng.choice(COLORS)} {rng.choice(ANIMALS)} {rng.choice(VERBS)} {rng.choice(PLACES)}."
+            phrase = (
+                f"the {rng.choice(COLORS)} {rng.choice(ANIMALS)} {rng.choice(VERBS)} {rng.choice(PLACES)}."
+            )
             lines.append(" ".join([phrase] * rng.randrange(2, 5)))
         elif kind == 4:
             animal = rng.choice(ANIMALS)

@@ -48,12 +48,20 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(USAGE_EXIT, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
-def add_dtype_flag(parser: argparse.ArgumentParser, what: str = "the engines", default: str | None = "float32",
-                   default_text: str = "float32") -> None:
+def add_dtype_flag(
+    parser: argparse.ArgumentParser,
+    what: str = "the engines",
+    default: str | None = "float32",
+    default_text: str = "float32",
+) -> None:
     """``--dtype float32|bfloat16|float16|auto`` (auto: the checkpoint's own dtype)."""
-    parser.add_argument("--dtype", default=default, choices=DTYPE_CHOICES,
-                        help=f"dtype {what} run in (default {default_text}; auto: the checkpoint's own dtype, from "
-                        "its config.json or its first floating-point tensor)")
+    parser.add_argument(
+        "--dtype",
+        default=default,
+        choices=DTYPE_CHOICES,
+        help=f"dtype {what} run in (default {default_text}; auto: the checkpoint's own dtype, from "
+        "its config.json or its first floating-point tensor)",
+    )
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

@@ -82,7 +82,11 @@ def head_tensors(root: Path, files: dict[str, str], cfg: ModelConfig,
         raise CheckpointError("the model has no full-attention layer to initialise the MTP layer from")
     prefix = WRAPPER_PREFIX if any(n.startswith(WRAPPER_PREFIX) for n in files) else "model."
     attention = f"{prefix}layers.{cfg.full_layer_ids[-1]}."
-    parts = (f"{attention}self_attn.", f"{attention}input_layernorm.", f"{attention}post_attention_layernorm.")
+    parts = (
+        f"{attention}self_attn.",
+        f"{attention}input_layernorm.",
+        f"{attention}post_attention_layernorm.",
+    )
     copied = {f"mtp.layers.0.{n[len(attention):]}": n for n in files if n.startswith(parts)}
     mlp = f"{prefix}layers.0.mlp."
     copied.update({f"mtp.layers.0.mlp.{n[len(mlp):]}": n for n in files if n.startswith(mlp)})
@@ -115,7 +119,12 @@ def _tensor_bytes(file: Path) -> int:
     """Bytes of tensor data in a safetensors file, from its header (8-byte length, then JSON)."""
     with file.open("rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return sum(end - begin for key, v in header.items() if key != "__metadata__" for begin, end in [v["data_offsets"]])
+    return sum(
+        end - begin
+        for key, v in header.items()
+        if key != "__metadata__"
+        for begin, end in [v["data_offsets"]]
+    )
 
 
 def _record_mtp_layers(path: Path, num_layers: int) -> None:

@@ -70,8 +70,14 @@ class RunResult:
         return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
-def run_workload(model: str | None = None, num_speculative_tokens: int = 0, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 prompts: list[str] | None = None, device: str = "cpu", dtype: str = "float32") -> RunResult:
+def run_workload(
+    model: str | None = None,
+    num_speculative_tokens: int = 0,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    prompts: list[str] | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> RunResult:
     """Generate the workload (all prompts in one batch) with K = ``num_speculative_tokens`` MTP drafts."""
     from refengine.llm import LLM
 
@@ -107,8 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="refengine report", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
-    p.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(1), default=DEFAULT_NUM_SPEC_TOKENS,
-                   help=f"K, the MTP drafts per step (default {DEFAULT_NUM_SPEC_TOKENS})")
+    p.add_argument(
+        "--num-spec-tokens",
+        dest="num_speculative_tokens",
+        type=int_at_least(1),
+        default=DEFAULT_NUM_SPEC_TOKENS,
+        help=f"K, the MTP drafts per step (default {DEFAULT_NUM_SPEC_TOKENS})",
+    )
     p.add_argument("--max-tokens", type=int_at_least(1), default=DEFAULT_MAX_TOKENS)
     p.add_argument("--samples", type=int_at_least(0), default=len(DEFAULT_PROMPTS),
                    help="sample continuations to print")
@@ -127,12 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     from refengine.tools.errors import SETUP_ERRORS, report
 
     try:  # a bad checkpoint or device fails the warm-up's engine, before any timing
-        run_workload(args.model, 0, 2, device=args.device, dtype=args.dtype)  # first-call allocations: untimed
+        run_workload(
+            args.model, 0, 2, device=args.device, dtype=args.dtype
+        )  # first-call allocations: untimed
         plain = run_workload(args.model, 0, args.max_tokens, device=args.device, dtype=args.dtype)
-        spec = run_workload(args.model, args.num_speculative_tokens, args.max_tokens, device=args.device, dtype=args.dtype)
+        spec = run_workload(
+            args.model, args.num_speculative_tokens, args.max_tokens, device=args.device, dtype=args.dtype
+        )
     except SETUP_ERRORS as e:
         return report("refengine report", e)
-    print(format_report(plain, spec, acceptance_stats(spec.outputs, args.num_speculative_tokens), args.samples))
+    print(
+        format_report(plain, spec, acceptance_stats(spec.outputs, args.num_speculative_tokens), args.samples)
+    )
     return 0
 
 

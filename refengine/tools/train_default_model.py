@@ -71,18 +71,34 @@ def hf_config(spec: TrainSpec) -> dict:
     """config.json for transformers' Qwen3NextForCausalLM (all-dense); the MTP is counted from mtp.*."""
     n = len(spec.layer_types)
     return {
-        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "dtype": "float32",
-        "vocab_size": VOCAB_SIZE, "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": n, "layer_types": list(spec.layer_types),
-        "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
-        "head_dim": spec.head_dim, "linear_num_key_heads": spec.linear_num_key_heads,
-        "linear_num_value_heads": spec.linear_num_value_heads, "linear_key_head_dim": spec.linear_head_dim,
-        "linear_value_head_dim": spec.linear_head_dim, "linear_conv_kernel_dim": 4,
-        "hidden_act": "silu", "rms_norm_eps": 1e-6, "attention_bias": False, "tie_word_embeddings": True,
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "dtype": "float32",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": n,
+        "layer_types": list(spec.layer_types),
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "linear_num_key_heads": spec.linear_num_key_heads,
+        "linear_num_value_heads": spec.linear_num_value_heads,
+        "linear_key_head_dim": spec.linear_head_dim,
+        "linear_value_head_dim": spec.linear_head_dim,
+        "linear_conv_kernel_dim": 4,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
         "max_position_embeddings": 1024,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        "num_experts": 0, "mlp_only_layers": list(range(n)), "num_nextn_predict_layers": 1,
-        "bos_token_id": None, "eos_token_id": EOS_ID, "pad_token_id": None,
+        "num_experts": 0,
+        "mlp_only_layers": list(range(n)),
+        "num_nextn_predict_layers": 1,
+        "bos_token_id": None,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": None,
     }
 
 
@@ -114,7 +130,9 @@ def build_model(spec: TrainSpec) -> Qwen3NextForCausalLM:
 def encode_corpus(spec: TrainSpec, max_files: int | None = None) -> torch.Tensor:
     """The corpus as one int16 token stream, every document followed by EOS."""
     ids: list[int] = []
-    docs = corpus.build_documents(seed=spec.seed, synthetic_fraction=spec.synthetic_fraction, max_files=max_files)
+    docs = corpus.build_documents(
+        seed=spec.seed, synthetic_fraction=spec.synthetic_fraction, max_files=max_files
+    )
     for doc in docs:
         ids.extend(doc.encode("ascii"))
         ids.append(EOS_ID)
@@ -172,7 +190,9 @@ def train(spec: TrainSpec, data: torch.Tensor, log=print) -> Qwen3NextForCausalL
 def checkpoint_tensors(model: Qwen3NextForCausalLM) -> dict[str, torch.Tensor]:
     """The model's parameters in the on-disk Qwen3-Next layout (tied lm_head left out)."""
     cfg = model.config
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state = {
+        k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"
+    }
     for i in cfg.linear_layer_ids:
         p = f"model.layers.{i}.linear_attn."
         state[p + "in_proj_qkvz.weight"] = merge_qkvz(state.pop(p + "in_proj_qkv.weight"),
@@ -194,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m refengine.tools.train_default_model", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="output folder (config.json, model.safetensors)")
-    p.add_argument("--steps", type=int_at_least(1), default=None, help=f"training steps (default {TrainSpec.steps})")
+    p.add_argument(
+        "--steps", type=int_at_least(1), default=None, help=f"training steps (default {TrainSpec.steps})"
+    )
     p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--tiny", action="store_true", help="a tiny model and batch (for smoke tests)")
     p.add_argument("--threads", type=int_at_least(1), default=None, help="torch intra-op threads (default 1)")

@@ -37,7 +37,9 @@ class CachingBugAdapter(RefEngineAdapter):
         elif self.bug == "leaks-a-block":
             _leak_first_hit(prefix)
         elif self.bug == "miscounts-hits":
-            prefix.count = lambda total, hit: setattr(prefix, "num_query_tokens", prefix.num_query_tokens + total)
+            prefix.count = lambda total, hit: setattr(
+                prefix, "num_query_tokens", prefix.num_query_tokens + total
+            )
         return _Outputs(LLMInstance(llm), self.bug, spec.settings.block_size)
 
 

@@ -19,8 +19,15 @@ def _scenario(k: int, graph_mode: str | None = None) -> Scenario:
     requests = tuple(RequestSpec(f"r{i:02d}", p, 12, i % 2, True, (), None if a is None else i % 2 + a)
                      for i, (p, a) in enumerate(zip(prompts, aborts)))
     settings = EngineSettings(num_speculative_tokens=k, drafter="scripted" if k else "mtp", pattern="hash")
-    return Scenario(f"aborts-k{k}", "aborts at every point of a request's life", "default", settings, requests,
-                    (), graph_mode)
+    return Scenario(
+        f"aborts-k{k}",
+        "aborts at every point of a request's life",
+        "default",
+        settings,
+        requests,
+        (),
+        graph_mode,
+    )
 
 
 @pytest.mark.parametrize("engine,k", [("async:full_and_piecewise", 3), ("async:none", 0), ("reference", 3)])

@@ -33,7 +33,11 @@ def test_real_traces_pass_every_check(run):
     assert statuses["full-graph-metadata"] == NA  # the reference engine runs no graphs
     assert statuses["aborts"] == NA  # the workload aborts nothing
     assert all(statuses[name] == NA for name in CACHING_ONLY)  # the workload runs without prefix caching
-    assert all(s == PASS for name, s in statuses.items() if name not in {"full-graph-metadata", "aborts", *CACHING_ONLY})
+    assert all(
+        s == PASS
+        for name, s in statuses.items()
+        if name not in {"full-graph-metadata", "aborts", *CACHING_ONLY}
+    )
 
 
 def test_flipped_token_reports_first_divergence(traces):
@@ -69,12 +73,17 @@ def _make_full(step, padded: int, per_request: int, offsets: int):
     step.graph_mode = "full"
     step.num_reqs_padded = padded
     k1 = 4  # K+1 state slots per request
-    step.gdn_metadata_shapes = {"decode.query_start_loc": [offsets], "decode.state_indices": [per_request, k1],
-                                "decode.num_accepted_tokens": [per_request]}
+    step.gdn_metadata_shapes = {
+        "decode.query_start_loc": [offsets],
+        "decode.state_indices": [per_request, k1],
+        "decode.num_accepted_tokens": [per_request],
+    }
 
 
 def test_full_graph_metadata_sized_by_tokens_fails(traces):
-    step = next(s for s in traces["test"].steps if len(s.rows) == 3 and all(r.kind == "decode" for r in s.rows))
+    step = next(
+        s for s in traces["test"].steps if len(s.rows) == 3 and all(r.kind == "decode" for r in s.rows)
+    )
     _make_full(step, padded=4, per_request=4, offsets=5)
     assert checks.check_full_graph_metadata(traces["test"]).status == PASS
     tokens = sum(r.query_len for r in step.rows)  # 3 rows x (1 + K) = 12 tokens
@@ -200,7 +209,10 @@ def test_public_counters_must_match_their_history_and_prompts_the_reference(trac
     assert "num_draft_tokens" in checks.check_request_outputs(traces["reference"], traces["test"], 3).summary
     req.num_draft_tokens += 1
     req.prompt_token_ids = req.prompt_token_ids[:-1]
-    assert checks.check_request_outputs(traces["reference"], traces["test"], 3).details["field"] == "prompt_token_ids"
+    assert (
+        checks.check_request_outputs(traces["reference"], traces["test"], 3).details["field"]
+        == "prompt_token_ids"
+    )
 
 
 def test_text_is_compared_where_the_tokens_agree(traces):
@@ -286,7 +298,9 @@ class _SparseRecords:
             return SimpleNamespace(**{**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)},
                                       "rows": rows})
 
-        return self.inner.start(dataclasses.replace(spec, observer=lambda record: spec.observer(strip(record))))
+        return self.inner.start(
+            dataclasses.replace(spec, observer=lambda record: spec.observer(strip(record)))
+        )
 
 
 @pytest.mark.parametrize("dropped, na", [
@@ -318,7 +332,12 @@ def test_the_checks_and_the_harness_know_no_engine():
     import conformance
 
     root = Path(conformance.__file__).parent
-    files = [*root.joinpath("checks").glob("*.py"), root / "harness.py", root / "trace.py", root / "results.py"]
+    files = [
+        *root.joinpath("checks").glob("*.py"),
+        root / "harness.py",
+        root / "trace.py",
+        root / "results.py",
+    ]
     offenders = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -56,7 +56,9 @@ def test_summary_against_baseline(ci, tmp_path):
     baseline.write_text("# known\ntests.kernels.test_linear::test_odd\n"
                         "tests.conformance.test_suite::test_scenario[short-prompts-k0]  # fixed now\n")
     out = tmp_path / "summary.md"
-    code = sj.main([str(tmp_path / "t.xml"), "--baseline", str(baseline), "--output", str(out), "--fail-on-new"])
+    code = sj.main(
+        [str(tmp_path / "t.xml"), "--baseline", str(baseline), "--output", str(out), "--fail-on-new"]
+    )
     text = out.read_text()
     assert code == 1
     assert "### New failures: 2" in text and "### Still failing (in the baseline): 1" in text
@@ -101,7 +103,8 @@ def test_read_junit_fields(ci, tmp_path):
         '<testsuite><testcase classname="a.b" name="t[x]@gw2" time="1.5">'
         '<properties><property name="failure_type" value="ConformanceMismatch"/></properties>'
         '<failure type="ConformanceMismatch" message="slot 3">the text</failure></testcase>'
-        '<testcase classname="a.b" name="s"><skipped type="pytest.skip" message="no GPU"/></testcase></testsuite>')
+        '<testcase classname="a.b" name="s"><skipped type="pytest.skip" message="no GPU"/></testcase></testsuite>'
+    )
     failed, skipped = sj.read_junit([tmp_path / "t.xml"])
     assert (failed.id, failed.outcome, failed.seconds, failed.message, failed.text, failed.failure_type) == (
         "a.b::t[x]", "failed", 1.5, "slot 3", "the text", "ConformanceMismatch")
@@ -111,7 +114,9 @@ def test_read_junit_fields(ci, tmp_path):
 
 def test_nightly_runs_the_mutants_into_the_reports_folder(ci):
     _, nightly, _ = ci
-    mutant_runs = [cmd for cmd in nightly.NIGHTLY_EXTRA_COMMANDS if "tests/conformance/test_mutants.py" in cmd]
+    mutant_runs = [
+        cmd for cmd in nightly.NIGHTLY_EXTRA_COMMANDS if "tests/conformance/test_mutants.py" in cmd
+    ]
     assert len(mutant_runs) == 1
     assert any(part.startswith("--junitxml={reports}/") for part in mutant_runs[0])
 

@@ -67,16 +67,29 @@ RERUN_OPTIONS = ("--reruns", "--only-rerun", "--rerun-except")
 PASSED_AFTER_RERUN = _xml(_case(NIGHTLY_ONLY))
 
 
-@pytest.mark.parametrize("flags,expected,absent", [
-    (["--engine", "async:full", "--model", "/ckpt", "--device", "cuda:1"],
-     [("-m", ""), ("--conformance-tier", "nightly"), ("--conformance-strict-expectations",),
-      ("--conformance-engine", "async:full"), ("--conformance-model", "/ckpt"), ("--conformance-device", "cuda:1"),
-      ("--reruns", "1")],
-     []),
-    (["--tier", "default", "--no-strict", "--infra-reruns", "3"],
-     [("-m", ""), ("--conformance-tier", "default"), ("--reruns", "3")],
-     ["--conformance-strict-expectations", "--conformance-engine", "--conformance-model"]),
-])
+@pytest.mark.parametrize(
+    "flags,expected,absent",
+    [
+        (
+            ["--engine", "async:full", "--model", "/ckpt", "--device", "cuda:1"],
+            [
+                ("-m", ""),
+                ("--conformance-tier", "nightly"),
+                ("--conformance-strict-expectations",),
+                ("--conformance-engine", "async:full"),
+                ("--conformance-model", "/ckpt"),
+                ("--conformance-device", "cuda:1"),
+                ("--reruns", "1"),
+            ],
+            [],
+        ),
+        (
+            ["--tier", "default", "--no-strict", "--infra-reruns", "3"],
+            [("-m", ""), ("--conformance-tier", "default"), ("--reruns", "3")],
+            ["--conformance-strict-expectations", "--conformance-engine", "--conformance-model"],
+        ),
+    ],
+)
 def test_the_main_run_carries_the_rerun_and_suite_options(flags, expected, absent, ci, tmp_path, monkeypatch):
     nightly, _ = ci
     monkeypatch.delenv("CONFORMANCE_ENGINE", raising=False)
@@ -134,7 +147,9 @@ def _run_child(nightly, tmp_path, module: str) -> tuple[subprocess.CompletedProc
     cmd = nightly.pytest_cmd("test_child.py", "-p", "no:cacheprovider", "-p", "no:xdist", f"--junitxml={xml}",
                              *nightly.rerun_options(1))
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     (tmp_path / "tests.log").write_text(proc.stdout + proc.stderr)
     assert xml.is_file(), proc.stdout + proc.stderr
     return proc, xml
@@ -168,7 +183,9 @@ def attempt(name):
     return count
 """
 
-CHILD_TESTS = CHILD_HEADER + """
+CHILD_TESTS = (
+    CHILD_HEADER
+    + """
 
 def test_infra():
     if attempt("infra") == 1:
@@ -222,6 +239,7 @@ def test_assert_after_infra():
     except InfrastructureError:
         assert 1 == 2
 """
+)
 
 
 def test_rerun_options_rerun_infrastructure_errors_only(ci, tmp_path):
@@ -232,15 +250,28 @@ def test_rerun_options_rerun_infrastructure_errors_only(ci, tmp_path):
     proc, xml = _run_child(nightly, tmp_path, CHILD_TESTS)
     assert proc.returncode == 1
     engines = [f"test_engine[{e}]" for e in ("InfrastructureError", "TimeoutError", "ConnectionResetError")]
-    assert _testcases(xml) == {"test_infra": 2, **dict.fromkeys(engines, 2), "test_mismatch": 1, "test_assert": 1,
-                               "test_broken": 1, "test_mismatch_after_timeout": 1, "test_assert_after_infra": 1}
+    assert _testcases(xml) == {
+        "test_infra": 2,
+        **dict.fromkeys(engines, 2),
+        "test_mismatch": 1,
+        "test_assert": 1,
+        "test_broken": 1,
+        "test_mismatch_after_timeout": 1,
+        "test_assert_after_infra": 1,
+    }
     once = ("mismatch", "assert", "broken", "mismatch-after-timeout", "assert-after-infra")
     assert {n: _attempts(tmp_path, n) for n in once} == dict.fromkeys(once, 1)
     assert _attempts(tmp_path, "infra") == 2
     final = {c.id.removeprefix("test_child::"): c for c in sj.read_junit([xml])}
     assert {i: c.outcome for i, c in final.items()} == {
-        "test_infra": "passed", **dict.fromkeys(engines, "passed"), "test_mismatch": "failed", "test_assert": "failed",
-        "test_broken": "error", "test_mismatch_after_timeout": "failed", "test_assert_after_infra": "failed"}
+        "test_infra": "passed",
+        **dict.fromkeys(engines, "passed"),
+        "test_mismatch": "failed",
+        "test_assert": "failed",
+        "test_broken": "error",
+        "test_mismatch_after_timeout": "failed",
+        "test_assert_after_infra": "failed",
+    }
     assert final["test_mismatch"].kind == final["test_assert"].kind == sj.MISMATCH
     assert nightly.reruns_in_log(tmp_path / "tests.log") == 4
 
@@ -281,7 +312,11 @@ def test_the_suites_infrastructure_error_is_rerun_and_its_properties_are_fresh(c
     nightly's options, the rerun passes, and its JUnit testcase carries no stale failure_type."""
     nightly, summarize_junit = ci
     (tmp_path / "flaky_reference.py").write_text(FLAKY_REFERENCE_PLUGIN)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FLAKY_MARKER": str(tmp_path / "marker")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}",
+        "FLAKY_MARKER": str(tmp_path / "marker"),
+    }
     for key in ("CONFORMANCE_ENGINE", "PYTEST_ADDOPTS"):
         env.pop(key, None)
     xml = tmp_path / "suite.xml"
@@ -289,7 +324,9 @@ def test_the_suites_infrastructure_error_is_rerun_and_its_properties_are_fresh(c
                                "--pyargs", "conformance.suite", "--conformance-scenario", "short-prompts-k1",
                                "--conformance-engine", "reference", "--conformance-model", tiny_checkpoint,
                                *nightly.rerun_options(1), "--junitxml", str(xml))]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed, 1 rerun" in proc.stdout
     (case,) = summarize_junit.read_junit([xml])  # the final attempt only

@@ -49,14 +49,27 @@ def test_run_passes_with_reports(tiny_checkpoint, tmp_path):
 
 
 def test_corrupted_engine_fails_with_divergence_and_replay(tiny_checkpoint, tmp_path):
-    code, out = run_cli("run", "--engine", CORRUPT, "--scenario", "short-prompts-k3", "--model", tiny_checkpoint,
-                        "--junit-xml", str(tmp_path / "r.xml"))
+    code, out = run_cli(
+        "run",
+        "--engine",
+        CORRUPT,
+        "--scenario",
+        "short-prompts-k3",
+        "--model",
+        tiny_checkpoint,
+        "--junit-xml",
+        str(tmp_path / "r.xml"),
+    )
     assert code == 1
     assert "FAIL  short-prompts-k3" in out and "[FAIL] tokens" in out
     assert "diverges at output position 2" in out
     assert "replay: conformance replay short-prompts-k3 --request r" in out and f"--engine {CORRUPT}" in out
     assert "How to read a failure" in out
-    case = ET.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase[@name='test_scenario[short-prompts-k3]']")
+    case = (
+        ET.parse(tmp_path / "r.xml")
+        .getroot()
+        .find("testsuite/testcase[@name='test_scenario[short-prompts-k3]']")
+    )
     assert case.get("classname") == "conformance.suite.test_conformance"
     failure = case.find("failure")
     assert failure is not None and "diverges" in failure.text and "[FAIL] tokens" in failure.text
@@ -106,14 +119,21 @@ def test_the_cli_uses_the_packaged_expectations_and_strict_mode(tiny_checkpoint,
     assert code == 0, out
     assert "warning: stale expected failure(s) in" in out and "short-prompts-k1/tokens no longer fail" in out
     assert f"expected failures: {packaged} (1 entries)" in out and "no longer fails is a warning" in out
-    assert _status(out) == "PASS" and "stale expected failure short-prompts-k1/tokens passed: a warning" in out
+    assert (
+        _status(out) == "PASS" and "stale expected failure short-prompts-k1/tokens passed: a warning" in out
+    )
     assert "1 passed, 0 failed" in out and "stale expected failure short-prompts-k1/tokens: passed" in out
     code, out = run_cli(*argv, "--strict-expectations", "--junit-xml", str(tmp_path / "s.xml"))
     assert code == 1, out
     assert "an entry that no longer fails fails the run (--strict-expectations)" in out  # said up front
-    assert _status(out) == "FAIL" and "short-prompts-k1/tokens passed: fails the run (strict expectations)" in out
+    assert (
+        _status(out) == "FAIL"
+        and "short-prompts-k1/tokens passed: fails the run (strict expectations)" in out
+    )
     assert "0 passed, 1 failed" in out  # the summary counts it as the failure it is
-    assert "FAILED short-prompts-k1: stale expected failure short-prompts-k1/tokens (strict expectations)" in out
+    assert (
+        "FAILED short-prompts-k1: stale expected failure short-prompts-k1/tokens (strict expectations)" in out
+    )
     assert list(_junit(tmp_path / "s.xml").values()) == [("failure", None)]
 
 
@@ -144,8 +164,17 @@ def test_an_infrastructure_failure_is_an_error_not_a_mismatch(tiny_checkpoint, t
     finally:
         sys.path.remove(str(REPO / "ci"))
     monkeypatch.setattr(conformance.harness, "reference_adapter", _BrokenReference)
-    code, out = run_cli("run", "--engine", "reference", "--scenario", "short-prompts-k1", "--model", tiny_checkpoint,
-                        "--junit-xml", str(tmp_path / "e.xml"))
+    code, out = run_cli(
+        "run",
+        "--engine",
+        "reference",
+        "--scenario",
+        "short-prompts-k1",
+        "--model",
+        tiny_checkpoint,
+        "--junit-xml",
+        str(tmp_path / "e.xml"),
+    )
     assert code == 1
     assert "ERROR short-prompts-k1" in out and "reference engine out of order (planted)" in out
     assert list(_junit(tmp_path / "e.xml").values()) == [("error", "InfrastructureError")]
@@ -183,7 +212,9 @@ def test_an_engine_factory_that_raises_is_one_line(capsys):
     engine = "tests.conformance.broken_factory:factory"
     assert main(["run", "--engine", engine], out=io.StringIO()) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"conformance run: cannot load engine '{engine}': factory() raised RuntimeError: {MESSAGE}"]
+    assert err == [
+        f"conformance run: cannot load engine '{engine}': factory() raised RuntimeError: {MESSAGE}"
+    ]
 
 
 def test_bad_arguments_exit_2():
@@ -193,22 +224,38 @@ def test_bad_arguments_exit_2():
 
 
 def test_module_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "list"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", "list"], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0 and "soak-k3" in proc.stdout
 
 
 def test_xfail_file_turns_listed_failures_into_expected_ones(tiny_checkpoint, tmp_path):
     xfails = tmp_path / "x.toml"
-    xfails.write_text('[expected-failures]\n"short-prompts-k3/tokens" = "flipped on purpose"\n'
-                      '"short-prompts-k3/spec-lossless" = "flipped on purpose"\n"short-prompts-k3/acceptance" = "x"\n')
-    code, out = run_cli("run", "--engine", CORRUPT, "--scenario", "short-prompts-k3", "--model", tiny_checkpoint,
-                        "--xfail-file", str(xfails))
+    xfails.write_text(
+        '[expected-failures]\n"short-prompts-k3/tokens" = "flipped on purpose"\n'
+        '"short-prompts-k3/spec-lossless" = "flipped on purpose"\n"short-prompts-k3/acceptance" = "x"\n'
+    )
+    code, out = run_cli(
+        "run",
+        "--engine",
+        CORRUPT,
+        "--scenario",
+        "short-prompts-k3",
+        "--model",
+        tiny_checkpoint,
+        "--xfail-file",
+        str(xfails),
+    )
     assert code == 0, out
     assert "expected failure" in out and "short-prompts-k3/acceptance no longer fail" in out
     assert _status(out) == "XFAIL" and not re.search(r"\bFAIL(ED)?\b", out)  # exit 0: nothing said to fail
     assert "0 failed, 2 failed as expected" in out
     assert "0 passed, 0 failed, 1 expected failures" in out
-    assert "expected failure short-prompts-k3: tokens (flipped on purpose), spec-lossless (flipped on purpose)" in out
+    assert (
+        "expected failure short-prompts-k3: tokens (flipped on purpose), spec-lossless (flipped on purpose)"
+        in out
+    )
 
 
 def test_replay_without_request_prints_every_step_of_the_scenario(tiny_checkpoint):
@@ -225,13 +272,17 @@ def test_scenario_files_run_and_bad_ones_are_usage_errors(tiny_checkpoint, tmp_p
     from conformance.workloads.files import write_scenario_file
 
     path = write_scenario_file(tmp_path / "s.json", load_scenario("short-prompts-k1", "default", 256), 256)
-    code, out = run_cli("run", "--scenario-file", str(path), "--engine", "reference", "--model", tiny_checkpoint)
+    code, out = run_cli(
+        "run", "--scenario-file", str(path), "--engine", "reference", "--model", tiny_checkpoint
+    )
     assert code == 0 and "[1/1] PASS  short-prompts-k1" in out
     code, out = run_cli("run", "--scenario-file", str(path), "--engine", CORRUPT, "--model", tiny_checkpoint)
     assert code == 1 and f"conformance replay --scenario-file {path} --request" in out
     (tmp_path / "bad.json").write_text('{"format": "something-else"}')
     assert run_cli("run", "--scenario-file", str(tmp_path / "bad.json"), "--model", tiny_checkpoint)[0] == 2
-    assert run_cli("replay", "--engine", "reference", "--model", tiny_checkpoint)[0] == 2  # neither id nor file
+    assert (
+        run_cli("replay", "--engine", "reference", "--model", tiny_checkpoint)[0] == 2
+    )  # neither id nor file
 
 
 def _broken_checkpoints(src, root):

@@ -51,11 +51,16 @@ def test_any_check_wildcard():
 
 def test_files_load_and_typos_are_found(tmp_path):
     f = tmp_path / "e.toml"
-    f.write_text('[expected-failures]\n"chunk-tails-k3/tokens" = "issue 1"\n"chunk-tails-k9/tokens" = "typo"\n'
-                 '"mtp-k3/tokenz" = "typo"\n')
+    f.write_text(
+        '[expected-failures]\n"chunk-tails-k3/tokens" = "issue 1"\n"chunk-tails-k9/tokens" = "typo"\n'
+        '"mtp-k3/tokenz" = "typo"\n'
+    )
     exp = load_expectations(f)
     assert exp.for_scenario("chunk-tails-k3") == {"tokens": "issue 1"}
-    assert unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES) == ["chunk-tails-k9/tokens", "mtp-k3/tokenz"]
+    assert unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES) == [
+        "chunk-tails-k9/tokens",
+        "mtp-k3/tokenz",
+    ]
     f.write_text('[expected-failures]\n"no-slash" = "x"\n')
     with pytest.raises(ExpectationError):
         load_expectations(f)

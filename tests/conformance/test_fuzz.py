@@ -67,9 +67,11 @@ def test_generation_does_not_depend_on_what_the_process_imported():
 
     import refengine.config  # noqa: F401  (more modules loaded here than in the child)
 
-    code = ("import json; from conformance.fuzz import explore; from conformance.workloads.generate import scenarios; "
-            "seen = []; explore(scenarios(260), lambda sc: (seen.append(sc.to_dict()), ((), None, None))[1], seed=5, "
-            "max_examples=60); print(json.dumps(seen))")
+    code = (
+        "import json; from conformance.fuzz import explore; from conformance.workloads.generate import scenarios; "
+        "seen = []; explore(scenarios(260), lambda sc: (seen.append(sc.to_dict()), ((), None, None))[1], seed=5, "
+        "max_examples=60); print(json.dumps(seen))"
+    )
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(child) == json.loads(json.dumps([sc.to_dict() for sc in _generated(5, 60)]))
 
@@ -101,8 +103,14 @@ def test_generated_workloads_cover_the_triggers():
 
 def test_default_fuzz_budget_passes_on_the_async_engine(tmp_path):
     """The default tier's fuzz run: a fixed seed and budget, every graph mode drawn, aborts included."""
-    report = fuzz(Selection(engine="async").open_case(), seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path,
-                  limits=DEFAULT_LIMITS, shrink=False)
+    report = fuzz(
+        Selection(engine="async").open_case(),
+        seed=0,
+        max_examples=DEFAULT_BUDGET,
+        out_dir=tmp_path,
+        limits=DEFAULT_LIMITS,
+        shrink=False,
+    )
     assert not report.failed, f"{report.search.check} failed; replay: {report.replay}"
     assert report.search.examples == DEFAULT_BUDGET and report.search.skipped == 0
 
@@ -110,7 +118,9 @@ def test_default_fuzz_budget_passes_on_the_async_engine(tmp_path):
 def test_default_fuzz_budget_catches_a_mutant(tmp_path):
     """The same budget catches the stale-accepted-counts mutant (seed 000) without any hand-written scenario."""
     case = Selection(engine="mutant:stale-accepted-counts").open_case()
-    report = fuzz(case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path, limits=DEFAULT_LIMITS, shrink=False)
+    report = fuzz(
+        case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path, limits=DEFAULT_LIMITS, shrink=False
+    )
     assert report.failed and report.search.examples <= DEFAULT_BUDGET
     assert report.reproduced and report.file.is_file()
 
@@ -134,9 +144,27 @@ def test_a_planted_failure_shrinks_to_a_minimal_replayable_file(tmp_path):
 
 def test_fuzz_command_writes_the_shrunk_workload_and_its_replay(tmp_path):
     out = io.StringIO()
-    code = main(["fuzz", "--engine", PLANTED, "--examples", str(DEFAULT_BUDGET), "--max-requests", "2",
-                 "--max-prompt", "8", "--max-new-tokens", "6", "--no-shrink", "--out", str(tmp_path), "--seed", "1"],
-                out=out)
+    code = main(
+        [
+            "fuzz",
+            "--engine",
+            PLANTED,
+            "--examples",
+            str(DEFAULT_BUDGET),
+            "--max-requests",
+            "2",
+            "--max-prompt",
+            "8",
+            "--max-new-tokens",
+            "6",
+            "--no-shrink",
+            "--out",
+            str(tmp_path),
+            "--seed",
+            "1",
+        ],
+        out=out,
+    )
     text = out.getvalue()
     assert code == 1, text
     assert "[   1] generate" in text and "check 'tokens' failed on a generated workload" in text
@@ -147,8 +175,24 @@ def test_fuzz_command_writes_the_shrunk_workload_and_its_replay(tmp_path):
 
 def test_fuzz_command_exits_0_when_nothing_fails(tmp_path):
     out = io.StringIO()
-    assert main(["fuzz", "--engine", "reference", "--examples", "2", "--max-prompt", "8", "--out", str(tmp_path),
-                 "-q"], out=out) == 0
+    assert (
+        main(
+            [
+                "fuzz",
+                "--engine",
+                "reference",
+                "--examples",
+                "2",
+                "--max-prompt",
+                "8",
+                "--out",
+                str(tmp_path),
+                "-q",
+            ],
+            out=out,
+        )
+        == 0
+    )
     assert "no check failed (seed 0)" in out.getvalue() and not list(tmp_path.iterdir())
 
 
@@ -204,10 +248,12 @@ def test_with_prefix_caching_the_generator_draws_modes_shared_prefixes_and_next_
     assert roomy, "no caching workload with a pool that evicts nothing (its counts would never be pinned)"
     for sc in seen:  # valid reference-engine configurations (raises for impossible ones)
         s = sc.settings
-        EngineConfig(engine="reference", cache=CacheConfig(s.block_size, s.num_kv_blocks, s.enable_prefix_caching,
-                                                           s.mamba_cache_mode),
-                     scheduler=SchedulerConfig(s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len or 1024),
-                     speculative=SpeculativeConfig(s.k, s.drafter))
+        EngineConfig(
+            engine="reference",
+            cache=CacheConfig(s.block_size, s.num_kv_blocks, s.enable_prefix_caching, s.mamba_cache_mode),
+            scheduler=SchedulerConfig(s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len or 1024),
+            speculative=SpeculativeConfig(s.k, s.drafter),
+        )
     plain = _generated(2, 40)
     assert not any(sc.caching or any(r.extends for r in sc.requests) for sc in plain)
 
@@ -216,6 +262,8 @@ def test_fuzz_finds_a_cache_that_never_hits(tmp_path):
     """An engine that claims prefix caching but never hits: the generated caching workloads fail cached-tokens."""
     case = Selection(engine="reference").open_case()
     case = dataclasses.replace(case, engine="caching-bug:never-hits", adapter=CachingBugAdapter("never-hits"))
-    report = fuzz(case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path, limits=DEFAULT_LIMITS, shrink=False)
+    report = fuzz(
+        case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path, limits=DEFAULT_LIMITS, shrink=False
+    )
     assert report.failed and report.search.check == "cached-tokens" and report.reproduced
     assert read_scenario_file(report.file, VOCAB).caching

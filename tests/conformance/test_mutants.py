@@ -37,7 +37,12 @@ def test_mutants_are_instance_patches(model):
     from conformance.mutants import MutantAdapter
     from conformance.workloads import EngineSettings
 
-    spec = RunSpec(model, EngineSettings(num_speculative_tokens=3, drafter="scripted", pattern="hash"), 256, lambda rec: None)
+    spec = RunSpec(
+        model,
+        EngineSettings(num_speculative_tokens=3, drafter="scripted", pattern="hash"),
+        256,
+        lambda rec: None,
+    )
     mutated = MutantAdapter(get_mutant("short-prompt-as-decode")).start(spec)
     clean = RefEngineAdapter("async", "full_and_piecewise").start(spec)
     assert mutated.llm.engine.place is not clean.llm.engine.place

@@ -15,13 +15,27 @@ from conformance.session import Selection
 from conformance.workloads import EngineSettings, get_def, load_scenario, scenario_ids
 from conformance.workloads.scenario import Builder
 
-COMPARED = ("tokens", "acceptance", "request-outputs", "logits-digests", "spec-lossless", "id-range", "state-slots",
-            "workload-triggers")
+COMPARED = (
+    "tokens",
+    "acceptance",
+    "request-outputs",
+    "logits-digests",
+    "spec-lossless",
+    "id-range",
+    "state-slots",
+    "workload-triggers",
+)
 
 
-@pytest.mark.parametrize("engine,scenario", [
-    ("async:none", "ngram-k3"), ("async:piecewise", "ngram-k3"), ("async:full", "ngram-k3"), ("async:full", "ngram-k1"),
-])
+@pytest.mark.parametrize(
+    "engine,scenario",
+    [
+        ("async:none", "ngram-k3"),
+        ("async:piecewise", "ngram-k3"),
+        ("async:full", "ngram-k3"),
+        ("async:full", "ngram-k1"),
+    ],
+)
 def test_ngram_scenarios_pass_every_check_in_every_graph_mode(engine, scenario):
     """On the embedded default model, where a missed trigger fails (``full_and_piecewise``, the suite's
     own ``async``, runs them in tests/conformance/test_suite.py)."""
@@ -32,7 +46,9 @@ def test_ngram_scenarios_pass_every_check_in_every_graph_mode(engine, scenario):
     if "full" in engine:
         assert statuses["full-graph-metadata"] == PASS
         full = [s for s in traces["test"].steps if s.graph_mode == "full"]
-        assert any(not r.draft_token_ids for s in full for r in s.rows), "no zero-draft row ran in a FULL step"
+        assert any(not r.draft_token_ids for s in full for r in s.rows), (
+            "no zero-draft row ran in a FULL step"
+        )
 
 
 @pytest.fixture(scope="module")

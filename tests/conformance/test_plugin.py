@@ -26,16 +26,30 @@ def run_suite(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env.pop("CONFORMANCE_ENGINE", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rxXf",
            "--pyargs", "conformance.suite", *args]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
+    return subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
 
 
 def test_expected_failures_mismatches_and_stale_entries(tmp_path, tiny_checkpoint):
     xfails = tmp_path / "xfails.toml"
     xfails.write_text('[expected-failures]\n"short-prompts-k0/tokens" = "flipped on purpose"\n'
                       '"short-prompts-k0/pools-empty" = "fixed long ago"\n')
-    proc = run_suite(tmp_path, "--conformance-engine", CORRUPT, "--conformance-model", tiny_checkpoint,
-                     "--conformance-xfail-file", str(xfails), "-k", "short-prompts-k0 or graph-padding-k0",
-                     "--junitxml", str(tmp_path / "j.xml"), "--conformance-report-json", str(tmp_path / "r.json"))
+    proc = run_suite(
+        tmp_path,
+        "--conformance-engine",
+        CORRUPT,
+        "--conformance-model",
+        tiny_checkpoint,
+        "--conformance-xfail-file",
+        str(xfails),
+        "-k",
+        "short-prompts-k0 or graph-padding-k0",
+        "--junitxml",
+        str(tmp_path / "j.xml"),
+        "--conformance-report-json",
+        str(tmp_path / "r.json"),
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert re.search(r"1 failed, \d+ deselected, 1 xfailed", out)
@@ -58,7 +72,9 @@ def _fake_request(strict: bool):
 
 
 def test_conclude_outcomes_and_strict_expectations():
-    ok = ScenarioResult("mtp-k3", "d", "default", "async", "m", "K=3", [CheckResult("tokens", "pass", "same")])
+    ok = ScenarioResult(
+        "mtp-k3", "d", "default", "async", "m", "K=3", [CheckResult("tokens", "pass", "same")]
+    )
     stale = Expectations("x.toml", {"mtp-k3/tokens": "fixed since"})
     request = _fake_request(strict=False)
     with pytest.warns(plugin.StaleExpectationWarning, match="mtp-k3/tokens"):
@@ -66,7 +82,9 @@ def test_conclude_outcomes_and_strict_expectations():
     assert dict(request.node.user_properties)["engine"] == "async"
     with pytest.raises(pytest.fail.Exception, match="stale expected failure"):
         plugin.conclude(_fake_request(strict=True), ok, stale)
-    broken = ScenarioResult("mtp-k3", "d", "default", "async", "m", "K=3", error="RuntimeError: reference broke")
+    broken = ScenarioResult(
+        "mtp-k3", "d", "default", "async", "m", "K=3", error="RuntimeError: reference broke"
+    )
     with pytest.raises(plugin.InfrastructureError):
         plugin.conclude(_fake_request(strict=False), broken, Expectations())
     skipped = ScenarioResult("mtp-k3", "d", "default", "async", "m", "K=3", skipped="no MTP head")
@@ -75,7 +93,9 @@ def test_conclude_outcomes_and_strict_expectations():
 
 
 def _fake_config(args=(), gpus=None):
-    return SimpleNamespace(args=list(args), getoption=lambda name: gpus if name == "conformance_gpus" else None)
+    return SimpleNamespace(
+        args=list(args), getoption=lambda name: gpus if name == "conformance_gpus" else None
+    )
 
 
 def test_auto_workers_only_for_a_conformance_run(monkeypatch):
@@ -93,7 +113,10 @@ def test_auto_workers_only_for_a_conformance_run(monkeypatch):
 def test_gpu_pinning_only_when_asked(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     assert plugin._pinning_gpus(_fake_config(["tests/kernels"])) == []
-    assert plugin._pinning_gpus(_fake_config(["conformance/suite/test_conformance.py::test_scenario"])) == ["4", "6"]
+    assert plugin._pinning_gpus(_fake_config(["conformance/suite/test_conformance.py::test_scenario"])) == [
+        "4",
+        "6",
+    ]
     assert plugin._pinning_gpus(_fake_config(["tests"], gpus="all")) == ["4", "6"]
     assert plugin._pinning_gpus(_fake_config(["tests"], gpus="1, 3")) == ["1", "3"]
     with pytest.raises(pytest.UsageError, match="--conformance-gpus"):
@@ -148,7 +171,9 @@ def test_a_broken_checkpoint_ends_the_pytest_run_once(tmp_path):
     env.pop("CONFORMANCE_ENGINE", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite",
            "--conformance-model", str(broken), "-n", "2"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
     lines = [line for line in out.splitlines() if f"checkpoint '{broken}' cannot be used" in line]
@@ -167,9 +192,13 @@ def test_an_engine_factory_that_raises_ends_the_run_once(tmp_path, workers):
     env.pop("CONFORMANCE_ENGINE", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite",
            "--conformance-engine", engine, *workers]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
     lines = [line for line in out.splitlines() if MESSAGE in line]
-    assert len(lines) == 1 and f"cannot load engine '{engine}': factory() raised RuntimeError" in lines[0], out
+    assert len(lines) == 1 and f"cannot load engine '{engine}': factory() raised RuntimeError" in lines[0], (
+        out
+    )
     assert "Traceback" not in out and "test_scenario[" not in out, out

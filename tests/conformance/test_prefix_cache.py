@@ -54,7 +54,9 @@ def test_a_finished_request_leaves_states_where_its_mode_keeps_them():
     assert everywhere.kv == everywhere.states == {4, 8, 12, 16}
     aligned = settled(src, Geometry(4, "align", 0))  # the prompt's last boundary (8), then decode boundaries
     assert aligned.kv == {4, 8, 12, 16} and aligned.states == {8, 12, 16}
-    mtp = settled(_finished(range(10), range(100, 107), [(1, 1), (1, 0), (1, 1), (1, 1)]), Geometry(4, "all", 1))
+    mtp = settled(
+        _finished(range(10), range(100, 107), [(1, 1), (1, 0), (1, 1), (1, 1)]), Geometry(4, "all", 1)
+    )
     assert mtp.states == {4, 8, 12}  # before the last verify step: 10 + 2 + 1 + 2 = 15 committed
 
 
@@ -72,7 +74,9 @@ def test_a_hit_needs_every_block_before_its_checkpoint_and_the_keys_lookahead():
     other = (*base[:12], 99)  # agrees on 12 tokens, not on the 13th
     src = Published(other, frozenset({4, 8, 12}), frozenset({12}))
     assert ceiling(base[:20], [src], Geometry(4, "all", 0)) == 12
-    assert ceiling(base[:20], [src], Geometry(4, "all", 1)) == 0  # an MTP key covers the token after the block
+    assert (
+        ceiling(base[:20], [src], Geometry(4, "all", 1)) == 0
+    )  # an MTP key covers the token after the block
 
 
 # ---- multi-turn workloads -----------------------------------------------------------------------
@@ -80,9 +84,12 @@ def test_a_hit_needs_every_block_before_its_checkpoint_and_the_keys_lookahead():
 def _chat() -> Scenario:
     first = RequestSpec("r00", (5, 6, 7, 8, 9), 6)
     turn = RequestSpec("r01", (10, 11), 4, arrival_step=0, extends="r00")  # due at 0, but waits for r00
-    settings = EngineSettings(block_size=4, enable_prefix_caching=True, mamba_cache_mode="all", num_kv_blocks=300,
-                              max_model_len=64)
-    return Scenario("chat", "a two-turn chat", "default", settings, (first, turn), ("prefix-hit", "hit-on-output"))
+    settings = EngineSettings(
+        block_size=4, enable_prefix_caching=True, mamba_cache_mode="all", num_kv_blocks=300, max_model_len=64
+    )
+    return Scenario(
+        "chat", "a two-turn chat", "default", settings, (first, turn), ("prefix-hit", "hit-on-output")
+    )
 
 
 def test_a_next_turn_is_added_after_the_reply_with_it_in_its_prompt(reference_case):
@@ -122,7 +129,9 @@ def test_next_turns_survive_a_scenario_file(tmp_path):
 def test_caching_scenarios_pass_and_hit_on_the_reference_engine(reference_case, scenario_id):
     """Self-conformance of the cached reference engine; the triggers prove every scenario really hit."""
     checks, traces = _run(reference_case, scenario_id)
-    assert not [c for c in checks.values() if c.failed], [(c.check, c.summary) for c in checks.values() if c.failed]
+    assert not [c for c in checks.values() if c.failed], [
+        (c.check, c.summary) for c in checks.values() if c.failed
+    ]
     assert all(checks[name].status == PASS for name in (*CACHE_CHECKS, "workload-triggers"))
     assert traces["cached"] is traces["test"]  # the reference engine under test is its own cached run
     assert any(r.num_cached_tokens for r in traces["test"].requests.values())
@@ -157,7 +166,11 @@ def test_caching_scenarios_are_skipped_for_an_engine_that_cannot_cache(reference
 def test_each_planted_caching_bug_fails_its_check(reference_case, bug, check, words):
     checks, _ = _run(reference_case, EDGES, CachingBugAdapter(bug))
     assert checks[check].status == FAIL and words in checks[check].summary, (checks[check].summary, bug)
-    if bug in ("never-hits", "leaks-a-block", "miscounts-hits"):  # the outputs are right: only its check sees it
+    if bug in (
+        "never-hits",
+        "leaks-a-block",
+        "miscounts-hits",
+    ):  # the outputs are right: only its check sees it
         assert checks["tokens"].status == PASS and checks["logits-digests"].status == PASS
     if bug == "never-hits":
         assert checks["restored-state"].status == NA
@@ -219,11 +232,22 @@ def test_the_flags_reach_the_plugin_and_the_replay_command(reference_case):
     assert case.apply(Scenario("x", "", "default", EngineSettings(), ())).settings.mamba_cache_mode == "align"
 
 
-@pytest.mark.parametrize("enable,mode,error", [(True, "all", None), (False, None, None), (True, "sometimes", "one of"),
-                                               (False, "align", "needs --conformance-enable-prefix-caching")])
+@pytest.mark.parametrize(
+    "enable,mode,error",
+    [
+        (True, "all", None),
+        (False, None, None),
+        (True, "sometimes", "one of"),
+        (False, "align", "needs --conformance-enable-prefix-caching"),
+    ],
+)
 def test_the_plugins_caching_options_are_checked_up_front(monkeypatch, enable, mode, error):
     monkeypatch.delenv("CONFORMANCE_DTYPE", raising=False)
-    opts = {"conformance_threads": 1, "conformance_enable_prefix_caching": enable, "conformance_mamba_cache_mode": mode}
+    opts = {
+        "conformance_threads": 1,
+        "conformance_enable_prefix_caching": enable,
+        "conformance_mamba_cache_mode": mode,
+    }
     config = SimpleNamespace(getoption=lambda name: opts.get(name))
     if error is None:
         plugin._check_options(config)

@@ -18,12 +18,29 @@ def _results() -> list[ScenarioResult]:
     bad = failed("tokens", "request r01: first divergence at output position 4", "windows <&> here", "r01",
                  position=4, verify_step=1, step=9, replay="conformance replay x --request r01")
     return [
-        ScenarioResult("mtp-k3", "d", "default", "async", "tiny", "K=3",
-                       [CheckResult("runs", "pass", "ok"), bad, CheckResult("full-graph-metadata", "n/a", "none")],
-                       1.5, replay="conformance replay mtp-k3"),
+        ScenarioResult(
+            "mtp-k3",
+            "d",
+            "default",
+            "async",
+            "tiny",
+            "K=3",
+            [CheckResult("runs", "pass", "ok"), bad, CheckResult("full-graph-metadata", "n/a", "none")],
+            1.5,
+            replay="conformance replay mtp-k3",
+        ),
         ScenarioResult("mtp-k1", "d", "default", "async", "tiny", "K=1", [], 0.1, skipped="no MTP head"),
-        ScenarioResult("chunk-tails-k0", "d", "default", "async", "tiny", "K=0", [], 0.2,
-                       error="the reference engine failed:\nRuntimeError: x"),
+        ScenarioResult(
+            "chunk-tails-k0",
+            "d",
+            "default",
+            "async",
+            "tiny",
+            "K=0",
+            [],
+            0.2,
+            error="the reference engine failed:\nRuntimeError: x",
+        ),
     ]
 
 
@@ -32,8 +49,16 @@ def test_json_report_round_trips(tmp_path):
     write_json(path, build_json(_results(), **META))
     data = json.loads(path.read_text())
     assert data["format"] == "conformance-report/1" and data["engine"] == "async"
-    assert data["summary"] == {"scenarios": 3, "passed": 0, "failed": 1, "xfailed": 0, "errors": 1, "skipped": 1,
-                               "checks_failed": 1, "checks_total": 3}
+    assert data["summary"] == {
+        "scenarios": 3,
+        "passed": 0,
+        "failed": 1,
+        "xfailed": 0,
+        "errors": 1,
+        "skipped": 1,
+        "checks_failed": 1,
+        "checks_total": 3,
+    }
     back = [ScenarioResult.from_dict(s) for s in data["scenarios"]]
     assert back == _results()
 

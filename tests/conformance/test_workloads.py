@@ -22,8 +22,18 @@ def test_ids_are_sorted_unique_and_tiered():
         ids = scenario_ids(tier)
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert set(scenario_ids("default")) < set(scenario_ids("nightly"))
-    for name in ("short-prompts-k0", "short-prompts-k1", "short-prompts-k3", "chunk-tails-k3", "preemption-k3",
-                 "recycled-slots-k3", "graph-padding-k1", "churn-k3", "scripted-ragged-k3", "mtp-k3"):
+    for name in (
+        "short-prompts-k0",
+        "short-prompts-k1",
+        "short-prompts-k3",
+        "chunk-tails-k3",
+        "preemption-k3",
+        "recycled-slots-k3",
+        "graph-padding-k1",
+        "churn-k3",
+        "scripted-ragged-k3",
+        "mtp-k3",
+    ):
         assert name in scenario_ids("default")
     with pytest.raises(ValueError):
         scenario_ids("weekly")
@@ -55,14 +65,18 @@ def prompts_in_child(env: Mapping[str, str], root: Path = REPO) -> dict[str, lis
     """The default tier's prompts (vocabulary 199) built by another interpreter, with another hash seed,
     from the code under ``root`` (``env`` plus PYTHONPATH and PYTHONHASHSEED)."""
     env = {**env, "PYTHONPATH": str(root), "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", PROMPTS_CODE], cwd=root, env=env, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROMPTS_CODE], cwd=root, env=env, capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out)
 
 
 def test_prompts_do_not_depend_on_the_process():
     """Another interpreter with another hash seed builds exactly the same workloads."""
-    here = {s: [list(r.prompt) for r in load_scenario(s, "default", 199).requests] for s in scenario_ids("default")}
+    here = {
+        s: [list(r.prompt) for r in load_scenario(s, "default", 199).requests]
+        for s in scenario_ids("default")
+    }
     assert prompts_in_child(quiet_env()) == here
 
 
@@ -83,7 +97,9 @@ def test_every_scenario_is_well_formed(vocab):
             limit = s.max_model_len or 1024
             for r in sc.requests:
                 assert all(0 <= t < vocab for t in r.prompt)
-                assert 1 <= sc.longest_prompt(r.request_id) < limit and r.max_tokens >= 1 and r.arrival_step >= 0
+                assert (
+                    1 <= sc.longest_prompt(r.request_id) < limit and r.max_tokens >= 1 and r.arrival_step >= 0
+                )
                 assert r.extends is not None or r.prompt
             if s.num_kv_blocks is not None:  # one request of max_model_len must fit the pool
                 assert s.num_kv_blocks * s.block_size >= limit + 2 * s.k
@@ -112,5 +128,7 @@ def test_only_the_regression_folders_own_files_join_the_corpus(tmp_path):
 
 def test_the_readme_lists_every_trigger():
     readme = (REPO / "conformance" / "README.md").read_text()
-    listed = {line.split("`")[1] for line in readme.splitlines() if line.startswith("| `") and line.count("|") == 3}
+    listed = {
+        line.split("`")[1] for line in readme.splitlines() if line.startswith("| `") and line.count("|") == 3
+    }
     assert set(TRIGGERS) <= listed, f"triggers missing from conformance/README.md: {set(TRIGGERS) - listed}"

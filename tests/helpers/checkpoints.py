@@ -166,7 +166,9 @@ def build_hf_model(spec: TinySpec | str):
     if wrapped:
         vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
                   "out_hidden_size": spec.hidden_size, "patch_size": 4, "num_position_embeddings": 16}
-        config = getattr(tf, config_name)(text_config=common, vision_config=vision, tie_word_embeddings=spec.tied)
+        config = getattr(tf, config_name)(
+            text_config=common, vision_config=vision, tie_word_embeddings=spec.tied
+        )
     else:
         config = getattr(tf, config_name)(**common)
     cls = getattr(tf, model_name)
@@ -204,12 +206,21 @@ def mlp_shapes(prefix: str, spec: TinySpec, index: int) -> dict[str, tuple[int, 
         return {f"{prefix}gate_proj.weight": (i, h), f"{prefix}up_proj.weight": (i, h),
                 f"{prefix}down_proj.weight": (h, i)}
     ie, shared = spec.moe_intermediate_size, spec.shared_expert_intermediate_size
-    out = {f"{prefix}gate.weight": (spec.num_experts, h), f"{prefix}shared_expert_gate.weight": (1, h),
-           f"{prefix}shared_expert.gate_proj.weight": (shared, h), f"{prefix}shared_expert.up_proj.weight": (shared, h),
-           f"{prefix}shared_expert.down_proj.weight": (h, shared)}
+    out = {
+        f"{prefix}gate.weight": (spec.num_experts, h),
+        f"{prefix}shared_expert_gate.weight": (1, h),
+        f"{prefix}shared_expert.gate_proj.weight": (shared, h),
+        f"{prefix}shared_expert.up_proj.weight": (shared, h),
+        f"{prefix}shared_expert.down_proj.weight": (h, shared),
+    }
     for e in range(spec.num_experts):
-        out.update({f"{prefix}experts.{e}.gate_proj.weight": (ie, h), f"{prefix}experts.{e}.up_proj.weight": (ie, h),
-                    f"{prefix}experts.{e}.down_proj.weight": (h, ie)})
+        out.update(
+            {
+                f"{prefix}experts.{e}.gate_proj.weight": (ie, h),
+                f"{prefix}experts.{e}.up_proj.weight": (ie, h),
+                f"{prefix}experts.{e}.down_proj.weight": (h, ie),
+            }
+        )
     return out
 
 
@@ -324,6 +335,22 @@ def tensor_names(directory: str | Path) -> list[str]:
 
 
 __all__ = [
-    "FULL", "LAYOUTS", "LIN", "MODEL_CLASSES", "PRESETS", "TinySpec", "build_hf_model", "fuse_experts", "get_spec", "load_hf_model", "mlp_shapes", "mtp_tensors",
-    "read_tensors", "replace", "reshard", "tensor_names", "write_checkpoint", "write_variant",
+    "FULL",
+    "LAYOUTS",
+    "LIN",
+    "MODEL_CLASSES",
+    "PRESETS",
+    "TinySpec",
+    "build_hf_model",
+    "fuse_experts",
+    "get_spec",
+    "load_hf_model",
+    "mlp_shapes",
+    "mtp_tensors",
+    "read_tensors",
+    "replace",
+    "reshard",
+    "tensor_names",
+    "write_checkpoint",
+    "write_variant",
 ]

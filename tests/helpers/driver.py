@@ -30,7 +30,10 @@ class Driver:
         num_blocks = num_seqs * self.blocks_per_seq
         kv_shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = {
-            i: (torch.zeros(kv_shape, dtype=dtype, device=device), torch.zeros(kv_shape, dtype=dtype, device=device))
+            i: (
+                torch.zeros(kv_shape, dtype=dtype, device=device),
+                torch.zeros(kv_shape, dtype=dtype, device=device),
+            )
             for i in cfg.full_layer_ids
         }
         if model.mtp is not None:
@@ -73,7 +76,9 @@ class Driver:
             token_indices=torch.arange(cu[-1], dtype=torch.int64, device=dev),
             query_start_loc=i32(cu),
             state_indices=i32(rows),
-            has_initial_state=torch.tensor([self.lengths[r] > 0 for r in rows], device=dev) if prefill else None,
+            has_initial_state=torch.tensor([self.lengths[r] > 0 for r in rows], device=dev)
+            if prefill
+            else None,
         )
         gdn = RecurrentMetadata(prefill=group) if prefill else RecurrentMetadata(decode=group)
         ctx = ForwardContext(attn=attn, recurrent=gdn, kv_caches=self.kv_caches, states=self.states,
@@ -81,7 +86,9 @@ class Driver:
         return ctx, torch.tensor(positions, dtype=torch.int64, device=dev)
 
     @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], chunked: bool = False) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+    def prefill(
+        self, prompts: list[list[int]], chunked: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """Run every prompt in one step. Returns (hidden [T, H], logits [T, V], the step's context)."""
         rows = list(range(len(prompts)))
         ctx, positions = self._context(rows, [len(p) for p in prompts], prefill=True, chunked=chunked)

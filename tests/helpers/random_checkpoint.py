@@ -33,35 +33,81 @@ class RandomSpec:
 
 # Qwen3-Next-80B-A3B per-rank shapes (hidden 2048, 16/32 GDN heads of 128, 512 experts top-10,
 # expert width 512), few layers: layers 1 and 3 sparse, the rest (and the MTP layer) dense.
-NEXT_80B_LIKE = RandomSpec("qwen3_next", {
-    "vocab_size": 32768, "hidden_size": 2048, "intermediate_size": 5120, "num_hidden_layers": 4,
-    "layer_types": [LIN, LIN, LIN, FULL], "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128, "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
-    "shared_expert_intermediate_size": 512, "decoder_sparse_step": 2, "mlp_only_layers": [],
-    "tie_word_embeddings": False, "max_position_embeddings": 4096,
-})
+NEXT_80B_LIKE = RandomSpec(
+    "qwen3_next",
+    {
+        "vocab_size": 32768,
+        "hidden_size": 2048,
+        "intermediate_size": 5120,
+        "num_hidden_layers": 4,
+        "layer_types": [LIN, LIN, LIN, FULL],
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [],
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 4096,
+    },
+)
 # Qwen3.5-MoE per-rank shapes (256 experts top-8), one linear and one full layer, sparse MTP layer.
-QWEN35_MOE_LIKE = RandomSpec("qwen3_5_moe_text", {
-    "vocab_size": 32768, "hidden_size": 2048, "num_hidden_layers": 2, "layer_types": [LIN, FULL],
-    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
-    "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128, "num_experts": 256,
-    "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
-    "tie_word_embeddings": False, "max_position_embeddings": 4096,
-}, fused_experts=False, seed=1)
+QWEN35_MOE_LIKE = RandomSpec(
+    "qwen3_5_moe_text",
+    {
+        "vocab_size": 32768,
+        "hidden_size": 2048,
+        "num_hidden_layers": 2,
+        "layer_types": [LIN, FULL],
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 4096,
+    },
+    fused_experts=False,
+    seed=1,
+)
 
 # The same structures, small enough for the CPU default tier.
-_SMALL = {"vocab_size": 384, "hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 24,
-          "linear_value_head_dim": 24, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 40,
-          "max_position_embeddings": 1024}
+_SMALL = {
+    "vocab_size": 384,
+    "hidden_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 24,
+    "linear_value_head_dim": 24,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 40,
+    "max_position_embeddings": 1024,
+}
 NEXT_SMALL = RandomSpec("qwen3_next", {**NEXT_80B_LIKE.config, **_SMALL, "intermediate_size": 160,
                                        "num_experts": 24, "num_experts_per_tok": 4}, seed=2)
 QWEN35_MOE_SMALL = RandomSpec("qwen3_5_moe_text", {**QWEN35_MOE_LIKE.config, **_SMALL, "num_experts": 16,
                                                    "num_experts_per_tok": 3}, fused_experts=False, seed=3)
 
 
-def write_random_checkpoint(directory: str | Path, spec: RandomSpec, dtype: torch.dtype = torch.float32) -> Path:
+def write_random_checkpoint(
+    directory: str | Path, spec: RandomSpec, dtype: torch.dtype = torch.float32
+) -> Path:
     """config.json + model.safetensors for ``spec`` in ``dtype``; returns the folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers

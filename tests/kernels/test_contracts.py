@@ -685,9 +685,18 @@ def test_the_error_names_the_op_the_argument_what_was_expected_and_what_was_give
 
 # The Triton modules whose kernels the ops launch, and inputs an op consumes with torch ops on the device
 # before launching (fused_moe sorts its (token, slot) pairs by expert id).
-TRITON_MODULES = ("attention.triton_paged_attention", "conv1d.triton_conv1d", "gated_delta_rule.triton_chunk",
-                  "gated_delta_rule.triton_recurrent", "input_prep.triton_input_prep", "kv_cache.triton_kv_cache",
-                  "linear.triton_linear", "moe.triton_moe", "norm.triton_rms_norm", "verify.triton_greedy_verify")
+TRITON_MODULES = (
+    "attention.triton_paged_attention",
+    "conv1d.triton_conv1d",
+    "gated_delta_rule.triton_chunk",
+    "gated_delta_rule.triton_recurrent",
+    "input_prep.triton_input_prep",
+    "kv_cache.triton_kv_cache",
+    "linear.triton_linear",
+    "moe.triton_moe",
+    "norm.triton_rms_norm",
+    "verify.triton_greedy_verify",
+)
 NOT_LAUNCHED = {"fused_moe": {"topk_ids"}}
 
 

@@ -124,19 +124,33 @@ def clone_state(state):
 
 def run_prepare(state, step, backend):
     return prepare_inputs(
-        idx_mapping=step["idx_mapping"], query_start_loc=step["query_start_loc"], is_decode=step["is_decode"],
-        num_computed=state["num_computed"], last_sampled=state["last_sampled"], draft_tokens=state["draft_tokens"],
-        token_ids=state["token_ids"], block_table=state["block_table"], block_size=step["block_size"],
-        num_tokens_padded=step["num_tokens_padded"], backend=backend,
+        idx_mapping=step["idx_mapping"],
+        query_start_loc=step["query_start_loc"],
+        is_decode=step["is_decode"],
+        num_computed=state["num_computed"],
+        last_sampled=state["last_sampled"],
+        draft_tokens=state["draft_tokens"],
+        token_ids=state["token_ids"],
+        block_table=state["block_table"],
+        block_size=step["block_size"],
+        num_tokens_padded=step["num_tokens_padded"],
+        backend=backend,
     )
 
 
 def run_post_update(state, step, backend):
     post_update(
-        idx_mapping=step["idx_mapping"], query_lens=step["query_lens"], num_draft_tokens=step["num_draft_tokens"],
-        is_sampling=step["is_sampling"], sampled=step["sampled"], num_valid=step["num_valid"],
-        num_computed=state["num_computed"], num_valid_state=state["num_valid_state"],
-        last_sampled=state["last_sampled"], token_ids=state["token_ids"], num_tokens=state["num_tokens"],
+        idx_mapping=step["idx_mapping"],
+        query_lens=step["query_lens"],
+        num_draft_tokens=step["num_draft_tokens"],
+        is_sampling=step["is_sampling"],
+        sampled=step["sampled"],
+        num_valid=step["num_valid"],
+        num_computed=state["num_computed"],
+        num_valid_state=state["num_valid_state"],
+        last_sampled=state["last_sampled"],
+        token_ids=state["token_ids"],
+        num_tokens=state["num_tokens"],
         backend=backend,
     )
 
@@ -163,8 +177,12 @@ def prepare_by_loop(state, step):
             slots[t] = int(state["block_table"][r, p // bs]) * bs + p % bs
         seq_lens[i] = ctx + qsl[i + 1] - qsl[i]
     i64 = torch.int64
-    return (torch.tensor(ids, dtype=i64), torch.tensor(pos, dtype=i64), torch.tensor(seq_lens, dtype=torch.int32),
-            torch.tensor(slots, dtype=i64))
+    return (
+        torch.tensor(ids, dtype=i64),
+        torch.tensor(pos, dtype=i64),
+        torch.tensor(seq_lens, dtype=torch.int32),
+        torch.tensor(slots, dtype=i64),
+    )
 
 
 def post_update_by_loop(state, step):
@@ -299,7 +317,9 @@ def test_post_update_semantics(case, backend):
         assert int(state["last_sampled"][r]) == int(kept[-1]), f"row {i}: last_sampled"
         assert torch.equal(state["token_ids"][r, :nt0], before["token_ids"][r, :nt0]), f"row {i}: history"
         assert torch.equal(state["token_ids"][r, nt0 : nt0 + nv], kept), f"row {i}: appended tokens"
-        assert torch.all(state["token_ids"][r, nt0 + nv :] == EMPTY_COL), f"row {i}: wrote past the kept tokens"
+        assert torch.all(state["token_ids"][r, nt0 + nv :] == EMPTY_COL), (
+            f"row {i}: wrote past the kept tokens"
+        )
         # Every sampled token but the last is now computed; the last is the next step's input.
         assert int(state["num_tokens"][r]) == int(state["num_computed"][r]) + 1, f"row {i}: off by one"
     unused = [r for r in range(state["num_computed"].shape[0]) if r not in used]
@@ -323,9 +343,20 @@ def test_post_update_by_hand(backend):
     last_sampled = torch.tensor([-1, 77, 300])
     token_ids = torch.arange(3 * 14).view(3, 14)
     num_tokens = torch.tensor([9, 77, 11], dtype=torch.int32)
-    post_update(idx_mapping=idx, query_lens=query_lens, num_draft_tokens=num_drafts, is_sampling=is_sampling,
-                sampled=sampled, num_valid=num_valid, num_computed=num_computed, num_valid_state=num_valid_state,
-                last_sampled=last_sampled, token_ids=token_ids, num_tokens=num_tokens, backend=backend)
+    post_update(
+        idx_mapping=idx,
+        query_lens=query_lens,
+        num_draft_tokens=num_drafts,
+        is_sampling=is_sampling,
+        sampled=sampled,
+        num_valid=num_valid,
+        num_computed=num_computed,
+        num_valid_state=num_valid_state,
+        last_sampled=last_sampled,
+        token_ids=token_ids,
+        num_tokens=num_tokens,
+        backend=backend,
+    )
     assert num_computed.tolist() == [4, 77, 12]  # 10 + 4 computed - 2 rejected drafts
     assert num_valid_state.tolist() == [1, 77, 2]
     assert last_sampled.tolist() == [-1, 77, 501]
@@ -346,10 +377,17 @@ def test_next_step_reads_committed_state(backend):
     next_q = [q if int(step["idx_mapping"][i]) != PAD_SLOT_ID else 0 for i, q in enumerate(next_q)]
     qsl = torch.tensor([0] + torch.tensor(next_q).cumsum(0).tolist(), dtype=torch.int32)
     ids, pos, seq_lens, _ = prepare_inputs(
-        idx_mapping=step["idx_mapping"], query_start_loc=qsl, is_decode=step["is_sampling"].clone(),
-        num_computed=state["num_computed"], last_sampled=state["last_sampled"], draft_tokens=state["draft_tokens"],
-        token_ids=state["token_ids"], block_table=state["block_table"], block_size=step["block_size"],
-        num_tokens_padded=int(qsl[-1]), backend=backend,
+        idx_mapping=step["idx_mapping"],
+        query_start_loc=qsl,
+        is_decode=step["is_sampling"].clone(),
+        num_computed=state["num_computed"],
+        last_sampled=state["last_sampled"],
+        draft_tokens=state["draft_tokens"],
+        token_ids=state["token_ids"],
+        block_table=state["block_table"],
+        block_size=step["block_size"],
+        num_tokens_padded=int(qsl[-1]),
+        backend=backend,
     )
     for i in range(n):
         r = int(step["idx_mapping"][i])

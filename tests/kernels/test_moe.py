@@ -53,7 +53,9 @@ def test_route_matches_softmax_topk(renormalize):
     assert w16.dtype == torch.bfloat16 and ids16.shape == (23, 3)
 
 
-@pytest.mark.parametrize("t, h, e, i, k", SHAPES, ids=[f"T{t}-H{h}-E{e}-I{i}-K{k}" for t, h, e, i, k in SHAPES])
+@pytest.mark.parametrize(
+    "t, h, e, i, k", SHAPES, ids=[f"T{t}-H{h}-E{e}-I{i}-K{k}" for t, h, e, i, k in SHAPES]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_reference_matches_float64(t, h, e, i, k, dtype):
     w13, w2 = make_weights(h, e, i, dtype)
@@ -95,7 +97,9 @@ def test_reference_batch_invariance(dtype):
 
 
 @requires_triton
-@pytest.mark.parametrize("t, h, e, i, k", SHAPES, ids=[f"T{t}-H{h}-E{e}-I{i}-K{k}" for t, h, e, i, k in SHAPES])
+@pytest.mark.parametrize(
+    "t, h, e, i, k", SHAPES, ids=[f"T{t}-H{h}-E{e}-I{i}-K{k}" for t, h, e, i, k in SHAPES]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_triton_matches_reference(t, h, e, i, k, dtype, device):
     w13, w2 = make_weights(h, e, i, dtype)

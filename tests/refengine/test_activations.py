@@ -11,7 +11,9 @@ from refengine.model import layers
 # The bits of torch's CPU vector and scalar paths are what the helpers guard against (CPU only).
 
 
-@pytest.mark.parametrize("name,plain", [("sigmoid", torch.sigmoid), ("silu", F.silu), ("softplus", F.softplus)])
+@pytest.mark.parametrize(
+    "name,plain", [("sigmoid", torch.sigmoid), ("silu", F.silu), ("softplus", F.softplus)]
+)
 def test_position_independent(name, plain):
     fn = getattr(layers, name)
     x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 4

@@ -51,22 +51,35 @@ def verify_outcomes(records) -> dict:
     Keyed by content, not by step count: the engines may preempt a request at different points,
     and a re-prefill replaces a verify step, so their step sequences can differ legitimately.
     """
-    return {(r.request_id, tuple(r.positions), tuple(r.input_ids)): (tuple(r.output_token_ids), r.logits_digest)
-            for rec in records for r in rec.rows if r.logits_digest is not None}
+    return {
+        (r.request_id, tuple(r.positions), tuple(r.input_ids)): (tuple(r.output_token_ids), r.logits_digest)
+        for rec in records
+        for r in rec.rows
+        if r.logits_digest is not None
+    }
 
 
 def compare(ckpt, items, *, k, drafter="scripted", pattern="hash", graph_mode="none", **kw):
     def make(engine, records, **extra):
         d = ScriptedDrafter(k, 256, pattern) if (k and drafter == "scripted") else "mtp"
-        return LLM(model=ckpt, engine=engine, num_speculative_tokens=k, drafter=d, observer=records.append, **kw,
-                   **extra)
+        return LLM(
+            model=ckpt,
+            engine=engine,
+            num_speculative_tokens=k,
+            drafter=d,
+            observer=records.append,
+            **kw,
+            **extra,
+        )
 
     ref_records, async_records = [], []
     ref = drive(make("reference", ref_records), items)
     llm = make("async", async_records, graph_mode=graph_mode)
     got = drive(llm, items)
     for rid, o in ref.items():
-        assert got[rid].token_ids == o.token_ids, f"{rid}: async {got[rid].token_ids} != reference {o.token_ids}"
+        assert got[rid].token_ids == o.token_ids, (
+            f"{rid}: async {got[rid].token_ids} != reference {o.token_ids}"
+        )
         if o.num_preemptions == got[rid].num_preemptions == 0:
             assert got[rid].acceptance == o.acceptance, f"{rid}: acceptance differs"
     ours, theirs = verify_outcomes(async_records), verify_outcomes(ref_records)
@@ -99,12 +112,16 @@ def test_churn_scripted(ckpt, graph_mode):
                            max_num_batched_tokens=24)
     assert llm.engine.stats.row_moves > 0, "rows never moved: the persistent batch was not exercised"
     if graph_mode in ("full", "full_and_piecewise"):
-        assert any(r.graph_mode == "full" and r.num_reqs_padded > len(r.rows) for r in records), "no padded replay"
+        assert any(r.graph_mode == "full" and r.num_reqs_padded > len(r.rows) for r in records), (
+            "no padded replay"
+        )
 
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_small_k(ckpt, k):
-    compare(ckpt, workload(2, k), k=k, graph_mode="full_and_piecewise", max_num_seqs=4, max_num_batched_tokens=16)
+    compare(
+        ckpt, workload(2, k), k=k, graph_mode="full_and_piecewise", max_num_seqs=4, max_num_batched_tokens=16
+    )
 
 
 def test_mtp_drafts(ckpt):
@@ -131,7 +148,9 @@ def test_delay_and_hazard_modes_stay_exact(ckpt):
         assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
         assert llm.engine.stream.num_host_waits <= llm.engine.stats.steps + 1, "more than one sync per step"
         waited = llm.engine.stream.host_wait_seconds
-        assert 0 < waited <= llm.engine.stats.elapsed, f"host wait {waited} s outside (0, {llm.engine.stats.elapsed}] s"
+        assert 0 < waited <= llm.engine.stats.elapsed, (
+            f"host wait {waited} s outside (0, {llm.engine.stats.elapsed}] s"
+        )
 
 
 def test_hazard_checker_names_the_buffer(ckpt):
@@ -141,7 +160,9 @@ def test_hazard_checker_names_the_buffer(ckpt):
     enqueue = runner.enqueue
 
     def from_one_buffer(plan):
-        buf = shared.setdefault("buf", HostBuffer("shared-step-inputs", llm.engine.stream, (64, 7), torch.int64))
+        buf = shared.setdefault(
+            "buf", HostBuffer("shared-step-inputs", llm.engine.stream, (64, 7), torch.int64)
+        )
         buf.write(plan.inputs.tensor[: plan.shape.num_reqs])
         plan.inputs = buf
         return enqueue(plan)
@@ -189,7 +210,10 @@ def test_sampling_and_partial_prefill_rows_interleave_in_every_order():
     g = torch.Generator().manual_seed(5)  # a workload found to give both orders
     params, drawn = SamplingParams(max_tokens=5, ignore_eos=True), []
     for i in range(int(torch.randint(3, 7, (1,), generator=g))):
-        length, arrival = int(torch.randint(1, 26, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
+        length, arrival = (
+            int(torch.randint(1, 26, (1,), generator=g)),
+            int(torch.randint(0, 4, (1,), generator=g)),
+        )
         drawn.append((arrival, f"r{i}", torch.randint(0, 256, (length,), generator=g).tolist()))
     items = [(*item, params) for item in sorted(drawn)]
     settings = {"num_speculative_tokens": 3, "max_num_batched_tokens": 12}  # the embedded default model

@@ -99,16 +99,25 @@ def test_a_missing_model_folder_is_named(tmp_path):
         LLM(model=str(tmp_path / "absent"))
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"engine": "fast"}, "engine must be 'reference' or 'async'"),
-    ({"graph_mode": "full"}, "graph_mode: the reference engine runs without graphs"),
-    ({"engine": "async", "graph_mode": "sometimes"}, "graph_mode must be one of"),
-    ({"num_speculative_tokens": 3, "max_num_batched_tokens": 3}, "max_num_batched_tokens \\(3\\) must be >= 1"),
-    ({"num_kv_blocks": 2}, "num_kv_blocks \\(2\\) cannot hold one request"),
-    ({"num_speculative_tokens": -1}, "num_speculative_tokens must be >= 0"),
-    ({"drafter": "oracle", "num_speculative_tokens": 1}, "drafter must be one of \\('mtp', 'scripted', 'ngram'\\)"),
-    ({"dtype": "float64"}, "dtype must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"engine": "fast"}, "engine must be 'reference' or 'async'"),
+        ({"graph_mode": "full"}, "graph_mode: the reference engine runs without graphs"),
+        ({"engine": "async", "graph_mode": "sometimes"}, "graph_mode must be one of"),
+        (
+            {"num_speculative_tokens": 3, "max_num_batched_tokens": 3},
+            "max_num_batched_tokens \\(3\\) must be >= 1",
+        ),
+        ({"num_kv_blocks": 2}, "num_kv_blocks \\(2\\) cannot hold one request"),
+        ({"num_speculative_tokens": -1}, "num_speculative_tokens must be >= 0"),
+        (
+            {"drafter": "oracle", "num_speculative_tokens": 1},
+            "drafter must be one of \\('mtp', 'scripted', 'ngram'\\)",
+        ),
+        ({"dtype": "float64"}, "dtype must be one of"),
+    ],
+)
 def test_impossible_configs_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(**kwargs)
@@ -120,7 +129,9 @@ def test_mtp_drafting_without_mtp_weights_is_a_clear_error(tmp_path):
     path = write_checkpoint(tmp_path / "no-mtp", TinySpec(with_mtp=False))
     with pytest.raises(ValueError, match="needs a checkpoint with mtp"):
         LLM(model=str(path), num_speculative_tokens=2)
-    assert LLM(model=str(path)).generate([[1, 2, 3]], SamplingParams(max_tokens=3))[0].finish_reason == "length"
+    assert (
+        LLM(model=str(path)).generate([[1, 2, 3]], SamplingParams(max_tokens=3))[0].finish_reason == "length"
+    )
 
 
 def test_malformed_checkpoint_names_the_file(tmp_path):
@@ -152,7 +163,9 @@ def test_thousands_of_requests_leak_nothing(engine):
     finished = 0
     for i in range(2000):
         prompt = torch.randint(0, 256, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-        llm.add_request(f"r{i}", prompt, SamplingParams(max_tokens=int(torch.randint(1, 6, (1,), generator=g))))
+        llm.add_request(
+            f"r{i}", prompt, SamplingParams(max_tokens=int(torch.randint(1, 6, (1,), generator=g)))
+        )
         if i % 97 == 0:
             llm.abort(f"r{i}")
             finished += 1

@@ -118,6 +118,8 @@ def test_the_console_command_prints_no_traceback(broken):
                           check=False)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    expected = (f"refengine generate: only .bin/pickle weights found; convert to safetensors (only safetensors "
-                f"checkpoints are supported, found pytorch_model.bin in {broken['pickled']})")
+    expected = (
+        f"refengine generate: only .bin/pickle weights found; convert to safetensors (only safetensors "
+        f"checkpoints are supported, found pytorch_model.bin in {broken['pickled']})"
+    )
     assert proc.stderr.strip().splitlines() == [expected]

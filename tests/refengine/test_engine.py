@@ -49,7 +49,9 @@ def test_transformers_parity(checkpoints, preset):
         ref = hf_greedy_loop(hf, prompt, 32)
         assert got == ref, f"prompt of {len(prompt)} tokens: engine {got} != transformers {ref}"
         if len(prompt) <= 128:  # see tests/helpers/oracle.py
-            assert got == hf_generate(hf, prompt, 32), f"prompt of {len(prompt)} tokens differs from generate()"
+            assert got == hf_generate(hf, prompt, 32), (
+                f"prompt of {len(prompt)} tokens differs from generate()"
+            )
 
 
 @pytest.mark.parametrize("k", [1, 3, *(pytest.param(k, marks=pytest.mark.slow) for k in (2, 4))])
@@ -77,7 +79,9 @@ def test_scripted_drafter_is_lossless_and_reaches_every_count(checkpoints, k):
         committed = 1  # the prefill's sampled token; each verify step then commits accepted + 1
         for drafted, accepted in o.acceptance:
             assert drafted == k
-            assert accepted == drafter.num_correct(o.request_id, committed), "acceptance differs from the script"
+            assert accepted == drafter.num_correct(o.request_id, committed), (
+                "acceptance differs from the script"
+            )
             committed += accepted + 1
             seen.add(accepted)
     assert seen == set(range(k + 1)), f"accepted counts seen: {sorted(seen)}"
@@ -184,8 +188,13 @@ def test_many_requests_leave_pools_empty(checkpoints):
     ckpt = checkpoints["next-tiny"]
     llm = LLM(model=ckpt, num_speculative_tokens=2, max_num_seqs=8, block_size=4)
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 256, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (60,), generator=g)]
-    params = [SamplingParams(max_tokens=int(m), ignore_eos=True) for m in torch.randint(1, 6, (60,), generator=g)]
+    prompts = [
+        torch.randint(0, 256, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 12, (60,), generator=g)
+    ]
+    params = [
+        SamplingParams(max_tokens=int(m), ignore_eos=True) for m in torch.randint(1, 6, (60,), generator=g)
+    ]
     outs = llm.generate(prompts, params)
     assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in params]
     assert llm.engine.pools_empty() and not llm.has_unfinished()

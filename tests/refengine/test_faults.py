@@ -16,7 +16,13 @@ import pytest
 from refengine import LLM, SamplingParams
 from refengine.core import EngineFaulted
 
-PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12], [3, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8]]
+PROMPTS = [
+    [1, 2, 3],
+    [5],
+    [7, 8, 9, 10, 11, 12],
+    [3, 3],
+    [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8],
+]
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
@@ -143,7 +149,9 @@ def test_reference_engine_recovers_exactly(expected, stage, k):
 
 @pytest.mark.parametrize("engine", ["reference", "async"])
 def test_keyboard_interrupt_mid_step_is_recovered(expected, engine):
-    got, llm, faults = run_with_fault("commit", exc=KeyboardInterrupt, engine=engine, num_speculative_tokens=3)
+    got, llm, faults = run_with_fault(
+        "commit", exc=KeyboardInterrupt, engine=engine, num_speculative_tokens=3
+    )
     assert faults == 1 and got == expected(3)
     assert llm.engine.pools_empty()
 

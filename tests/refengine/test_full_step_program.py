@@ -68,7 +68,9 @@ def _captured_step(k: int, drafter: str, mode: str, want=lambda shape, rows: Tru
         return enqueue(plan)
 
     runner.enqueue = capture
-    llm.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11, 12, 13]], SamplingParams(max_tokens=8, ignore_eos=True))
+    llm.generate(
+        [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11, 12, 13]], SamplingParams(max_tokens=8, ignore_eos=True)
+    )
     assert seen, f"the workload ran no {mode} step"
     shape, table = seen[-1]
     return runner, shape, runner.graphs.pad(shape, table, StepRows.inert_row(k, runner.device))
@@ -115,7 +117,9 @@ def test_an_eager_step_runs_the_same_program(monkeypatch):
     def mixed(shape, rows):
         return 0 < shape.num_decode_rows < shape.num_reqs and not bool(rows.is_sampling.all())
 
-    runner, shape, table = _captured_step(3, "mtp", "none", mixed)  # decodes, and a chunk that samples nothing
+    runner, shape, table = _captured_step(
+        3, "mtp", "none", mixed
+    )  # decodes, and a chunk that samples nothing
     out = _run_without_data(monkeypatch, runner, shape, table)
     assert out.verified.sampled.shape == (shape.num_reqs, 4)
 
@@ -144,7 +148,9 @@ def test_full_step_records_the_drafter_metadata_sized_by_requests():
     assert full
     for rec in full:
         shapes, n_pad = rec.gdn_metadata_shapes, rec.num_reqs_padded
-        assert shapes["drafter_chain.seq_lens"] == (n_pad,) and shapes["drafter_chain.query_start_loc"] == (n_pad + 1,)
+        assert shapes["drafter_chain.seq_lens"] == (n_pad,) and shapes["drafter_chain.query_start_loc"] == (
+            n_pad + 1,
+        )
         assert shapes["attn.seq_lens"] == (n_pad,) and shapes["drafter.query_start_loc"] == (n_pad + 1,)
 
 
@@ -167,7 +173,9 @@ def test_padding_rows_touch_nothing_a_request_can_read():
         pad = t.idx_mapping < 0
         if bool(pad.any()):
             padded.append(shape.num_reqs_padded - shape.num_reqs)
-            assert bool((attn.block_table[pad] == sink).all()), "a padding row's block table names a real block"
+            assert bool((attn.block_table[pad] == sink).all()), (
+                "a padding row's block table names a real block"
+            )
             assert bool((attn.seq_lens[pad] == 0).all())
             assert bool((recurrent.decode.state_indices[pad] == kernels.PAD_SLOT_ID).all())
         return attn, recurrent

@@ -112,7 +112,10 @@ def test_layout_helpers_round_trip(tiny_checkpoint):
     path = tiny_checkpoint("next-odd-dims")
     _, cfg = load_model(path)
     tensors = read_tensors(path)
-    qkvz, ba = tensors["model.layers.1.linear_attn.in_proj_qkvz.weight"], tensors["model.layers.1.linear_attn.in_proj_ba.weight"]
+    qkvz, ba = (
+        tensors["model.layers.1.linear_attn.in_proj_qkvz.weight"],
+        tensors["model.layers.1.linear_attn.in_proj_ba.weight"],
+    )
     assert torch.equal(merge_qkvz(*split_qkvz(qkvz, cfg), cfg), qkvz)
     assert torch.equal(merge_ba(*split_ba(ba, cfg), cfg), ba)
 
@@ -173,18 +176,47 @@ def _edit(src, dst, drop=(), add=None):
 @pytest.mark.parametrize(
     "drop, add, expected",
     [
-        (["model.layers.1.self_attn.k_norm.weight"], None, "missing tensor model.layers.1.self_attn.k_norm.weight"),
-        (["model.layers.0.linear_attn.in_proj_ba.weight"], None, "missing tensor model.layers.0.linear_attn.in_proj_ba"),
+        (
+            ["model.layers.1.self_attn.k_norm.weight"],
+            None,
+            "missing tensor model.layers.1.self_attn.k_norm.weight",
+        ),
+        (
+            ["model.layers.0.linear_attn.in_proj_ba.weight"],
+            None,
+            "missing tensor model.layers.0.linear_attn.in_proj_ba",
+        ),
         (["mtp.fc.weight"], None, "missing tensor mtp.fc.weight"),
-        ([], {"model.layers.0.mlp.extra.weight": torch.zeros(2)}, "unexpected tensor model.layers.0.mlp.extra.weight"),
-        ([], {"model.layers.0.linear_attn.in_proj_qkv.weight": torch.zeros(128, 64)},
-         "unexpected tensor model.layers.0.linear_attn.in_proj_qkv.weight"),
-        ([], {"model.layers.0.mlp.up_proj.weight": torch.zeros(127, 64)},
-         r"tensor model.layers.0.mlp.up_proj.weight has shape \[127, 64\], expected \[128, 64\]"),
-        ([], {"model.layers.2.linear_attn.conv1d.weight": torch.zeros(128, 1, 3)},
-         "tensor model.layers.2.linear_attn.conv1d.weight has shape"),
+        (
+            [],
+            {"model.layers.0.mlp.extra.weight": torch.zeros(2)},
+            "unexpected tensor model.layers.0.mlp.extra.weight",
+        ),
+        (
+            [],
+            {"model.layers.0.linear_attn.in_proj_qkv.weight": torch.zeros(128, 64)},
+            "unexpected tensor model.layers.0.linear_attn.in_proj_qkv.weight",
+        ),
+        (
+            [],
+            {"model.layers.0.mlp.up_proj.weight": torch.zeros(127, 64)},
+            r"tensor model.layers.0.mlp.up_proj.weight has shape \[127, 64\], expected \[128, 64\]",
+        ),
+        (
+            [],
+            {"model.layers.2.linear_attn.conv1d.weight": torch.zeros(128, 1, 3)},
+            "tensor model.layers.2.linear_attn.conv1d.weight has shape",
+        ),
     ],
-    ids=["missing", "missing-gdn", "missing-mtp", "unexpected", "wrong-layout", "misshaped", "misshaped-conv"],
+    ids=[
+        "missing",
+        "missing-gdn",
+        "missing-mtp",
+        "unexpected",
+        "wrong-layout",
+        "misshaped",
+        "misshaped-conv",
+    ],
 )
 def test_bad_tensors_are_named(drop, add, expected, tiny_checkpoint, tmp_path):
     path = _edit(tiny_checkpoint("next-tiny"), tmp_path / "bad", drop, add)
@@ -195,25 +227,47 @@ def test_bad_tensors_are_named(drop, add, expected, tiny_checkpoint, tmp_path):
 def _wrap(src, dst, drop=(), add=None):
     """``src`` (a Qwen3.5 text checkpoint) inside the multimodal wrapper, tensors dropped / added by wrapped name."""
     text = json.loads((src / "config.json").read_text())
-    config = {"model_type": "qwen3_5", "tie_word_embeddings": text["tie_word_embeddings"], "text_config": text}
+    config = {
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": text["tie_word_embeddings"],
+        "text_config": text,
+    }
     tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
                for k, v in read_tensors(src).items()}
     tensors = {k: v for k, v in tensors.items() if k not in drop}
     return write_variant(src, dst, {**tensors, **(add or {})}, config)
 
 
-@pytest.mark.parametrize("drop, add, expected", [
-    (["model.language_model.layers.1.self_attn.k_norm.weight"], None,
-     r"^missing tensor model\.language_model\.layers\.1\.self_attn\.k_norm\.weight$"),
-    ([], {"model.language_model.layers.0.mlp.extra.weight": torch.zeros(2)},
-     r"^unexpected tensor model\.language_model\.layers\.0\.mlp\.extra\.weight$"),
-    ([], {"model.language_model.layers.0.mlp.up_proj.weight": torch.zeros(127, 64)},
-     r"^tensor model\.language_model\.layers\.0\.mlp\.up_proj\.weight has shape \[127, 64\], expected \[128, 64\]$"),
-    ([], {"model.language_model.norm.weight": torch.zeros(64, dtype=torch.int32)},
-     r"^tensor model\.language_model\.norm\.weight has dtype torch\.int32, expected a float type$"),
-    (["mtp.fc.weight"], None, r"^missing tensor mtp\.fc\.weight$"),
-], ids=["missing", "unexpected", "misshaped", "not-float", "missing-unwrapped"])
-def test_a_wrapped_checkpoints_tensors_are_named_as_in_its_file(drop, add, expected, tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize(
+    "drop, add, expected",
+    [
+        (
+            ["model.language_model.layers.1.self_attn.k_norm.weight"],
+            None,
+            r"^missing tensor model\.language_model\.layers\.1\.self_attn\.k_norm\.weight$",
+        ),
+        (
+            [],
+            {"model.language_model.layers.0.mlp.extra.weight": torch.zeros(2)},
+            r"^unexpected tensor model\.language_model\.layers\.0\.mlp\.extra\.weight$",
+        ),
+        (
+            [],
+            {"model.language_model.layers.0.mlp.up_proj.weight": torch.zeros(127, 64)},
+            r"^tensor model\.language_model\.layers\.0\.mlp\.up_proj\.weight has shape \[127, 64\], expected \[128, 64\]$",
+        ),
+        (
+            [],
+            {"model.language_model.norm.weight": torch.zeros(64, dtype=torch.int32)},
+            r"^tensor model\.language_model\.norm\.weight has dtype torch\.int32, expected a float type$",
+        ),
+        (["mtp.fc.weight"], None, r"^missing tensor mtp\.fc\.weight$"),
+    ],
+    ids=["missing", "unexpected", "misshaped", "not-float", "missing-unwrapped"],
+)
+def test_a_wrapped_checkpoints_tensors_are_named_as_in_its_file(
+    drop, add, expected, tiny_checkpoint, tmp_path
+):
     path = _wrap(tiny_checkpoint("qwen35-tiny"), tmp_path / "wrapped", drop, add)
     with pytest.raises(CheckpointError, match=expected):
         load_model(path)
@@ -226,17 +280,25 @@ def test_absent_layer_types_are_named_when_the_tensors_disagree(tiny_checkpoint,
     config = json.loads((src / "config.json").read_text())
     del config["layer_types"]
     path = write_variant(src, tmp_path / "no_layer_types", None, config)
-    with pytest.raises(CheckpointError, match=(
+    with pytest.raises(
+        CheckpointError,
+        match=(
             r"^missing tensor model\.layers\.1\.linear_attn\.\S+ \(and \d+ more: .*\); config\.json has no "
             r"layer_types, so transformers derived them from full_attention_interval \(linear_attention for layer 1\), "
-            r"but the tensors make layer 1 full_attention: add layer_types to config\.json$")):
+            r"but the tensors make layer 1 full_attention: add layer_types to config\.json$"
+        ),
+    ):
         load_model(path)
     # Stated layer_types that disagree with the tensors: the plain error, no word about deriving them.
-    stated = write_variant(src, tmp_path / "stated", None, {**config, "layer_types": ["linear_attention"] * 4})
+    stated = write_variant(
+        src, tmp_path / "stated", None, {**config, "layer_types": ["linear_attention"] * 4}
+    )
     with pytest.raises(CheckpointError, match=r"^missing tensor model\.layers\.1\.linear_attn\.[^;]*$"):
         load_model(stated)
     # Derived layer types that match the tensors load.
-    _, cfg = load_model(write_variant(src, tmp_path / "interval2", None, {**config, "full_attention_interval": 2}))
+    _, cfg = load_model(
+        write_variant(src, tmp_path / "interval2", None, {**config, "full_attention_interval": 2})
+    )
     assert cfg.layer_types == ["linear_attention", "full_attention"] * 2
 
 
@@ -245,8 +307,11 @@ def test_absent_layer_types_in_a_wrapped_config_are_named(tiny_checkpoint, tmp_p
     config = json.loads((path / "config.json").read_text())
     del config["text_config"]["layer_types"]
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"^missing tensor model\.language_model\.layers\.1\.linear_attn\."
-                                              r".*config\.json has no layer_types"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"^missing tensor model\.language_model\.layers\.1\.linear_attn\."
+        r".*config\.json has no layer_types",
+    ):
         load_model(path)
 
 
@@ -306,12 +371,17 @@ def _base_config(tiny_checkpoint) -> dict:
         ({"linear_num_value_heads": 3}, "linear_num_value_heads"),
         ({"num_key_value_heads": 3}, "num_attention_heads"),
         ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
-        ({"layer_types": ["linear_attention", "sliding", "linear_attention", "full_attention"]}, "layer_types"),
+        (
+            {"layer_types": ["linear_attention", "sliding", "linear_attention", "full_attention"]},
+            "layer_types",
+        ),
         ({"hidden_size": 0}, "hidden_size"),
         ({"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim"),
         ({"model_type": "llama"}, "model_type"),
-        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}},
-         "partial_rotary_factor"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}},
+            "partial_rotary_factor",
+        ),
         ({"eos_token_id": 999}, "eos_token_ids"),
         ({"vocab_size": None}, "vocab_size"),
     ],
@@ -322,20 +392,43 @@ def test_config_validation_names_the_field(change, field, tiny_checkpoint):
 
 
 def test_config_moe_fields_and_layer_rule(tiny_checkpoint):
-    cfg = ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 2,
-                                      "mlp_only_layers": [0], "decoder_sparse_step": 1, "norm_topk_prob": False})
+    cfg = ModelConfig.from_hf_config(
+        {
+            **_base_config(tiny_checkpoint),
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "mlp_only_layers": [0],
+            "decoder_sparse_step": 1,
+            "norm_topk_prob": False,
+        }
+    )
     assert [cfg.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (4, 2, False)
     # transformers' defaults fill what config.json leaves out.
     assert (cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size) == (512, 512)
-    step2 = ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 2,
-                                        "mlp_only_layers": [], "decoder_sparse_step": 2})
+    step2 = ModelConfig.from_hf_config(
+        {
+            **_base_config(tiny_checkpoint),
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "mlp_only_layers": [],
+            "decoder_sparse_step": 2,
+        }
+    )
     assert [step2.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
     with pytest.raises(ValueError, match="num_experts_per_tok"):
-        ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), "num_experts": 4, "num_experts_per_tok": 5,
-                                    "mlp_only_layers": []})
+        ModelConfig.from_hf_config(
+            {
+                **_base_config(tiny_checkpoint),
+                "num_experts": 4,
+                "num_experts_per_tok": 5,
+                "mlp_only_layers": [],
+            }
+        )
     # Qwen3.5-MoE: every layer sparse, always renormalised, no dense width needed; wrapped text_config.
-    wrapped = ModelConfig.from_hf_config({"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 2}})
+    wrapped = ModelConfig.from_hf_config(
+        {"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 2}}
+    )
     assert wrapped.model_type == "qwen3_5_moe" and wrapped.gdn_layout == "split"
     assert wrapped.norm_topk_prob and all(wrapped.is_moe_layer(i) for i in range(2))
     assert (wrapped.num_experts, wrapped.num_experts_per_tok, wrapped.intermediate_size) == (256, 8, 0)
@@ -352,10 +445,24 @@ def test_config_defaults_are_transformers(tiny_checkpoint):
         hf = CONFIG_MAPPING[model_type]()
         ours = ModelConfig.from_hf_config({"model_type": model_type})
         text = hf.get_text_config(decoder=True)
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
-                     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
-                     "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "layer_types",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+            "max_position_embeddings",
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ):
             assert getattr(ours, name) == getattr(text, name, 0), (model_type, name)
         assert ours.rope_theta == text.rope_parameters["rope_theta"], model_type
         assert ours.partial_rotary_factor == text.rope_parameters["partial_rotary_factor"], model_type
@@ -372,8 +479,12 @@ def test_config_derived_fields(tiny_checkpoint):
     assert cfg.layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 2
     assert (cfg.rope_theta, cfg.partial_rotary_factor, cfg.rotary_dim) == (1e7, 0.5, 8)
     assert cfg.eos_token_ids == [3, 4] and cfg.num_mtp_layers == 1 and cfg.gdn_layout == "qkvz"
-    assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": 7}).eos_token_ids == [7]
-    assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": None}).eos_token_ids == []
+    assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": 7}).eos_token_ids == [
+        7
+    ]
+    assert (
+        ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": None}).eos_token_ids == []
+    )
 
 
 # ---- hub ids from the local cache, dtype="auto" ------------------------------------------------------
@@ -436,8 +547,9 @@ def test_dtype_auto_reads_config_then_tensors(tiny_checkpoint, tmp_path):
     wrapped = write_variant(src, tmp_path / "torch_dtype", None, {"model_type": "qwen3_5",
                                                                    "text_config": {"torch_dtype": "float16"}})
     assert resolve_dtype("auto", wrapped) == "float16"
-    no_dtype = write_variant(src, tmp_path / "none", {k: v.to(torch.bfloat16) for k, v in read_tensors(src).items()},
-                             config)
+    no_dtype = write_variant(
+        src, tmp_path / "none", {k: v.to(torch.bfloat16) for k, v in read_tensors(src).items()}, config
+    )
     assert resolve_dtype("auto", no_dtype) == "bfloat16"  # from the tensors
     odd = write_variant(src, tmp_path / "odd", None, {**config, "dtype": "float8_e4m3fn"})
     with pytest.raises(CheckpointError, match="float8_e4m3fn"):
@@ -465,14 +577,27 @@ def test_fused_and_per_expert_layouts_load_identically(preset, tiny_checkpoint, 
 @pytest.mark.parametrize(
     "drop, add, expected",
     [
-        (["model.layers.1.mlp.experts.3.up_proj.weight"], None, "missing tensor model.layers.1.mlp.experts.3.up_proj"),
+        (
+            ["model.layers.1.mlp.experts.3.up_proj.weight"],
+            None,
+            "missing tensor model.layers.1.mlp.experts.3.up_proj",
+        ),
         (["mtp.layers.0.mlp.gate.weight"], None, "missing tensor mtp.layers.0.mlp.gate.weight"),
-        ([], {"model.layers.1.mlp.experts.8.up_proj.weight": torch.zeros(32, 64)},
-         "unexpected tensor model.layers.1.mlp.experts.8.up_proj.weight"),
-        ([], {"model.layers.0.mlp.shared_expert_gate.weight": torch.zeros(2, 64)},
-         r"shared_expert_gate.weight has shape \[2, 64\], expected \[1, 64\]"),
-        ([], {"model.layers.2.mlp.experts.gate_up_proj": torch.zeros(8, 64, 64)},
-         "missing tensor model.layers.2.mlp.experts.down_proj"),
+        (
+            [],
+            {"model.layers.1.mlp.experts.8.up_proj.weight": torch.zeros(32, 64)},
+            "unexpected tensor model.layers.1.mlp.experts.8.up_proj.weight",
+        ),
+        (
+            [],
+            {"model.layers.0.mlp.shared_expert_gate.weight": torch.zeros(2, 64)},
+            r"shared_expert_gate.weight has shape \[2, 64\], expected \[1, 64\]",
+        ),
+        (
+            [],
+            {"model.layers.2.mlp.experts.gate_up_proj": torch.zeros(8, 64, 64)},
+            "missing tensor model.layers.2.mlp.experts.down_proj",
+        ),
     ],
     ids=["missing-expert", "missing-mtp-router", "extra-expert", "misshaped-gate", "mixed-layouts"],
 )

@@ -82,7 +82,9 @@ CASES = [pytest.param(p, False, id=f"{p}-recurrent") for p in sorted(PRESETS)] +
 def test_greedy_and_logits_match_transformers(preset, chunked, tiny_checkpoint, hf_reference):
     ref = hf_reference(preset)
     model, cfg = load_model(tiny_checkpoint(preset))
-    tokens, prefill_logits, step_logits = greedy_generate(model, cfg, ref.prompts, NEW_TOKENS, chunked=chunked)
+    tokens, prefill_logits, step_logits = greedy_generate(
+        model, cfg, ref.prompts, NEW_TOKENS, chunked=chunked
+    )
 
     for i, (ours, theirs) in enumerate(zip(tokens, ref.tokens)):
         if ours != theirs:

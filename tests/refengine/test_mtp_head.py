@@ -44,7 +44,9 @@ def without_head(tmp_path_factory):
 
 
 def _tokens(model, **kwargs) -> list[list[int]]:
-    return [o.token_ids for o in LLM(model=str(model), **kwargs).generate(PROMPTS, SamplingParams(max_tokens=12))]
+    return [
+        o.token_ids for o in LLM(model=str(model), **kwargs).generate(PROMPTS, SamplingParams(max_tokens=12))
+    ]
 
 
 @pytest.mark.parametrize("preset", LAYOUTS)
@@ -74,10 +76,16 @@ def test_the_head_is_made_of_the_models_own_layers(without_head, tmp_path):
     cfg = read_config(src)
     model, head = load_file(str(src / "model.safetensors")), load_file(str(dst / "mtp.safetensors"))
     last_full = f"model.layers.{cfg.full_layer_ids[-1]}."
-    assert torch.equal(head["mtp.layers.0.self_attn.q_proj.weight"], model[last_full + "self_attn.q_proj.weight"])
-    assert torch.equal(head["mtp.layers.0.input_layernorm.weight"], model[last_full + "input_layernorm.weight"])
-    assert torch.equal(head["mtp.layers.0.mlp.experts.3.down_proj.weight"],
-                       model["model.layers.0.mlp.experts.3.down_proj.weight"])  # a sparse MTP layer, as layer 0
+    assert torch.equal(
+        head["mtp.layers.0.self_attn.q_proj.weight"], model[last_full + "self_attn.q_proj.weight"]
+    )
+    assert torch.equal(
+        head["mtp.layers.0.input_layernorm.weight"], model[last_full + "input_layernorm.weight"]
+    )
+    assert torch.equal(
+        head["mtp.layers.0.mlp.experts.3.down_proj.weight"],
+        model["model.layers.0.mlp.experts.3.down_proj.weight"],
+    )  # a sparse MTP layer, as layer 0
     assert torch.equal(head["mtp.norm.weight"], model["model.norm.weight"])
     h = cfg.hidden_size
     assert torch.equal(head["mtp.fc.weight"], torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1))
@@ -92,7 +100,10 @@ def test_the_conformance_suite_runs_its_mtp_scenarios_on_the_copy(without_head, 
     argv = ["run", "--engine", "async", "--scenario", "mtp-k3", "--scenario", "mtp-k1"]
     out = io.StringIO()
     assert conformance_main([*argv, "--model", str(src)], out=out) == 0
-    assert "2 skipped" in out.getvalue() and "no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)" in out.getvalue()
+    assert (
+        "2 skipped" in out.getvalue()
+        and "no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)" in out.getvalue()
+    )
     assert main(["add-mtp-head", str(src), str(dst)]) == 0
     out = io.StringIO()
     assert conformance_main([*argv, "--model", str(dst)], out=out) == 0

@@ -43,8 +43,9 @@ def on_device(rows, lo, hi, k, max_model_len, width=None, junk=None):
         table = torch.randint(0, 50, (len(rows), width), generator=torch.Generator().manual_seed(junk))
     for i, r in enumerate(rows):
         table[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-    drafts, counts = ngram_lookup_batch(table, torch.tensor([len(r) for r in rows], dtype=torch.int32), lo, hi, k,
-                                        max_model_len)
+    drafts, counts = ngram_lookup_batch(
+        table, torch.tensor([len(r) for r in rows], dtype=torch.int32), lo, hi, k, max_model_len
+    )
     assert drafts.shape == (len(rows), k) and counts.shape == (len(rows),)
     out = []
     for d, c in zip(drafts.tolist(), counts.tolist()):
@@ -59,7 +60,14 @@ CASES = [
     ([7, 8, 9, 7, 8], 2, 2, 3, 100, [9, 7, 8]),  # the match starts at the very first token
     ([5, 1, 2, 1, 2], 2, 2, 3, 100, [1, 2]),  # a match near the end: fewer than K follow it
     ([1, 2, 7, 1, 2, 8, 1, 2], 2, 2, 3, 100, [7, 1, 2]),  # several matches: the earliest wins
-    ([3, 1, 2, 9, 4, 1, 2, 8, 4, 1, 2], 2, 3, 3, 100, [8, 4, 1]),  # a longer n-gram beats an earlier shorter one
+    (
+        [3, 1, 2, 9, 4, 1, 2, 8, 4, 1, 2],
+        2,
+        3,
+        3,
+        100,
+        [8, 4, 1],
+    ),  # a longer n-gram beats an earlier shorter one
     ([5, 5, 5, 5], 2, 2, 3, 100, [5, 5]),  # a match that overlaps the pattern
     ([1, 2, 3, 4, 2, 3], 2, 3, 4, 100, [4, 2, 3]),  # vLLM's documented example
     ([4, 4], 3, 3, 3, 100, []),  # shorter than prompt_lookup_min + 1: nothing to match
@@ -110,12 +118,20 @@ def test_prompt_lookup_defaults_are_vllms():
     assert SpeculativeConfig(3, "mtp").prompt_lookup_min is None
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"drafter": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2},
-     r"prompt_lookup_min \(4\) must be <= prompt_lookup_max \(2\)"),
-    ({"drafter": "mtp", "prompt_lookup_max": 3}, "prompt_lookup_max=3: prompt lookup settings apply to drafter='ngram'"),
-    ({"drafter": "ngram", "prompt_lookup_min": 0}, "prompt_lookup_min must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            {"drafter": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            r"prompt_lookup_min \(4\) must be <= prompt_lookup_max \(2\)",
+        ),
+        (
+            {"drafter": "mtp", "prompt_lookup_max": 3},
+            "prompt_lookup_max=3: prompt lookup settings apply to drafter='ngram'",
+        ),
+        ({"drafter": "ngram", "prompt_lookup_min": 0}, "prompt_lookup_min must be >= 1, got 0"),
+    ],
+)
 def test_bad_prompt_lookup_settings_name_the_field(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         LLM(num_speculative_tokens=2, **kwargs)
@@ -151,14 +167,20 @@ def ngram_workload(seed: int, n: int = 8):
             prompt = (phrase * length)[:length]
         else:
             prompt = [rng.randrange(256) for _ in range(length)]
-        items.append((i // 2, f"r{i}", prompt, SamplingParams(max_tokens=rng.randint(12, 24), ignore_eos=True)))
+        items.append(
+            (i // 2, f"r{i}", prompt, SamplingParams(max_tokens=rng.randint(12, 24), ignore_eos=True))
+        )
     return items
 
 
 def verified(records) -> dict:
     """(verifier output, logits digest) keyed by (request, first position, drafts verified)."""
-    return {(r.request_id, r.positions[0], tuple(r.draft_token_ids)): (tuple(r.output_token_ids), r.logits_digest)
-            for rec in records for r in rec.rows if r.logits_digest is not None and r.kind == "decode"}
+    return {
+        (r.request_id, r.positions[0], tuple(r.draft_token_ids)): (tuple(r.output_token_ids), r.logits_digest)
+        for rec in records
+        for r in rec.rows
+        if r.logits_digest is not None and r.kind == "decode"
+    }
 
 
 def zero_draft_after_accept(acceptance: list[tuple[int, int]]) -> bool:
@@ -171,16 +193,20 @@ def reference_runs(ckpt):
     plain = drive(LLM(model=ckpt), ngram_workload(0))
     for k in (1, 3):
         records = []
-        outs = drive(LLM(model=ckpt, num_speculative_tokens=k, drafter="ngram", observer=records.append, **LOOKUP),
-                     ngram_workload(0))
+        outs = drive(
+            LLM(model=ckpt, num_speculative_tokens=k, drafter="ngram", observer=records.append, **LOOKUP),
+            ngram_workload(0),
+        )
         runs[k] = outs, records
         assert {r: o.token_ids for r, o in outs.items()} == {r: o.token_ids for r, o in plain.items()}, \
             "n-gram speculation changed the greedy output"
     return runs
 
 
-@pytest.mark.parametrize("k,graph_mode", [(3, "none"), (3, "piecewise"), (3, "full"), (3, "full_and_piecewise"),
-                                          (1, "none"), (1, "full")])
+@pytest.mark.parametrize(
+    "k,graph_mode",
+    [(3, "none"), (3, "piecewise"), (3, "full"), (3, "full_and_piecewise"), (1, "none"), (1, "full")],
+)
 def test_async_equals_reference(ckpt, reference_runs, k, graph_mode):
     ref, ref_records = reference_runs[k]
     acceptance = [o.acceptance for o in ref.values()]
@@ -192,8 +218,12 @@ def test_async_equals_reference(ckpt, reference_runs, k, graph_mode):
               observer=records.append, max_num_seqs=4, **LOOKUP)
     got = drive(llm, ngram_workload(0))
     for rid, o in ref.items():
-        assert got[rid].token_ids == o.token_ids, f"{rid}: async {got[rid].token_ids} != reference {o.token_ids}"
-        assert got[rid].acceptance == o.acceptance, f"{rid}: acceptance {got[rid].acceptance} != {o.acceptance}"
+        assert got[rid].token_ids == o.token_ids, (
+            f"{rid}: async {got[rid].token_ids} != reference {o.token_ids}"
+        )
+        assert got[rid].acceptance == o.acceptance, (
+            f"{rid}: acceptance {got[rid].acceptance} != {o.acceptance}"
+        )
     ours, theirs = verified(records), verified(ref_records)
     assert ours == theirs, "a verify step (same position, same drafts) gave other outputs or logits"
     for rec in records:
@@ -202,7 +232,9 @@ def test_async_equals_reference(ckpt, reference_runs, k, graph_mode):
     if graph_mode in ("full", "full_and_piecewise"):
         full = [rec for rec in records if rec.graph_mode == "full"]
         assert any(rec.num_reqs_padded > len(rec.rows) for rec in full), "no padded FULL replay"
-        assert any(not r.draft_token_ids for rec in full for r in rec.rows), "no zero-draft row in a FULL step"
+        assert any(not r.draft_token_ids for rec in full for r in rec.rows), (
+            "no zero-draft row in a FULL step"
+        )
 
 
 class HidingDrafter(NgramDrafter):
@@ -230,8 +262,16 @@ class HidingDrafter(NgramDrafter):
 def test_only_the_device_drafts_are_verified(ckpt, graph_mode):
     """Columns past a row's draft count are never compared, whatever they hold."""
     def run(engine, **kw):
-        return drive(LLM(model=ckpt, engine=engine, num_speculative_tokens=3, drafter=HidingDrafter(3, 1, 3, 1024),
-                         **kw), ngram_workload(1))
+        return drive(
+            LLM(
+                model=ckpt,
+                engine=engine,
+                num_speculative_tokens=3,
+                drafter=HidingDrafter(3, 1, 3, 1024),
+                **kw,
+            ),
+            ngram_workload(1),
+        )
 
     ref, got = run("reference"), run("async", graph_mode=graph_mode)
     assert any(d < 3 for o in ref.values() for d, _ in o.acceptance)
@@ -243,12 +283,19 @@ def test_preempted_requests_restart_their_lookup_exactly(ckpt):
     """A tiny KV pool preempts requests; a resumed request's device row (tokens, draft count) starts over."""
     kw = dict(num_speculative_tokens=3, drafter="ngram", block_size=4, num_kv_blocks=14, max_model_len=48,
               max_num_seqs=6, **LOOKUP)
-    items = [(0, rid, prompt, SamplingParams(max_tokens=30, ignore_eos=True)) for _, rid, prompt, _ in ngram_workload(2)]
+    items = [
+        (0, rid, prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+        for _, rid, prompt, _ in ngram_workload(2)
+    ]
     ref_records, records = [], []
     ref = drive(LLM(model=ckpt, observer=ref_records.append, **kw), items)
-    got = drive(LLM(model=ckpt, engine="async", graph_mode="full_and_piecewise", observer=records.append, **kw), items)
+    got = drive(
+        LLM(model=ckpt, engine="async", graph_mode="full_and_piecewise", observer=records.append, **kw), items
+    )
     assert any(o.num_preemptions for o in got.values()), "nothing was preempted"
     assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
     ours, theirs = verified(records), verified(ref_records)
     shared = ours.keys() & theirs.keys()
-    assert len(shared) >= 0.5 * len(theirs) and {key: ours[key] for key in shared} == {key: theirs[key] for key in shared}
+    assert len(shared) >= 0.5 * len(theirs) and {key: ours[key] for key in shared} == {
+        key: theirs[key] for key in shared
+    }

@@ -154,7 +154,9 @@ def ceiling(prompt, sources, mode, lookahead):
             committed = len(src.prompt_token_ids) + sum(a + 1 for _, a in src.acceptance[:-1])
         last_prompt_boundary = len(src.prompt_token_ids) - len(src.prompt_token_ids) % BS
         first = BS if mode == "all" else last_prompt_boundary
-        common = next((i for i, (x, y) in enumerate(zip(tokens, prompt)) if x != y), min(len(tokens), len(prompt)))
+        common = next(
+            (i for i, (x, y) in enumerate(zip(tokens, prompt)) if x != y), min(len(tokens), len(prompt))
+        )
         for b in range(BS, committed + 1, BS):
             if b >= first and b <= len(prompt) - 1 and b + lookahead <= common:
                 best = max(best, b)
@@ -175,7 +177,9 @@ def test_cache_on_equals_cache_off_at_the_ceiling(ckpt, mode, k, drafter):
     rng = random.Random(7)
     system = prompts(rng, 3 * BS)
     first = system + prompts(rng, 3)
-    second = [system + prompts(rng, n) for n in (BS - 1, BS, BS + 1)] + [system[: 2 * BS + d] for d in (-1, 0, 1)]
+    second = [system + prompts(rng, n) for n in (BS - 1, BS, BS + 1)] + [
+        system[: 2 * BS + d] for d in (-1, 0, 1)
+    ]
     waves = [[first], second, lambda outs: [first + outs[0].token_ids + prompts(random.Random(1), 2)]]
     kw = {"num_speculative_tokens": k, "drafter": drafter}
     off, off_rec, _ = run(ckpt, waves, **kw)
@@ -190,7 +194,9 @@ def test_cache_on_equals_cache_off_at_the_ceiling(ckpt, mode, k, drafter):
     assert [o.num_cached_tokens for o in on] == expected
     assert any(expected), "the geometry allows no hit: the test proves nothing"
     occ = llm.occupancy()
-    assert occ.prefix_cache_hits == sum(expected) and occ.prefix_cache_queries == sum(len(o.prompt_token_ids) for o in on)
+    assert occ.prefix_cache_hits == sum(expected) and occ.prefix_cache_queries == sum(
+        len(o.prompt_token_ids) for o in on
+    )
     # the hit rows start from the restored state: a prefill with initial state at the hit
     hit_rows = [r for rec in on_rec for r in rec.rows if r.num_computed_tokens and r.kind == "prefill"
                 and r.num_computed_tokens % BS == 0]
@@ -228,7 +234,13 @@ def test_preempting_a_request_whose_blocks_are_shared(ckpt):
     rng = random.Random(9)
     system = prompts(rng, 4 * BS)
     waves = [[system + prompts(rng, 1)], [system + prompts(rng, n) for n in (2, 3, 5, 6)]]
-    kw = {"num_kv_blocks": 20, "max_model_len": 60, "max_num_seqs": 4, "num_speculative_tokens": 2, "drafter": "scripted"}
+    kw = {
+        "num_kv_blocks": 20,
+        "max_model_len": 60,
+        "max_num_seqs": 4,
+        "num_speculative_tokens": 2,
+        "drafter": "scripted",
+    }
     off, _, _ = run(ckpt, waves, max_tokens=30, **kw)
     on, _rec, _ = run(ckpt, waves, max_tokens=30, cache_mode="align", **kw)
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
@@ -264,8 +276,14 @@ def test_generate_cli_flags(capsys):
     assert main(["generate", "--prompt-ids", ids, "--max-tokens", "2", "--enable-prefix-caching",
                  "--mamba-cache-mode", "all"]) == 0
     assert "prefix cache: 0 of 20 looked-up tokens hit" in capsys.readouterr().out
-    assert main(["generate", "--prompt-ids", "1,2", "--enable-prefix-caching", "--mamba-cache-mode", "bogus"]) == 2
-    assert "mamba_cache_mode must be one of ('none', 'align', 'all') or None, got 'bogus'" in capsys.readouterr().err
+    assert (
+        main(["generate", "--prompt-ids", "1,2", "--enable-prefix-caching", "--mamba-cache-mode", "bogus"])
+        == 2
+    )
+    assert (
+        "mamba_cache_mode must be one of ('none', 'align', 'all') or None, got 'bogus'"
+        in capsys.readouterr().err
+    )
     assert main(["generate", "--prompt-ids", "1,2", "--mamba-cache-mode", "all"]) == 2
     assert "needs enable_prefix_caching=True" in capsys.readouterr().err
 

@@ -24,35 +24,70 @@ REPO = Path(__file__).resolve().parents[2]
 
 # (dataclass, field, bad value): one row per bad value; the error must name the field and the value.
 BAD = [
-    (CacheConfig, "block_size", 16.0), (CacheConfig, "block_size", 0), (CacheConfig, "block_size", True),
-    (CacheConfig, "block_size", "16"), (CacheConfig, "num_kv_blocks", 0), (CacheConfig, "num_kv_blocks", 8.5),
-    (CacheConfig, "enable_prefix_caching", 1), (CacheConfig, "mamba_cache_mode", "bogus"),
-    (CacheConfig, "mamba_cache_mode", "all"), (CacheConfig, "num_state_checkpoints", 0),
-    (SchedulerConfig, "max_num_seqs", 2.5), (SchedulerConfig, "max_num_seqs", 0),
-    (SchedulerConfig, "max_num_seqs", False), (SchedulerConfig, "max_num_batched_tokens", 256.0),
-    (SchedulerConfig, "max_num_batched_tokens", -1), (SchedulerConfig, "max_model_len", 1),
-    (SchedulerConfig, "max_model_len", None), (SchedulerConfig, "max_model_len", 1e3),
-    (SpeculativeConfig, "num_speculative_tokens", -1), (SpeculativeConfig, "num_speculative_tokens", 2.0),
-    (SpeculativeConfig, "num_speculative_tokens", None), (SpeculativeConfig, "drafter", "oracle"),
-    (SpeculativeConfig, "drafter", 3), (SpeculativeConfig, "prompt_lookup_min", 0),
-    (SpeculativeConfig, "prompt_lookup_min", 2.0), (SpeculativeConfig, "prompt_lookup_min", 3),
-    (SpeculativeConfig, "prompt_lookup_max", -1), (SpeculativeConfig, "prompt_lookup_max", "5"),
-    (EngineConfig, "model", 3), (EngineConfig, "engine", "fast"), (EngineConfig, "engine", None),
-    (EngineConfig, "dtype", "float64"), (EngineConfig, "dtype", torch.float32), (EngineConfig, "dtype", "auto"),
-    (EngineConfig, "device", "tpu"), (EngineConfig, "device", 0), (EngineConfig, "device", "cuda:99"),
-    (EngineConfig, "seed", 1.5), (EngineConfig, "seed", -1), (EngineConfig, "seed", "0"),
-    (EngineConfig, "graph_mode", "sometimes"), (EngineConfig, "graph_mode", 1),
-    (EngineConfig, "recurrent_prefill_chunked", 1), (EngineConfig, "recurrent_prefill_chunked", "no"),
-    (EngineConfig, "cache", {"block_size": 16}), (EngineConfig, "scheduler", None),
+    (CacheConfig, "block_size", 16.0),
+    (CacheConfig, "block_size", 0),
+    (CacheConfig, "block_size", True),
+    (CacheConfig, "block_size", "16"),
+    (CacheConfig, "num_kv_blocks", 0),
+    (CacheConfig, "num_kv_blocks", 8.5),
+    (CacheConfig, "enable_prefix_caching", 1),
+    (CacheConfig, "mamba_cache_mode", "bogus"),
+    (CacheConfig, "mamba_cache_mode", "all"),
+    (CacheConfig, "num_state_checkpoints", 0),
+    (SchedulerConfig, "max_num_seqs", 2.5),
+    (SchedulerConfig, "max_num_seqs", 0),
+    (SchedulerConfig, "max_num_seqs", False),
+    (SchedulerConfig, "max_num_batched_tokens", 256.0),
+    (SchedulerConfig, "max_num_batched_tokens", -1),
+    (SchedulerConfig, "max_model_len", 1),
+    (SchedulerConfig, "max_model_len", None),
+    (SchedulerConfig, "max_model_len", 1e3),
+    (SpeculativeConfig, "num_speculative_tokens", -1),
+    (SpeculativeConfig, "num_speculative_tokens", 2.0),
+    (SpeculativeConfig, "num_speculative_tokens", None),
+    (SpeculativeConfig, "drafter", "oracle"),
+    (SpeculativeConfig, "drafter", 3),
+    (SpeculativeConfig, "prompt_lookup_min", 0),
+    (SpeculativeConfig, "prompt_lookup_min", 2.0),
+    (SpeculativeConfig, "prompt_lookup_min", 3),
+    (SpeculativeConfig, "prompt_lookup_max", -1),
+    (SpeculativeConfig, "prompt_lookup_max", "5"),
+    (EngineConfig, "model", 3),
+    (EngineConfig, "engine", "fast"),
+    (EngineConfig, "engine", None),
+    (EngineConfig, "dtype", "float64"),
+    (EngineConfig, "dtype", torch.float32),
+    (EngineConfig, "dtype", "auto"),
+    (EngineConfig, "device", "tpu"),
+    (EngineConfig, "device", 0),
+    (EngineConfig, "device", "cuda:99"),
+    (EngineConfig, "seed", 1.5),
+    (EngineConfig, "seed", -1),
+    (EngineConfig, "seed", "0"),
+    (EngineConfig, "graph_mode", "sometimes"),
+    (EngineConfig, "graph_mode", 1),
+    (EngineConfig, "recurrent_prefill_chunked", 1),
+    (EngineConfig, "recurrent_prefill_chunked", "no"),
+    (EngineConfig, "cache", {"block_size": 16}),
+    (EngineConfig, "scheduler", None),
     (EngineConfig, "speculative", 3),
-    (SamplingParams, "max_tokens", 0), (SamplingParams, "max_tokens", 2.0), (SamplingParams, "max_tokens", True),
-    (SamplingParams, "ignore_eos", 1), (SamplingParams, "ignore_eos", None),
-    (SamplingParams, "stop_token_ids", "12"), (SamplingParams, "stop_token_ids", 12),
-    (SamplingParams, "stop_token_ids", [1, 2.5]), (SamplingParams, "stop_token_ids", [-1]),
+    (SamplingParams, "max_tokens", 0),
+    (SamplingParams, "max_tokens", 2.0),
+    (SamplingParams, "max_tokens", True),
+    (SamplingParams, "ignore_eos", 1),
+    (SamplingParams, "ignore_eos", None),
+    (SamplingParams, "stop_token_ids", "12"),
+    (SamplingParams, "stop_token_ids", 12),
+    (SamplingParams, "stop_token_ids", [1, 2.5]),
+    (SamplingParams, "stop_token_ids", [-1]),
     (SamplingParams, "stop_token_ids", [True]),
-    (SamplingParams, "temperature", 0.7), (SamplingParams, "temperature", "0"),
-    (SamplingParams, "top_p", 0.9), (SamplingParams, "top_p", None),
-    (SamplingParams, "top_k", 5), (SamplingParams, "top_k", 1.0), (SamplingParams, "top_k", -2),
+    (SamplingParams, "temperature", 0.7),
+    (SamplingParams, "temperature", "0"),
+    (SamplingParams, "top_p", 0.9),
+    (SamplingParams, "top_p", None),
+    (SamplingParams, "top_k", 5),
+    (SamplingParams, "top_k", 1.0),
+    (SamplingParams, "top_k", -2),
 ]
 if NO_CUDA:
     BAD.append((EngineConfig, "device", "cuda"))
@@ -106,7 +141,10 @@ def test_good_values_pass(cls, kwargs):
 
 
 def test_vllm_spellings():
-    assert EngineConfig(engine="async", graph_mode="FULL_AND_PIECEWISE").graph_mode is GraphMode.FULL_AND_PIECEWISE
+    assert (
+        EngineConfig(engine="async", graph_mode="FULL_AND_PIECEWISE").graph_mode
+        is GraphMode.FULL_AND_PIECEWISE
+    )
     assert SamplingParams(temperature=0.0).temperature == 0.0
     assert SamplingParams(stop_token_ids=None).stop_token_ids == ()
     with pytest.raises(ConfigError, match="dtype='auto'.*resolved by LLM.*float32"):
@@ -265,8 +303,15 @@ def _run_with_flag(prog: str, flag: str, value: str) -> int:
 def test_bad_flag_is_one_line_naming_the_flag_and_the_value(prog, flag, value, capsys, tmp_path):
     if prog.startswith("pytest"):
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *prog.split()[1:], flag,
-                               value], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *prog.split()[1:], flag, value],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         code, out, err = proc.returncode, "", proc.stdout + proc.stderr
         wanted_code, prefix = pytest.ExitCode.USAGE_ERROR, "ERROR: conformance: "
     else:

@@ -27,7 +27,9 @@ def _workload(seed: int):
     items = []
     for i in range(NUM_REQUESTS):
         prompt = [rng.randrange(256) for _ in range(rng.choice([1, 2, 3, 4, 5, 9, 17, 33]))]
-        items.append((f"r{i}", prompt, rng.randint(1, 12), rng.random() < 0.1))  # id, prompt, max_tokens, abort?
+        items.append(
+            (f"r{i}", prompt, rng.randint(1, 12), rng.random() < 0.1)
+        )  # id, prompt, max_tokens, abort?
     return items
 
 
@@ -74,9 +76,13 @@ def test_soak_with_aborts_preemption_and_faults(engine):
     items = _workload(7)
     common = {"num_speculative_tokens": 3, "max_num_seqs": 12, "block_size": 4, "num_kv_blocks": 48,
               "max_model_len": 64}
-    plain = {o.request_id: o.token_ids
-             for o in LLM(**{**common, "num_speculative_tokens": 0}).generate([p for _, p, _, _ in items],
-                                             [SamplingParams(max_tokens=m, ignore_eos=True) for _, _, m, _ in items])}
+    plain = {
+        o.request_id: o.token_ids
+        for o in LLM(**{**common, "num_speculative_tokens": 0}).generate(
+            [p for _, p, _, _ in items],
+            [SamplingParams(max_tokens=m, ignore_eos=True) for _, _, m, _ in items],
+        )
+    }
     plain = {rid: plain[f"gen-{i}"] for i, (rid, _, _, _) in enumerate(items)}
     kw = {"graph_mode": "full_and_piecewise"} if engine == "async" else {}
     llm = LLM(engine=engine, **common, **kw)

@@ -71,7 +71,9 @@ def test_mtp_chain_matches_engine(tiny, base):
         for s in range(steps):
             if s:
                 pos = [base + s]  # one query token attending to every cached position 0..base+s
-                out = model.mtp(torch.tensor([ids[base + s + 1]]), out, torch.tensor(pos), _attn(driver, pos), kv)
+                out = model.mtp(
+                    torch.tensor([ids[base + s + 1]]), out, torch.tensor(pos), _attn(driver, pos), kv
+                )
             ours, theirs = tr.logits(model, chain[s][0, base]), model.compute_logits(out)[0]
             assert rel_err(ours, theirs) < REL_TOL, f"step {s}"
 

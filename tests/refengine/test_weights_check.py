@@ -36,7 +36,9 @@ def _message(path, **kwargs) -> str:
                                         (float("-inf"), "0 NaN, 1 Inf")])
 def test_non_finite_weight_is_refused_by_name(value, kind, tiny_checkpoint, tmp_path):
     path = _with_value(tiny_checkpoint("next-tiny"), tmp_path / "bad", value)
-    assert _message(path).startswith(f"tensor {NAME} (float32 on disk) holds non-finite values: {kind} of 8192; ")
+    assert _message(path).startswith(
+        f"tensor {NAME} (float32 on disk) holds non-finite values: {kind} of 8192; "
+    )
     with pytest.raises(CheckpointError, match=f"tensor {NAME}.*allow_non_finite_weights=True"):
         LLM(model=str(path))
 
@@ -44,14 +46,18 @@ def test_non_finite_weight_is_refused_by_name(value, kind, tiny_checkpoint, tmp_
 def test_the_dtype_named_is_the_files(tiny_checkpoint, tmp_path):
     """A bfloat16 checkpoint loaded in float32: the message says bfloat16, what the file holds."""
     path = _with_value(tiny_checkpoint("next-tiny"), tmp_path / "bf16", float("nan"), dtype=torch.bfloat16)
-    assert _message(path, dtype=torch.float32).startswith(f"tensor {NAME} (bfloat16 on disk) holds non-finite")
+    assert _message(path, dtype=torch.float32).startswith(
+        f"tensor {NAME} (bfloat16 on disk) holds non-finite"
+    )
 
 
 def test_a_fused_gdn_projection_is_named_as_on_disk(tiny_checkpoint, tmp_path):
     """Qwen3-Next's in_proj_qkvz is split in memory; the message names the file's fused tensor."""
     name = "model.layers.0.linear_attn.in_proj_qkvz.weight"
     path = _with_value(tiny_checkpoint("next-tiny"), tmp_path / "bad", float("inf"), name, index=(150, 7))
-    assert _message(path).startswith(f"tensor {name} (float32 on disk) holds non-finite values: 0 NaN, 1 Inf of ")
+    assert _message(path).startswith(
+        f"tensor {name} (float32 on disk) holds non-finite values: 0 NaN, 1 Inf of "
+    )
 
 
 def test_a_per_expert_tensor_is_named_with_its_expert(tiny_checkpoint, tmp_path):
@@ -62,14 +68,31 @@ def test_a_per_expert_tensor_is_named_with_its_expert(tiny_checkpoint, tmp_path)
                                      f"of {32 * 64}; ")
 
 
-@pytest.mark.parametrize("name,index,where", [
-    ("model.layers.1.mlp.experts.gate_up_proj", (5, 40, 3), "expert 5's up_proj ([5, 32:64]; 1 expert(s) affected: 5)"),
-    ("model.layers.1.mlp.experts.gate_up_proj", (2, 31, 3), "expert 2's gate_proj ([2, 0:32]; 1 expert(s) affected: 2)"),
-    ("mtp.layers.0.mlp.experts.down_proj", (7, 0, 0), "expert 7's down_proj ([7, 0:64]; 1 expert(s) affected: 7)"),
-])
+@pytest.mark.parametrize(
+    "name,index,where",
+    [
+        (
+            "model.layers.1.mlp.experts.gate_up_proj",
+            (5, 40, 3),
+            "expert 5's up_proj ([5, 32:64]; 1 expert(s) affected: 5)",
+        ),
+        (
+            "model.layers.1.mlp.experts.gate_up_proj",
+            (2, 31, 3),
+            "expert 2's gate_proj ([2, 0:32]; 1 expert(s) affected: 2)",
+        ),
+        (
+            "mtp.layers.0.mlp.experts.down_proj",
+            (7, 0, 0),
+            "expert 7's down_proj ([7, 0:64]; 1 expert(s) affected: 7)",
+        ),
+    ],
+)
 def test_a_fused_expert_tensor_names_the_expert_and_projection(name, index, where, tiny_checkpoint, tmp_path):
     src = tiny_checkpoint("next-moe")  # 8 experts, Ie 32, H 64
-    path = _with_value(src, tmp_path / "bad", float("nan"), name, index, tensors=fuse_experts(read_tensors(src)))
+    path = _with_value(
+        src, tmp_path / "bad", float("nan"), name, index, tensors=fuse_experts(read_tensors(src))
+    )
     assert _message(path).startswith(f"tensor {name} (float32 on disk) holds non-finite values in {where}: "
                                      f"1 NaN, 0 Inf of {32 * 64}; ")
 
@@ -81,7 +104,9 @@ def test_every_affected_expert_is_counted(tiny_checkpoint, tmp_path):
     tensors[name] = tensors[name].clone()
     tensors[name][6, 1, 1] = float("inf")
     path = _with_value(src, tmp_path / "bad", float("nan"), name, (3, 0, 0), tensors=tensors)
-    assert "in expert 3's gate_proj ([3, 0:32]; 2 expert(s) affected: 3, 6): 1 NaN, 0 Inf of " in _message(path)
+    assert "in expert 3's gate_proj ([3, 0:32]; 2 expert(s) affected: 3, 6): 1 NaN, 0 Inf of " in _message(
+        path
+    )
 
 
 @pytest.mark.parametrize("preset,name", [
@@ -102,22 +127,29 @@ def test_the_flag_loads_it_anyway(tiny_checkpoint, tmp_path):
 
 
 def test_values_that_overflow_the_chosen_dtype_are_refused(tiny_checkpoint, tmp_path):
-    path = _with_value(tiny_checkpoint("next-tiny"), tmp_path / "big", -1e6)  # finite in float32, inf in float16
+    path = _with_value(
+        tiny_checkpoint("next-tiny"), tmp_path / "big", -1e6
+    )  # finite in float32, inf in float16
     load_model(path)
     load_model(path, dtype=torch.bfloat16)
     message = _message(path, dtype=torch.float16)
     assert message.startswith(f"tensor {NAME} (float32 on disk) holds values beyond the range of float16: "
                               f"1 of 8192 become Inf (largest magnitude 1e+06, float16 holds up to 65504); ")
     assert "allow_non_finite_weights=True" in message
-    assert load_model(path, dtype=torch.float16, allow_non_finite=True)[0].state_dict()[NAME].isinf().sum() == 1
+    assert (
+        load_model(path, dtype=torch.float16, allow_non_finite=True)[0].state_dict()[NAME].isinf().sum() == 1
+    )
 
 
 def test_overflow_in_a_fused_expert_names_the_expert(tiny_checkpoint, tmp_path):
     src = tiny_checkpoint("next-moe")
     name = "model.layers.2.mlp.experts.down_proj"
     path = _with_value(src, tmp_path / "big", 7e4, name, (4, 10, 3), tensors=fuse_experts(read_tensors(src)))
-    assert re.search(r"beyond the range of float16 in expert 4's down_proj \(\[4, 0:64\]; 1 expert\(s\) affected: "
-                     r"4\): 1 of 2048 become Inf", _message(path, dtype=torch.float16))
+    assert re.search(
+        r"beyond the range of float16 in expert 4's down_proj \(\[4, 0:64\]; 1 expert\(s\) affected: "
+        r"4\): 1 of 2048 become Inf",
+        _message(path, dtype=torch.float16),
+    )
 
 
 def test_healthy_checkpoints_load(tiny_checkpoint):

@@ -56,11 +56,14 @@ def test_chunk_prefill_vs_fla(lens, benchmark):
     has_init = torch.zeros(n, dtype=torch.bool, device="cuda")
     fq, fk, fv, fg, fb = _for_fla(q, k, v, g, beta)
     cu_long = cu.long()
-    _compare(f"chunk prefill {lens}",
-             lambda: chunk_gated_delta_rule(q, k, v, g, beta, pool, cu, idx, has_init),
-             lambda: fla_gdn.chunk_gated_delta_rule(fq, fk, fv, fg, fb, output_final_state=True, cu_seqlens=cu_long,
-                                                    use_qk_l2norm_in_kernel=True),
-             benchmark)
+    _compare(
+        f"chunk prefill {lens}",
+        lambda: chunk_gated_delta_rule(q, k, v, g, beta, pool, cu, idx, has_init),
+        lambda: fla_gdn.chunk_gated_delta_rule(
+            fq, fk, fv, fg, fb, output_final_state=True, cu_seqlens=cu_long, use_qk_l2norm_in_kernel=True
+        ),
+        benchmark,
+    )
 
 
 @pytest.mark.parametrize("rows,tokens", [(64, 4), (64, 1)], ids=["verify-64x4", "decode-64"])
@@ -77,9 +80,21 @@ def test_recurrent_vs_fla(rows, tokens, benchmark):
     fq, fk, fv, fg, fb = _for_fla(q, k, v, g, beta)
     h0 = pool[:rows].clone()
     cu_long = cu.long()
-    _compare(f"recurrent {rows} rows x {tokens} tokens",
-             lambda: fused_recurrent_gated_delta_rule(q, k, v, g, beta, pool, cu, idx, num_accepted_tokens=accepted),
-             lambda: fla_gdn.fused_recurrent_gated_delta_rule(fq, fk, fv, fg, fb, initial_state=h0,
-                                                              output_final_state=True, cu_seqlens=cu_long,
-                                                              use_qk_l2norm_in_kernel=True),
-             benchmark)
+    _compare(
+        f"recurrent {rows} rows x {tokens} tokens",
+        lambda: fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, pool, cu, idx, num_accepted_tokens=accepted
+        ),
+        lambda: fla_gdn.fused_recurrent_gated_delta_rule(
+            fq,
+            fk,
+            fv,
+            fg,
+            fb,
+            initial_state=h0,
+            output_final_state=True,
+            cu_seqlens=cu_long,
+            use_qk_l2norm_in_kernel=True,
+        ),
+        benchmark,
+    )
