@@ -78,10 +78,12 @@ RERUN_JUNIT = """<testsuites><testsuite>
   <testcase time="0.000"/>
   <testcase classname="t" name="test_infra_always"/>
   <testcase classname="t" name="test_infra"><properties><property name="p" value="2"/></properties></testcase>
-  <testcase classname="t" name="test_infra_always"><error message="InfrastructureError: down">x</error></testcase>
+  <testcase classname="t" name="test_infra_always">
+    <error message="InfrastructureError: down">x</error></testcase>
   <testcase classname="t" name="test_crashed"/>
   <testcase classname="t" name="test_double"><failure message="assert 0">x</failure></testcase>
-  <testcase classname="t" name="test_double"><error message='failed on teardown with "OSError: x"'>y</error></testcase>
+  <testcase classname="t" name="test_double">
+    <error message='failed on teardown with "OSError: x"'>y</error></testcase>
 </testsuite></testsuites>
 """
 
@@ -103,7 +105,8 @@ def test_read_junit_fields(ci, tmp_path):
         '<testsuite><testcase classname="a.b" name="t[x]@gw2" time="1.5">'
         '<properties><property name="failure_type" value="ConformanceMismatch"/></properties>'
         '<failure type="ConformanceMismatch" message="slot 3">the text</failure></testcase>'
-        '<testcase classname="a.b" name="s"><skipped type="pytest.skip" message="no GPU"/></testcase></testsuite>'
+        '<testcase classname="a.b" name="s"><skipped type="pytest.skip" message="no GPU"/></testcase>'
+        "</testsuite>"
     )
     failed, skipped = sj.read_junit([tmp_path / "t.xml"])
     assert (failed.id, failed.outcome, failed.seconds, failed.message, failed.text, failed.failure_type) == (

@@ -189,7 +189,8 @@ CHILD_TESTS = (
 
 def test_infra():
     if attempt("infra") == 1:
-        raise InfrastructureError("reference engine crashed\\nTraceback ...\\nAssertionError: slot out of sync")
+        raise InfrastructureError("reference engine crashed\\nTraceback ...\\n"
+                                  "AssertionError: slot out of sync")
 
 
 def test_mismatch():

@@ -88,7 +88,8 @@ def _junit(path) -> dict[tuple[str, str], tuple[str, str | None]]:
 
 
 def test_cli_and_pytest_give_the_same_ids_and_outcomes(tiny_checkpoint, tmp_path):
-    """One route: the CLI's JUnit is pytest's, with the ids a ``pytest --pyargs`` run from any folder gives."""
+    """One route: the CLI's JUnit is pytest's, with the ids a ``pytest --pyargs`` run from any folder
+    gives."""
     from tests.conformance.test_plugin import run_suite
 
     picked = ["short-prompts-k3", "graph-padding-k0"]

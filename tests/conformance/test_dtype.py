@@ -152,5 +152,6 @@ def test_the_plugin_refuses_an_unknown_dtype_in_one_line(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
     assert [line for line in out.splitlines() if line.strip()] == [
-        "ERROR: conformance: $CONFORMANCE_DTYPE must be one of float32, bfloat16, float16, auto, got 'float64'"
+        ("ERROR: conformance: $CONFORMANCE_DTYPE must be one of float32, bfloat16, float16, auto, "
+         "got 'float64'")
     ]

@@ -68,8 +68,9 @@ def test_generation_does_not_depend_on_what_the_process_imported():
     import refengine.config  # noqa: F401  (more modules loaded here than in the child)
 
     code = (
-        "import json; from conformance.fuzz import explore; from conformance.workloads.generate import scenarios; "
-        "seen = []; explore(scenarios(260), lambda sc: (seen.append(sc.to_dict()), ((), None, None))[1], seed=5, "
+        "import json; from conformance.fuzz import explore; "
+        "from conformance.workloads.generate import scenarios; seen = []; "
+        "explore(scenarios(260), lambda sc: (seen.append(sc.to_dict()), ((), None, None))[1], seed=5, "
         "max_examples=60); print(json.dumps(seen))"
     )
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -116,7 +117,8 @@ def test_default_fuzz_budget_passes_on_the_async_engine(tmp_path):
 
 
 def test_default_fuzz_budget_catches_a_mutant(tmp_path):
-    """The same budget catches the stale-accepted-counts mutant (seed 000) without any hand-written scenario."""
+    """The same budget catches the stale-accepted-counts mutant (seed 000) without any hand-written
+    scenario."""
     case = Selection(engine="mutant:stale-accepted-counts").open_case()
     report = fuzz(
         case, seed=0, max_examples=DEFAULT_BUDGET, out_dir=tmp_path, limits=DEFAULT_LIMITS, shrink=False
@@ -259,7 +261,8 @@ def test_with_prefix_caching_the_generator_draws_modes_shared_prefixes_and_next_
 
 
 def test_fuzz_finds_a_cache_that_never_hits(tmp_path):
-    """An engine that claims prefix caching but never hits: the generated caching workloads fail cached-tokens."""
+    """An engine that claims prefix caching but never hits: the generated caching workloads fail
+    cached-tokens."""
     case = Selection(engine="reference").open_case()
     case = dataclasses.replace(case, engine="caching-bug:never-hits", adapter=CachingBugAdapter("never-hits"))
     report = fuzz(

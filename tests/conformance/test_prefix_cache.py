@@ -145,7 +145,8 @@ def test_the_pinned_counts_are_the_cached_reference_engines(reference_case):
 
 
 def test_caching_scenarios_are_skipped_for_an_engine_that_cannot_cache(reference_case):
-    """An adapter that does not claim "prefix_caching" (here the oracle's, which strips the cache) skips them."""
+    """An adapter that does not claim "prefix_caching" (here the oracle's, which strips the cache) skips
+    them."""
     case = dataclasses.replace(reference_case, engine="uncached", adapter=reference_adapter())
     result, traces = run_scenario(EDGES, case)
     assert result.skipped == "the engine under test does not support prefix caching" and not traces

@@ -57,7 +57,8 @@ PROMPTS_CODE = ("import json; from conformance.workloads import load_scenario, s
 
 
 def quiet_env() -> dict[str, str]:
-    """A bare environment for a child interpreter; it writes no bytecode (tests never write into the checkout)."""
+    """A bare environment for a child interpreter; it writes no bytecode (tests never write into the
+    checkout)."""
     return {"PATH": "", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -118,7 +119,8 @@ def test_nightly_is_bigger():
 
 
 def test_only_the_regression_folders_own_files_join_the_corpus(tmp_path):
-    """conformance/README.md: a workload waiting for its fix in a subfolder (``regressions/pending/``) joins no tier."""
+    """conformance/README.md: a workload waiting for its fix in a subfolder (``regressions/pending/``) joins
+    no tier."""
     data = json.loads(min(REGRESSIONS_DIR.glob("*.json")).read_text())
     (tmp_path / "pending").mkdir()
     (tmp_path / "joined.json").write_text(json.dumps({**data, "id": "regression-joined"}))

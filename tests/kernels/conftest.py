@@ -42,7 +42,8 @@ def device_for(request) -> torch.device:
 
 
 def generator(seed: int) -> torch.Generator:
-    """A seeded generator on the current test's device (``torch.randn(..., generator=g)`` needs both to agree)."""
+    """A seeded generator on the current test's device (``torch.randn(..., generator=g)`` needs both to
+    agree)."""
     return torch.Generator(device=torch.get_default_device()).manual_seed(seed)
 
 

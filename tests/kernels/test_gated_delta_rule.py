@@ -156,7 +156,8 @@ def test_chunk_triton_matches_reference(lens, hk, hv, dk, dv, bt):
 @requires_triton
 @pytest.mark.parametrize("bt", [16, 64])
 def test_chunk_triton_with_correlated_keys(bt):
-    """Near-identical keys, beta near 1, little decay: A is large, so every part of the triangular solve counts."""
+    """Near-identical keys, beta near 1, little decay: A is large, so every part of the triangular solve
+    counts."""
     lens, hv, dk, dv = [70, 9], 2, 16, 12
     q, _, v, _, _, cu = make_inputs(lens, 1, hv, dk, dv)
     t = q.shape[0]

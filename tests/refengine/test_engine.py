@@ -117,7 +117,8 @@ def test_preemption_under_tiny_kv_pool(checkpoints, k):
 
 @pytest.mark.parametrize("k", [0, 2, 3])
 def test_dirty_recycled_slots(checkpoints, k):
-    """Short new prompts that reuse finished requests' slots (and slots full of garbage) match a fresh engine."""
+    """Short new prompts that reuse finished requests' slots (and slots full of garbage) match a fresh
+    engine."""
     ckpt = checkpoints["next-tiny"]
     short = prompts_of(range(1, k + 3), 256, seed=13)
     fresh, _, _ = greedy(ckpt, short, max_tokens=12, num_speculative_tokens=k)

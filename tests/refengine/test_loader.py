@@ -225,7 +225,8 @@ def test_bad_tensors_are_named(drop, add, expected, tiny_checkpoint, tmp_path):
 
 
 def _wrap(src, dst, drop=(), add=None):
-    """``src`` (a Qwen3.5 text checkpoint) inside the multimodal wrapper, tensors dropped / added by wrapped name."""
+    """``src`` (a Qwen3.5 text checkpoint) inside the multimodal wrapper, tensors dropped / added by wrapped
+    name."""
     text = json.loads((src / "config.json").read_text())
     config = {
         "model_type": "qwen3_5",
@@ -254,7 +255,8 @@ def _wrap(src, dst, drop=(), add=None):
         (
             [],
             {"model.language_model.layers.0.mlp.up_proj.weight": torch.zeros(127, 64)},
-            r"^tensor model\.language_model\.layers\.0\.mlp\.up_proj\.weight has shape \[127, 64\], expected \[128, 64\]$",
+            (r"^tensor model\.language_model\.layers\.0\.mlp\.up_proj\.weight has shape \[127, 64\], "
+             r"expected \[128, 64\]$"),
         ),
         (
             [],
@@ -284,7 +286,8 @@ def test_absent_layer_types_are_named_when_the_tensors_disagree(tiny_checkpoint,
         CheckpointError,
         match=(
             r"^missing tensor model\.layers\.1\.linear_attn\.\S+ \(and \d+ more: .*\); config\.json has no "
-            r"layer_types, so transformers derived them from full_attention_interval \(linear_attention for layer 1\), "
+            r"layer_types, so transformers derived them from full_attention_interval "
+            r"\(linear_attention for layer 1\), "
             r"but the tensors make layer 1 full_attention: add layer_types to config\.json$"
         ),
     ):

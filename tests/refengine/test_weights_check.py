@@ -16,7 +16,8 @@ NAME = "model.layers.1.mlp.up_proj.weight"
 
 
 def _with_value(src, dst, value: float, name: str = NAME, index=(3, 5), tensors=None, dtype=None):
-    """A copy of checkpoint ``src`` (or of ``tensors``, its tensors changed) with ``tensors[name][index] = value``,
+    """A copy of checkpoint ``src`` (or of ``tensors``, its tensors changed) with ``tensors[name][index] =
+    value``,
     every tensor in ``dtype`` when given."""
     tensors = dict(read_tensors(src) if tensors is None else tensors)
     if dtype is not None:

@@ -29,7 +29,8 @@ def _for_fla(q, k, v, g, beta):
 
 
 def _compare(name, ours_fn, fla_fn, benchmark):
-    """Time both the same way (do_bench, CUDA events), print the ratio, and put ours in the benchmark table."""
+    """Time both the same way (do_bench, CUDA events), print the ratio, and put ours in the benchmark
+    table."""
     from triton.testing import do_bench
 
     ours_ms = do_bench(ours_fn, return_mode="median")
