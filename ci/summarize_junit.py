@@ -156,7 +156,8 @@ def _table(cases: list[Case]) -> list[str]:
     for c in cases:
         replay = c.properties.get("replay", "")
         rows.append(
-            f"| `{c.id}` | {c.kind} | {_first_line(c.message or c.text)} | {f'`{replay}`' if replay else ''} |"
+            f"| `{c.id}` | {c.kind} | {_first_line(c.message or c.text)} | "
+            f"{f'`{replay}`' if replay else ''} |"
         )
     return rows
 

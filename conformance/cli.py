@@ -227,7 +227,8 @@ def cmd_replay(args, out) -> int:
         if "reference" in traces and args.request not in traces["reference"].requests:
             known = ", ".join(sorted(traces["reference"].requests))
             print(
-                f"conformance replay: no request {args.request!r} in {result.scenario_id} (requests: {known})",
+                f"conformance replay: no request {args.request!r} in {result.scenario_id} "
+                f"(requests: {known})",
                 file=sys.stderr,
             )
             return 2
@@ -255,8 +256,8 @@ def cmd_fuzz(args, out) -> int:
     case = sel.open_case()
     budget = f"{args.examples} workloads" + (f" or {args.budget_seconds:g} s" if args.budget_seconds else "")
     print(
-        f"conformance fuzz: engine under test {sel.engine}, reference engine as oracle, model {case.facts.label}, "
-        f"dtype {case.dtype} (both engines), seed {args.seed}, at most {budget}",
+        f"conformance fuzz: engine under test {sel.engine}, reference engine as oracle, "
+        f"model {case.facts.label}, dtype {case.dtype} (both engines), seed {args.seed}, at most {budget}",
         file=out,
         flush=True,
     )
@@ -266,8 +267,8 @@ def cmd_fuzz(args, out) -> int:
         if e.phase == "shrink" and not shrinking:
             shrinking.append(True)
             print(
-                f"shrinking: '{e.failing[0] if e.failing else '?'}' failed; looking for a smaller workload on which "
-                "it still fails",
+                f"shrinking: '{e.failing[0] if e.failing else '?'}' failed; "
+                "looking for a smaller workload on which it still fails",
                 file=out,
                 flush=True,
             )

@@ -35,11 +35,13 @@ FEATURES = (
     "mtp",  # drafts with the model's MTP head
     "scripted_drafter",  # takes refengine's ScriptedDrafter
     "ngram_drafter",  # drafts by n-gram prompt lookup (vLLM's "ngram", prompt_lookup_min/max): 0..K per step
-    "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode (reports num_cached_tokens)
+    "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode
+    # (reports num_cached_tokens)
 )
 # The feature a scenario's drafter needs (EngineSettings.drafter -> FEATURES entry).
 DRAFTER_FEATURES = {"mtp": "mtp", "scripted": "scripted_drafter", "ngram": "ngram_drafter"}
-# refengine's engines that restore cached prefixes (both); an adapter without the feature skips those scenarios.
+# refengine's engines that restore cached prefixes (both);
+# an adapter without the feature skips those scenarios.
 CACHING_ENGINES = ("reference", "async")
 BUILTIN_ENGINES = ("reference", "async", *(f"async:{m}" for m in GRAPH_MODES))
 

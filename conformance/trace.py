@@ -106,7 +106,8 @@ class Trace:
     num_engine_steps: int = 0
     aborts: dict[str, AbortTrace] = field(default_factory=dict)
     duplicate_outputs: list[str] = field(default_factory=list)  # requests handed back more than once
-    # StepRecord / RowRecord fields, and optional RequestOutput ones (num_cached_tokens), the engine did not report
+    # StepRecord / RowRecord fields, and optional RequestOutput ones (num_cached_tokens),
+    # the engine did not report
     missing_fields: list[str] = field(default_factory=list)
 
     def rows_of(self, request_id: str) -> list[RowTrace]:

@@ -84,9 +84,9 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
-# The StepRecord / RowRecord fields (and optional RequestOutput ones) a check reads from the engine under test:
-# when its records lack one (an adapter of another engine), the check is n/a, never a pass over what happens
-# to be there.
+# The StepRecord / RowRecord fields (and optional RequestOutput ones) a check reads from the engine under
+# test: when its records lack one (an adapter of another engine), the check is n/a, never a pass over what
+# happens to be there.
 NEEDS: dict[str, tuple[str, ...]] = {
     "acceptance": ("rows", "kind", "draft_token_ids", "output_token_ids", "num_accepted"),
     "logits-digests": ("rows", "logits_digest"),

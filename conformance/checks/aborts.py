@@ -109,8 +109,8 @@ def _problem(tokens: list[int], reason: str | None, full: list[int], full_reason
         return None
     if tokens != full or reason != full_reason:
         return (
-            f"finished with {reason!r} after {len(tokens)} tokens instead of being aborted, but that is not its "
-            f"un-aborted output ({len(full)} tokens, {full_reason!r})"
+            f"finished with {reason!r} after {len(tokens)} tokens instead of being aborted, "
+            f"but that is not its un-aborted output ({len(full)} tokens, {full_reason!r})"
         )
     return None
 

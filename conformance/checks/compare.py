@@ -311,7 +311,10 @@ def _counter_problem(req: RequestTrace, k: int) -> str | None:
         )
     for i, (d, a) in enumerate(req.acceptance):
         if not 0 <= a <= d <= k:
-            return f"verify step {i} drafted {d} and accepted {a} (each must be within 0 <= accepted <= drafted <= K={k})"
+            return (
+                f"verify step {i} drafted {d} and accepted {a} "
+                f"(each must be within 0 <= accepted <= drafted <= K={k})"
+            )
     return None
 
 

@@ -74,7 +74,10 @@ def _full_step_problem(step: StepTrace) -> str | None:
         want = padded + 1 if field == OFFSETS_FIELD else padded if field in PER_REQUEST_FIELDS else None
         if want is not None and (not shape or shape[0] != want):
             lead = shape[0] if shape else "none"
-            return f"{key} has leading dimension {lead}, expected {want} (padded requests{' + 1' if want > padded else ''})"
+            return (
+                f"{key} has leading dimension {lead}, expected {want} "
+                f"(padded requests{' + 1' if want > padded else ''})"
+            )
     return None
 
 

@@ -94,7 +94,8 @@ def scenario_from_dict(
         raise ScenarioFileError(f"{where}malformed scenario file: {type(e).__name__}: {e}") from None
     except ScenarioFileError:
         raise
-    except ValueError as e:  # settings or a request the workload cannot hold (an abort before arrival, a bad extends) (an abort before arrival, a bad extends)
+    except ValueError as e:  # settings or a request the workload cannot hold (an abort before arrival, a bad
+        # extends) (an abort before arrival, a bad extends)
         raise ScenarioFileError(f"{where}{e}") from None
     if not requests:
         raise ScenarioFileError(f"{where}the scenario has no requests")

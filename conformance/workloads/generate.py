@@ -200,8 +200,8 @@ def _finish(scenario: Scenario) -> Scenario:
 
 def _describe(requests: list[RequestSpec], prefixes: list[tuple[int, ...]]) -> str:
     text = (
-        f"generated: {len(requests)} request(s), prompts of {[len(r.prompt) for r in requests]} tokens, arrivals "
-        f"{[r.arrival_step for r in requests]}"
+        f"generated: {len(requests)} request(s), prompts of {[len(r.prompt) for r in requests]} tokens, "
+        f"arrivals {[r.arrival_step for r in requests]}"
     )
     if any(r.abort_step is not None for r in requests):
         text += f", aborts {[r.request_id for r in requests if r.abort_step is not None]}"

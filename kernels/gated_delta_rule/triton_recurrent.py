@@ -1,8 +1,8 @@
 """Triton kernel for the token-by-token gated delta rule over a pooled state (decode / verify).
 
 One program per (row, value head, block of ``BV`` value columns, see ``launch_config``). The
-state block ``[BK, BV]`` stays in registers while the program walks the row's tokens in order, so a row's result does not
-depend on its neighbours.
+state block ``[BK, BV]`` stays in registers while the program walks the row's tokens in order, so a row's
+result does not depend on its neighbours.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Compile cases for the async engine's step preparation (see kernels/compile_check.py): K = 4, block 16..64."""
+"""Compile cases for the async engine's step preparation (see kernels/compile_check.py):
+K = 4, block 16..64."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ def reshape_and_cache_kernel(
 
 
 def slot_contiguous(t: torch.Tensor) -> bool:
-    """Whether the ``[Hkv, D]`` values of one token (or cache slot) lie contiguous, as the kernel reads them."""
+    """Whether the ``[Hkv, D]`` values of one token (or cache slot) lie contiguous,
+    as the kernel reads them."""
     hkv, d = t.shape[-2:]
     return (d <= 1 or t.stride(-1) == 1) and (hkv <= 1 or t.stride(-2) == d)
 

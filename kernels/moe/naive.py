@@ -33,7 +33,8 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 def naive_moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``router_logits [T, E]`` -> ``topk_weights [T, K]`` (router_logits.dtype), ``topk_ids [T, K]`` int32."""
+    """``router_logits [T, E]`` -> ``topk_weights [T, K]`` (router_logits.dtype),
+    ``topk_ids [T, K]`` int32."""
     check_moe_route_inputs(router_logits, top_k, renormalize)
     probs = torch.softmax(router_logits.float(), dim=-1)  # [T, E] float32
     weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]

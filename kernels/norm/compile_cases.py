@@ -1,4 +1,5 @@
-"""Real-shape compile cases for the norms (see kernels/compile_check.py): hidden 2048, GDN value heads of 128."""
+"""Real-shape compile cases for the norms (see kernels/compile_check.py):
+hidden 2048, GDN value heads of 128."""
 
 from __future__ import annotations
 
