@@ -34,7 +34,8 @@ class ModelCaches:
         self.sink_block = num_kv_blocks  # the block after the pool's blocks
         self.num_speculative_tokens = num_speculative_tokens  # K: columns the conv window is widened by
         self.kv: dict = {}  # layer idx | "mtp" -> (k_cache, v_cache), each [blocks, block_size, Hkv, D]
-        self.states: dict = {}  # layer idx -> state tensors, each [S, ...] (GDN: conv [S, C, W-1+K], ssm fp32)
+        self.states: dict = {}  # layer idx -> state tensors, each [S, ...] (GDN: conv [S, C, W-1+K],
+        #                         ssm fp32)
         for i, layer_type in enumerate(cfg.layer_types):
             spec = mixer_class(layer_type).cache_spec(cfg, num_speculative_tokens)
             if isinstance(spec, PagedKV):

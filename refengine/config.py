@@ -239,7 +239,8 @@ class EngineConfig:
         if self.cache.num_kv_blocks is not None and self.cache.num_kv_blocks < self.blocks_per_request:
             raise ConfigError(
                 f"num_kv_blocks ({self.cache.num_kv_blocks}) cannot hold one request of max_model_len "
-                f"{self.scheduler.max_model_len}: needs {self.blocks_per_request} blocks of {self.cache.block_size}"
+                f"{self.scheduler.max_model_len}: needs {self.blocks_per_request} blocks "
+                f"of {self.cache.block_size}"
             )
 
     @property

@@ -257,7 +257,8 @@ class PrefixCache:
         return extend_keys(req.block_keys, req.all_token_ids, self.block_size, self.lookahead)
 
     def find(self, req, total: int) -> Hit:
-        """The longest cached prefix of ``req``'s first ``total`` tokens, leaving its last token to compute."""
+        """The longest cached prefix of ``req``'s first ``total`` tokens, leaving its last token to
+        compute."""
         best, blocks = 0, []
         for i, key in enumerate(self.keys(req)):
             if (i + 1) * self.block_size > total - 1:

@@ -76,7 +76,8 @@ class Scheduler:
         self.block_size = config.cache.block_size
         self.num_slots_per_request = 1 + config.speculative.num_speculative_tokens
         self.lookahead = config.num_lookahead_tokens
-        # The async engine's optimistic counts can run past what a request ever writes; never reserve beyond it.
+        # The async engine's optimistic counts can run past what a request ever writes; never reserve
+        # beyond it.
         self.max_kv_positions = config.kv_positions_per_request
         self.kv_pool = BlockPool(config.num_kv_blocks)
         self.slot_pool = StateSlotPool(config.num_state_slots)
@@ -159,7 +160,8 @@ class Scheduler:
         return max(math.ceil(total / self.block_size) - len(req.block_ids), 0)
 
     def _reserve_blocks(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
-        """Grow ``req``'s block list, preempting from the tail of ``running``; False if ``req`` itself went."""
+        """Grow ``req``'s block list, preempting from the tail of ``running``; False if ``req`` itself
+        went."""
         while True:
             blocks = self.kv_pool.allocate(self._blocks_needed(req, num_new))
             if blocks is not None:

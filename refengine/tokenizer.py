@@ -60,7 +60,8 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer | None:
 
 
 def byte_level_tokenizer(vocab_size: int, eos_token_id: int):
-    """A ``tokenizers.Tokenizer``: ids 0..255 are bytes, ids 256..vocab_size-1 special tokens (EOS among them)."""
+    """A ``tokenizers.Tokenizer``: ids 0..255 are bytes, ids 256..vocab_size-1 special tokens (EOS among
+    them)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 

@@ -47,7 +47,8 @@ class StepRows(RowTable):
     num_draft_positions: (
         torch.Tensor
     )  # [N] draft positions at the row's tail: the host schedules K per decode row
-    #                                    (the device's drafts, fillers past their count); 0 for prefill rows, K for padding
+    #                                    (the device's drafts, fillers past their count); 0 for prefill rows,
+    #                                    K for padding
     backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1
 
     @classmethod

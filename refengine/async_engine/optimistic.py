@@ -5,8 +5,8 @@ so it assumes every scheduled draft is accepted: ``num_computed_tokens`` and the
 run ahead, and the drafts of a request are placeholders (-1). These values are upper bounds that
 only steer scheduling (how many tokens a request may still need, which blocks to reserve). Positions,
 slot mappings, state offsets and drafter inputs come from the device's authoritative state
-(contracts 3 and 4 in refengine/README.md); everything optimistic lives here so it is easy to see what must never
-feed them. ``settle`` corrects the host view once a step's output arrives.
+(contracts 3 and 4 in refengine/README.md); everything optimistic lives here so it is easy to see what must
+never feed them. ``settle`` corrects the host view once a step's output arrives.
 """
 
 from __future__ import annotations

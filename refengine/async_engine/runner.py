@@ -228,7 +228,8 @@ class AsyncRunner:
             fut.payload = StepPayload.of(out, n, shape.num_tokens, m)
 
     def program(self, shape: StepShape, rows: StepRows) -> StepOutputs:
-        """The whole step over ``rows`` [Np]: reads only them, the persistent state and ``shape``'s padded sizes."""
+        """The whole step over ``rows`` [Np]: reads only them, the persistent state and ``shape``'s padded
+        sizes."""
         step = self.prepare(shape, rows, self.state.num_computed)
         hidden = self.run(step)
         verified = self.verify(shape, rows, step, hidden)

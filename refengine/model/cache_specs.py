@@ -9,7 +9,8 @@ import torch
 
 @dataclass(frozen=True)
 class PagedKV:
-    """Keys and values in blocks of ``block_size`` tokens: (k, v), each [blocks, block_size, heads, head_dim]."""
+    """Keys and values in blocks of ``block_size`` tokens: (k, v), each
+    [blocks, block_size, heads, head_dim]."""
 
     num_kv_heads: int
     head_dim: int

@@ -88,7 +88,8 @@ class ModelConfig:
             )
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(
-                f"layer_types: has {len(self.layer_types)} entries, num_hidden_layers is {self.num_hidden_layers}"
+                f"layer_types: has {len(self.layer_types)} entries, "
+                f"num_hidden_layers is {self.num_hidden_layers}"
             )
         for i, kind in enumerate(self.layer_types):
             if kind not in LAYER_TYPES:
@@ -97,7 +98,8 @@ class ModelConfig:
             raise ValueError(f"partial_rotary_factor: must be in (0, 1], got {self.partial_rotary_factor}")
         if self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(
-                f"partial_rotary_factor: rotary dim int(head_dim * factor) = {self.rotary_dim} must be even and >= 2"
+                f"partial_rotary_factor: rotary dim int(head_dim * factor) = {self.rotary_dim} "
+                "must be even and >= 2"
             )
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta: must be positive, got {self.rope_theta}")

@@ -51,8 +51,9 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
         return snapshot_download(str(name_or_path), local_files_only=True)
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
-            f"{name_or_path!r} is neither a local folder nor in the local Hugging Face cache ({HF_HUB_CACHE}); "
-            f"models are never downloaded here: fetch it first (e.g. `hf download {name_or_path}`) or pass a folder"
+            f"{name_or_path!r} is neither a local folder nor in the local Hugging Face cache "
+            f"({HF_HUB_CACHE}); models are never downloaded here: fetch it first "
+            f"(e.g. `hf download {name_or_path}`) or pass a folder"
         ) from exc
 
 
@@ -127,7 +128,8 @@ def load_model(
 
 
 def read_config(root: Path) -> ModelConfig:
-    """Parse ``config.json`` into a ModelConfig; CheckpointError names the folder or file when it is unusable."""
+    """Parse ``config.json`` into a ModelConfig; CheckpointError names the folder or file when it is
+    unusable."""
     return parse_config(read_config_json(root), root / CONFIG_NAME)
 
 
@@ -204,7 +206,8 @@ def _read_tensors(root: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def _model_name(key: str) -> str:
-    """A file's tensor name as the model names it: a Qwen3.5 wrapper's ``model.language_model.`` -> ``model.``."""
+    """A file's tensor name as the model names it: a Qwen3.5 wrapper's ``model.language_model.`` ->
+    ``model.``."""
     return "model." + key[len(WRAPPER_PREFIX):] if key.startswith(WRAPPER_PREFIX) else key
 
 
@@ -303,9 +306,9 @@ def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: ModelConfig
     for i, derived in enumerate(cfg.layer_types):
         if held.get(i, derived) != derived:
             return (
-                f"; config.json has no layer_types, so transformers derived them from full_attention_interval "
-                f"({derived} for layer {i}), but the tensors make layer {i} {held[i]}: add layer_types "
-                f"to config.json"
+                f"; config.json has no layer_types, so transformers derived them from "
+                f"full_attention_interval ({derived} for layer {i}), but the tensors make layer {i} "
+                f"{held[i]}: add layer_types to config.json"
             )
     return ""
 
@@ -357,7 +360,8 @@ def split_qkvz(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, to
 
 
 def split_ba(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-Next in_proj_ba [2Hv, H] (per key-head group: b_g (r), a_g (r)) -> in_proj_b, in_proj_a [Hv, H]."""
+    """Qwen3-Next in_proj_ba [2Hv, H] (per key-head group: b_g (r), a_g (r)) -> in_proj_b,
+    in_proj_a [Hv, H]."""
     hk = cfg.linear_num_key_heads
     r = cfg.linear_num_value_heads // hk
     grouped = weight.reshape(hk, 2 * r, weight.shape[-1])

@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         return report("refengine bench", e)
     r = measure(ref, fast, args.repeat, args.copies)
     print(
-        f"workload: {r['requests']} requests, {r['tokens']} generated tokens, K={args.num_speculative_tokens}, "
+        f"workload: {r['requests']} requests, {r['tokens']} generated tokens, "
+        f"K={args.num_speculative_tokens}, "
         f"graph mode {args.graph_mode}, device {args.device}, dtype {r['dtype']} (both engines), "
         f"torch threads {torch.get_num_threads()}"
     )
@@ -161,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:9s} {tps:8.1f} tokens/s (median of {args.repeat})")
     print(f"  ratio async/reference: {r['ratio']:.2f}x")
     print(
-        f"  async, totals over the warm-up and {args.repeat} timed runs: {r['async_syncs_per_step']:.2f} host syncs "
-        f"per step, {r['async_wasted_tokens']} wasted tokens, {r['async_row_moves']} row moves, "
+        f"  async, totals over the warm-up and {args.repeat} timed runs: {r['async_syncs_per_step']:.2f} "
+        f"host syncs per step, {r['async_wasted_tokens']} wasted tokens, {r['async_row_moves']} row moves, "
         f"graph steps {r['async_graph_steps']}"
     )
     busy = r["async_host_busy"]
@@ -172,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     launches = r["async_launches_per_step"]
     print(
-        f"  async device busy {100 * r['async_device_busy']:.1f}% of the run (device time of the step programs "
-        f"over wall time), {r['async_us_per_step']:.0f} us per step, {r['async_host_us_per_step']:.0f} us host "
-        f"time per step, "
+        f"  async device busy {100 * r['async_device_busy']:.1f}% of the run (device time of the step "
+        f"programs over wall time), {r['async_us_per_step']:.0f} us per step, "
+        f"{r['async_host_us_per_step']:.0f} us host time per step, "
         + (
             "kernel launches per step n/a (CUDA only)"
             if launches is None
