@@ -106,8 +106,8 @@ def check_records(records, k):
                 assert rec.gdn_metadata_shapes["decode.num_valid"] == (n,)
 
 
-@pytest.mark.parametrize("graph_mode", ["none", "full_and_piecewise",
-                                        *(pytest.param(m, marks=pytest.mark.slow) for m in ("piecewise", "full"))])
+@pytest.mark.parametrize("graph_mode", ["none", "full_and_piecewise", *(
+    pytest.param(m, marks=pytest.mark.slow) for m in ("piecewise", "full"))])
 def test_churn_scripted(ckpt, graph_mode):
     llm, records = compare(ckpt, workload(1, 3), k=3, graph_mode=graph_mode, max_num_seqs=5,
                            max_num_batched_tokens=24)
