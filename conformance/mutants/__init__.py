@@ -352,6 +352,8 @@ def _stop_rule_on_optimistic_count(engine) -> None:
 
 def _publish_optimistic_count(engine) -> None:
     """Prefix caching: a verify row publishes up to its scheduled tokens, as if every draft was kept."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
     prefix = engine.prefix
     settle = prefix.settle
 
@@ -368,6 +370,8 @@ def _publish_optimistic_count(engine) -> None:
 def _kv_hit_past_checkpoint(engine) -> None:
     """Prefix caching: a hit is as long as its cached KV blocks, restoring the last checkpoint inside it
     (or none), so computation resumes past the position the restored state belongs to."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
     prefix = engine.core.scheduler.prefix
     find = prefix.find
 
@@ -388,6 +392,8 @@ def _kv_hit_past_checkpoint(engine) -> None:
 def _hit_without_reference(engine) -> None:
     """Prefix caching: a hit shares its KV blocks without a reference of its own, so the pool may evict
     and reuse them while the request still reads them (and frees them once too often)."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
     scheduler = engine.core.scheduler
     schedule = scheduler.schedule
 
@@ -405,6 +411,8 @@ def _hit_without_reference(engine) -> None:
 def _restore_repeated(engine) -> None:
     """Prefix caching: a hit's restore copy is queued again with the request's next step, so it runs
     back over the newer state the request's first step left in s_0."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
     plan = engine.plan
     pending: dict[int, tuple[int, int]] = {}  # id(request) -> (checkpoint slot, s_0) restored last step
 
@@ -426,6 +434,8 @@ def _restore_repeated(engine) -> None:
 def _checkpoint_slots_in_schedule_order(engine) -> None:
     """Prefix caching: the checkpoint slots held per row are staged in scheduling order while the step
     program reads them in batch order, so after rows move a row's state lands in another's checkpoint."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
     plan = engine.plan
 
     def plan_in_schedule_order(sched):
@@ -443,6 +453,8 @@ def _stale_kept_counts_for_checkpoints(engine) -> None:
     """Prefix caching: the checkpoint copy masks with a per-batch-row copy of the kept counts that is one
     step stale (and, once rows move, another request's), so a boundary a row kept is skipped (the host
     keys a slot nothing was copied into) or a rejected one is copied."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
     runner = engine.runner
     checkpoint = runner.checkpoint
     previous: list[torch.Tensor] = []  # [Np] kept counts of the last step, by batch row
@@ -461,6 +473,8 @@ def _stale_kept_counts_for_checkpoints(engine) -> None:
 def _conv_window_unshifted(engine) -> None:
     """Prefix caching: a checkpoint takes the conv window's first W-1 columns, not the ones that end at
     the boundary's token, so a verify step's checkpoint has the window of the step's first token."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
     caches = engine.caches
     save = caches.save_checkpoints
 
