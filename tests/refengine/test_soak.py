@@ -22,11 +22,15 @@ class InjectedFault(Exception):
     pass
 
 
-def _workload(seed: int):
+def _workload(seed: int, shared: bool = False):
+    """With ``shared``, most prompts start with one of a few common prefixes (so a prefix cache hits)."""
     rng = random.Random(seed)
+    prefixes = [[rng.randrange(256) for _ in range(n)] for n in (4, 7, 8, 12, 16)]
     items = []
     for i in range(NUM_REQUESTS):
         prompt = [rng.randrange(256) for _ in range(rng.choice([1, 2, 3, 4, 5, 9, 17, 33]))]
+        if shared and rng.random() < 0.8:
+            prompt = (rng.choice(prefixes) + prompt)[:40]
         items.append(
             (f"r{i}", prompt, rng.randint(1, 12), rng.random() < 0.1)
         )  # id, prompt, max_tokens, abort?
@@ -71,9 +75,12 @@ def _raise_once():
     return observe
 
 
-@pytest.mark.parametrize("engine", ["reference", "async"])
-def test_soak_with_aborts_preemption_and_faults(engine):
-    items = _workload(7)
+@pytest.mark.parametrize("engine,caching", [("reference", None), ("async", None), ("reference", "align"),
+                                            ("async", "all"), ("async", "align")])
+def test_soak_with_aborts_preemption_and_faults(engine, caching):
+    """With ``caching`` (a mamba_cache_mode), prefix caching is on and the prompts share prefixes: hits,
+    eviction from a small pool, preemption of shared blocks and faults keep every reference count exact."""
+    items = _workload(7, shared=caching is not None)
     common = {"num_speculative_tokens": 3, "max_num_seqs": 12, "block_size": 4, "num_kv_blocks": 48,
               "max_model_len": 64}
     plain = {
@@ -85,6 +92,8 @@ def test_soak_with_aborts_preemption_and_faults(engine):
     }
     plain = {rid: plain[f"gen-{i}"] for i, (rid, _, _, _) in enumerate(items)}
     kw = {"graph_mode": "full_and_piecewise"} if engine == "async" else {}
+    if caching is not None:
+        kw.update(enable_prefix_caching=True, mamba_cache_mode=caching)
     llm = LLM(engine=engine, **common, **kw)
     outs, faults = _drive(llm, items, seed=11, fault_every=97)
     assert faults > 0 and len(outs) == len(items)
@@ -97,3 +106,5 @@ def test_soak_with_aborts_preemption_and_faults(engine):
             assert o.token_ids == plain[rid], rid
     occupancy = llm.occupancy()
     assert occupancy.empty, occupancy
+    if caching is not None:
+        assert occupancy.prefix_cache_hits > 0, occupancy
