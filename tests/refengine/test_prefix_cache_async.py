@@ -198,7 +198,8 @@ def fault_free(ckpt):
     return run(ckpt, fault_waves(), **FAULT_SPECULATION)[0]
 
 
-@pytest.mark.parametrize("stage", ["plan", "submitted", "process", "commit"])
+@pytest.mark.parametrize("stage", ["plan", "process", *(pytest.param(s, marks=pytest.mark.slow)
+                                                        for s in ("submitted", "commit"))])
 def test_async_fault_frees_held_checkpoints(ckpt, fault_free, stage):
     """A fault drops the steps in flight: their held checkpoint slots are freed, nothing half-written is
     published, and every request still finishes exactly."""
