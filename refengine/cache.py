@@ -61,8 +61,7 @@ class ModelCaches:
     def restore_checkpoint(self, src: int, slot0: int) -> None:
         """Copy checkpoint slot ``src`` into a request's s_0 (its initial state for the next prefill)."""
         for conv, *rest in self.states.values():
-            width = conv.shape[2]
-            conv[slot0, :, :width].copy_(conv[src, :, :width])
+            conv[slot0].copy_(conv[src])
             for t in rest:
                 t[slot0].copy_(t[src])
 

@@ -1,8 +1,9 @@
-"""Resource pools: paged KV blocks and GDN state slots.
+"""The recurrent state-slot pool (KV blocks live in ``refengine.prefix_cache.BlockPool``, which also
+shares them between requests).
 
-Both are pools of integer ids handed out last-freed-first, so recycled ids come back quickly.
-Freed state slots are recycled without zeroing: a new request must never depend on what a slot
-held before (classification gives it a zero initial state instead).
+A pool of integer ids handed out last-freed-first, so recycled ids come back quickly. Freed state
+slots are recycled without zeroing: a new request must never depend on what a slot held before
+(classification gives it a zero initial state instead).
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ class IdPool:
                 raise RuntimeError(f"{self.name} pool: id {i} freed twice or never allocated")
             self._used.remove(i)
         self._free.extend(reversed(ids))
-
-
-def KVBlockPool(num_blocks: int) -> IdPool:
-    return IdPool("kv-block", num_blocks)
 
 
 def StateSlotPool(num_slots: int) -> IdPool:

@@ -60,10 +60,6 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self._free) + len(self._evictable)
 
-    @property
-    def num_cached(self) -> int:
-        return len(self._key_of)
-
     def refs(self, block: int) -> int:
         return self._refs.get(block, 0)
 

@@ -24,7 +24,6 @@ class StepTensors:
 
     idx_mapping: torch.Tensor  # [N] int32, request slot per row, -1 for padding rows
     query_start_loc: torch.Tensor  # [N+1] int32
-    is_decode: torch.Tensor  # [N] bool
     has_initial_state: torch.Tensor  # [N] bool
     seq_lens: torch.Tensor  # [N] int32
     slot_mapping: torch.Tensor  # [T] int64

@@ -280,7 +280,7 @@ class AsyncRunner:
             last_sampled=st.last_sampled, draft_tokens=st.draft_tokens, token_ids=st.token_ids,
             block_table=st.block_table, block_size=self.block_size, num_tokens_padded=shape.num_tokens_padded)
         has_initial_state = rows.has_initial_state.bool()
-        tensors = StepTensors(idx, qsl, is_decode, has_initial_state, seq_lens, slot_mapping)
+        tensors = StepTensors(idx, qsl, has_initial_state, seq_lens, slot_mapping)
         attn, recurrent = self.builder.build(tensors, shape)
         used_num_valid = torch.ones(n_pad, dtype=torch.int32, device=dev)
         decode = recurrent.decode

@@ -20,7 +20,7 @@ def test_async_on_cuda_equals_reference_on_cuda(k, graph_mode):
     assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
     assert {r: o.acceptance for r, o in got.items()} == {r: o.acceptance for r, o in ref.items()}
     if graph_mode != "none":
-        assert llm.engine.runner.step_graphs._entries, "no CUDA graph was captured"
+        assert llm.engine.runner.graphs._graphs, "no CUDA graph was captured"
 
 
 def test_cuda_engine_matches_cpu_engine_tokens():
@@ -41,5 +41,28 @@ def test_delay_mode_forces_the_shared_host_buffer_race_on_cuda():
     llm = LLM(device="cuda", engine="async", graph_mode="full_and_piecewise", num_speculative_tokens=3,
               delay_copies=True, hazard_check=True)
     get_mutant("shared-host-buffer").patch(llm.engine)
-    with pytest.raises(HazardError, match="drafter-inputs"):
+    with pytest.raises(HazardError, match="step-inputs"):
         llm.generate(["Once upon a time", "one two three"] * 4, SamplingParams(max_tokens=16))
+
+
+def _cached_and_ngram_run(device: str):
+    """Prefix caching with shared prompts and the n-gram drafter, async engine with FULL graphs, against
+    the reference engine without caching; returns (reference, async) outputs and the async engine."""
+    system = list(range(3, 40)) * 2
+    prompts = [system + [7, 8, 9], system + [10], [5, 6, 5, 6, 5, 6, 5], system[:20]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    common = {"device": device, "num_speculative_tokens": 3, "drafter": "ngram", "prompt_lookup_min": 2,
+              "prompt_lookup_max": 4, "block_size": 16}
+    ref = LLM(**common).generate(prompts, params)
+    llm = LLM(engine="async", graph_mode="full_and_piecewise", enable_prefix_caching=True,
+              mamba_cache_mode="all", **common)
+    got = llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)  # the rest hit the first
+    return ref, got, llm
+
+
+def test_prefix_caching_and_ngram_on_cuda_graphs_equal_the_uncached_reference():
+    ref, got, llm = _cached_and_ngram_run("cuda")
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert [o.acceptance for o in got] == [o.acceptance for o in ref]
+    assert sum(o.num_cached_tokens for o in got) > 0, "nothing was served from the cache"
+    assert llm.engine.runner.graphs._graphs, "no CUDA graph was captured"
