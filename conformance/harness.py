@@ -67,9 +67,7 @@ def run_workload(
     torch.manual_seed(seed_of(scenario.id) % (1 << 31))
     pending = sorted(scenario.requests, key=lambda r: (r.arrival_step, r.request_id))
     aborts = sorted((r.abort_step, r.request_id) for r in scenario.requests if r.abort_step is not None)
-    turns = 1 + sum(
-        r.extends is not None for r in scenario.requests
-    )  # an extended prompt holds earlier turns
+    turns = 1 + sum(r.extends is not None for r in scenario.requests)  # a next turn holds earlier turns
     limit = 1000 + 20 * turns * sum(len(r.prompt) + r.max_tokens for r in scenario.requests)
     step = next_abort = 0
     added: set[str] = set()

@@ -194,9 +194,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: a conformance-suite scenario test (conformance.suite)")
     _check_options(config)
     if config.getoption("conformance_scenario") or config.getoption("conformance_scenario_file"):
-        _scenarios(
-            config
-        )  # a mistyped id or a broken file: one usage error now, not a collection error later
+        # a mistyped id or a broken file: one usage error now, not a collection error later
+        _scenarios(config)
     is_worker = hasattr(config, "workerinput")
     if not is_worker:
         config.pluginmanager.register(ResultCollector(config), "conformance-results")

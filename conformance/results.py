@@ -48,9 +48,8 @@ class ScenarioResult:
     skipped: str | None = None  # why the scenario does not apply (e.g. the model has no MTP head)
     error: str | None = None  # the harness or the reference engine broke: an infrastructure error
     replay: str = ""  # command that reruns the whole scenario
-    expected: dict[str, str] = field(
-        default_factory=dict
-    )  # failing checks an expectations file lists -> reason
+    # failing checks an expectations file lists -> reason
+    expected: dict[str, str] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)  # listed "<scenario>/<check>" entries that did not fail
     stale_fails: bool = False  # strict expectations: a stale entry fails the scenario (else a warning)
     dtype: str = "float32"  # what both engines ran in

@@ -68,12 +68,10 @@ class RequestTrace:
     returned_at: int | None = None  # engine steps run when its output came back (an abort: before the next)
     verify_steps: list[VerifyStep] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)  # engine step that produced each output token
-    token_kinds: list[str] = field(
-        default_factory=list
-    )  # kind of the row ("prefill"/"decode") that produced it
-    logits: list[tuple[int, int, str]] = field(
-        default_factory=list
-    )  # (position, rows, digest) per sampling row
+    # kind of the row ("prefill"/"decode") that produced it
+    token_kinds: list[str] = field(default_factory=list)
+    # (position, rows, digest) per sampling row
+    logits: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass

@@ -44,11 +44,9 @@ class StepRows(RowTable):
     is_decode: torch.Tensor  # [N] 1: the request is past its prompt (contract 2), else 0
     has_initial_state: torch.Tensor  # [N] 1: the request has computed tokens, so its state is live
     is_sampling: torch.Tensor  # [N] 1: the row reaches the request's last token and picks tokens
-    num_draft_positions: (
-        torch.Tensor
-    )  # [N] draft positions at the row's tail: the host schedules K per decode row
-    #                                    (the device's drafts, fillers past their count); 0 for prefill rows,
-    #                                    K for padding
+    # [N] draft positions at the row's tail: the host schedules K per decode row (the device's drafts, fillers
+    # past their count); 0 for prefill rows, K for padding
+    num_draft_positions: torch.Tensor
     backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1
 
     @classmethod

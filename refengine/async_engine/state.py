@@ -55,9 +55,8 @@ class DeviceState:
         self.num_drafts = torch.zeros(num_slots, **i32)  # [R] how many of them were proposed (0..K)
         self.token_ids = torch.full((num_slots, max_len), -1, **i64)  # [R, L] committed tokens, -1 beyond
         self.block_table = torch.full((num_slots, max_blocks), sink_block, **i32)  # [R, B] KV block ids
-        self.state_slots = torch.zeros(
-            num_slots, 1 + num_speculative_tokens, **i32
-        )  # [R, K+1] slots s_0..s_K
+        # [R, K+1] slots s_0..s_K
+        self.state_slots = torch.zeros(num_slots, 1 + num_speculative_tokens, **i32)
         # [R, P] checkpoint slots the host held for the row's step (the p-th block boundary it may reach),
         # ``sink_checkpoint`` where none: restaged for every row of every step, so never stale.
         self.checkpoint_slots = torch.full((num_slots, num_checkpoint_columns), sink_checkpoint, **i64)

@@ -138,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     from refengine.tools.errors import SETUP_ERRORS, report
 
     try:  # a bad checkpoint or device fails the warm-up's engine, before any timing
-        run_workload(
-            args.model, 0, 2, device=args.device, dtype=args.dtype
-        )  # first-call allocations: untimed
+        # first-call allocations: untimed
+        run_workload(args.model, 0, 2, device=args.device, dtype=args.dtype)
         plain = run_workload(args.model, 0, args.max_tokens, device=args.device, dtype=args.dtype)
         spec = run_workload(
             args.model, args.num_speculative_tokens, args.max_tokens, device=args.device, dtype=args.dtype

@@ -281,9 +281,8 @@ def test_scenario_files_run_and_bad_ones_are_usage_errors(tiny_checkpoint, tmp_p
     assert code == 1 and f"conformance replay --scenario-file {path} --request" in out
     (tmp_path / "bad.json").write_text('{"format": "something-else"}')
     assert run_cli("run", "--scenario-file", str(tmp_path / "bad.json"), "--model", tiny_checkpoint)[0] == 2
-    assert (
-        run_cli("replay", "--engine", "reference", "--model", tiny_checkpoint)[0] == 2
-    )  # neither id nor file
+    # neither id nor file
+    assert run_cli("replay", "--engine", "reference", "--model", tiny_checkpoint)[0] == 2
 
 
 def _broken_checkpoints(src, root):

@@ -55,12 +55,10 @@ def test_bfloat16_run_is_exact_and_says_so(tiny_checkpoint, built, tmp_path):
         str(tmp_path / "r.json"),
     )
     assert code == 0, out
-    assert (
-        "dtype: both engines run in bfloat16 with the same kernels" in out
-    )  # said before the first scenario
-    assert (
-        "3 scenarios in" in out and "both engines in bfloat16: 3 passed, 0 failed" in out
-    )  # and in the summary
+    # said before the first scenario
+    assert "dtype: both engines run in bfloat16 with the same kernels" in out
+    # and in the summary
+    assert "3 scenarios in" in out and "both engines in bfloat16: 3 passed, 0 failed" in out
     assert {name for name, _ in built} >= {"reference", "async:full_and_piecewise"}
     assert {dtype for _, dtype in built} == {torch.bfloat16}
     for s in json.loads((tmp_path / "r.json").read_text())["scenarios"]:

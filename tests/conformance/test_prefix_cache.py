@@ -74,9 +74,8 @@ def test_a_hit_needs_every_block_before_its_checkpoint_and_the_keys_lookahead():
     other = (*base[:12], 99)  # agrees on 12 tokens, not on the 13th
     src = Published(other, frozenset({4, 8, 12}), frozenset({12}))
     assert ceiling(base[:20], [src], Geometry(4, "all", 0)) == 12
-    assert (
-        ceiling(base[:20], [src], Geometry(4, "all", 1)) == 0
-    )  # an MTP key covers the token after the block
+    # an MTP key covers the token after the block
+    assert ceiling(base[:20], [src], Geometry(4, "all", 1)) == 0
 
 
 # ---- multi-turn workloads -----------------------------------------------------------------------

@@ -70,9 +70,8 @@ def test_auto_is_the_checkpoints_own_dtype(bf16_default_model, built, capsys):
     assert built == [("async", torch.bfloat16)]
     assert "engine async, dtype bfloat16" in _last_line(capsys)
     assert main(["generate", "--prompt-ids", "1,2,3", "--max-tokens", "3", "--dtype", "auto"]) == 0
-    assert built[-1] == ("reference", torch.float32) and "dtype float32" in _last_line(
-        capsys
-    )  # float32 on disk
+    # float32 on disk
+    assert built[-1] == ("reference", torch.float32) and "dtype float32" in _last_line(capsys)
 
 
 def test_report_runs_every_workload_in_the_dtype_and_says_so(built, capsys):

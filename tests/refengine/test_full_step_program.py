@@ -117,9 +117,8 @@ def test_an_eager_step_runs_the_same_program(monkeypatch):
     def mixed(shape, rows):
         return 0 < shape.num_decode_rows < shape.num_reqs and not bool(rows.is_sampling.all())
 
-    runner, shape, table = _captured_step(
-        3, "mtp", "none", mixed
-    )  # decodes, and a chunk that samples nothing
+    # decodes, and a chunk that samples nothing
+    runner, shape, table = _captured_step(3, "mtp", "none", mixed)
     out = _run_without_data(monkeypatch, runner, shape, table)
     assert out.verified.sampled.shape == (shape.num_reqs, 4)
 

@@ -82,10 +82,11 @@ def test_the_head_is_made_of_the_models_own_layers(without_head, tmp_path):
     assert torch.equal(
         head["mtp.layers.0.input_layernorm.weight"], model[last_full + "input_layernorm.weight"]
     )
+    # a sparse MTP layer, as layer 0
     assert torch.equal(
         head["mtp.layers.0.mlp.experts.3.down_proj.weight"],
         model["model.layers.0.mlp.experts.3.down_proj.weight"],
-    )  # a sparse MTP layer, as layer 0
+    )
     assert torch.equal(head["mtp.norm.weight"], model["model.norm.weight"])
     h = cfg.hidden_size
     assert torch.equal(head["mtp.fc.weight"], torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1))

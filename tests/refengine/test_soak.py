@@ -31,9 +31,8 @@ def _workload(seed: int, shared: bool = False):
         prompt = [rng.randrange(256) for _ in range(rng.choice([1, 2, 3, 4, 5, 9, 17, 33]))]
         if shared and rng.random() < 0.8:
             prompt = (rng.choice(prefixes) + prompt)[:40]
-        items.append(
-            (f"r{i}", prompt, rng.randint(1, 12), rng.random() < 0.1)
-        )  # id, prompt, max_tokens, abort?
+        # id, prompt, max_tokens, abort?
+        items.append((f"r{i}", prompt, rng.randint(1, 12), rng.random() < 0.1))
     return items
 
 

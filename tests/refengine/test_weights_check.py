@@ -128,9 +128,8 @@ def test_the_flag_loads_it_anyway(tiny_checkpoint, tmp_path):
 
 
 def test_values_that_overflow_the_chosen_dtype_are_refused(tiny_checkpoint, tmp_path):
-    path = _with_value(
-        tiny_checkpoint("next-tiny"), tmp_path / "big", -1e6
-    )  # finite in float32, inf in float16
+    # finite in float32, inf in float16
+    path = _with_value(tiny_checkpoint("next-tiny"), tmp_path / "big", -1e6)
     load_model(path)
     load_model(path, dtype=torch.bfloat16)
     message = _message(path, dtype=torch.float16)
