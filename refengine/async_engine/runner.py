@@ -379,6 +379,7 @@ class AsyncRunner:
             idx=rows.idx, query_start_loc=step.qsl, is_sampling=sampling, backup_token=rows.backup_token,
             kept=kept, input_ids=step.input_ids, positions=step.positions, hidden=hidden, attn=step.attn))
         st = self.state
+        st.draft_tokens[rows.idx] = torch.where(sampling[:, None], out.drafts, st.draft_tokens[rows.idx])
         proposed = (
             torch.full_like(rows.idx, self.num_speculative_tokens)
             if out.num_drafts is None

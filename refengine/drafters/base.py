@@ -90,8 +90,10 @@ class DraftInputs:
 
 @dataclass
 class DraftOutputs:
-    """What a device proposer reports (the drafts themselves are in ``state.draft_tokens``)."""
+    """What a device proposer returns; the runner writes the drafts of the sampling rows (and their count)
+    into ``state.draft_tokens`` / ``state.num_drafts``, so other rows keep theirs."""
 
+    drafts: torch.Tensor  # [Np, K] int64 the next step's drafts per row (filler ids past ``num_drafts``)
     first_pass_ids: torch.Tensor | None  # [Tp] ids fed with the target's hidden states, or None
     chain_ids: torch.Tensor  # [Np, c] ids fed to the chained steps of each row (meaningful for sampling rows)
     metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of per-request metadata
@@ -111,9 +113,9 @@ class DeviceProposer(Protocol):
         """Device timeline: write what ``stage`` prepared into the proposer's own tables."""
 
     def propose(self, d: DraftInputs) -> DraftOutputs:
-        """Device timeline: drafts for the sampling rows into ``state.draft_tokens`` (other rows keep
-        theirs) and, when fewer than K, their count in the outputs; static shapes and no host reads,
-        so a FULL step may capture it."""
+        """Device timeline: the next drafts of every row and, when fewer than K, their count (those of
+        rows that do not sample are ignored); static shapes and no host reads, so a FULL step may
+        capture it."""
 
 
 class Drafter(Protocol):

@@ -157,5 +157,4 @@ class MTPDeviceProposer:
             hidden = model.mtp(drafts[-1][order], hidden[order], pos[order], attn, kv)[rank]
             drafts.append(model.compute_logits(hidden).argmax(dim=-1))
         table = torch.stack(drafts, dim=1)
-        st.draft_tokens[d.idx] = torch.where(live[:, None], table, st.draft_tokens[d.idx])
-        return DraftOutputs(ids, table[:, :-1], shapes)
+        return DraftOutputs(table, ids, table[:, :-1], shapes)

@@ -151,5 +151,4 @@ class NgramDeviceProposer:
         r = d.idx
         drafts, counts = ngram_lookup_batch(st.token_ids[r], st.num_tokens[r], g.prompt_lookup_min,
                                             g.prompt_lookup_max, g.num_speculative_tokens, g.max_model_len)
-        st.draft_tokens[r] = torch.where(d.is_sampling[:, None], drafts, st.draft_tokens[r])
-        return DraftOutputs(None, st.last_sampled[r][:, None], num_drafts=counts)
+        return DraftOutputs(drafts, None, st.last_sampled[r][:, None], num_drafts=counts)

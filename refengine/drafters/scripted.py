@@ -161,5 +161,4 @@ class ScriptedDeviceProposer:
         c = self.num_correct[r, m.clamp(max=width - 1)]
         j = torch.arange(k, device=r.device)[None, :]
         drafts = torch.where(j < c[:, None].long(), truth, (truth + 1) % vocab)
-        st.draft_tokens[r] = torch.where(d.is_sampling[:, None], drafts, st.draft_tokens[r])
-        return DraftOutputs(None, st.last_sampled[r][:, None])
+        return DraftOutputs(drafts, None, st.last_sampled[r][:, None])
