@@ -6,9 +6,10 @@ model and the caches). Each engine asks it for a proposer of its own kind:
 - ``host_proposer``: the reference engine's. After the engine committed a step, it sets the next
   ``draft_token_ids`` of every request that sampled, reading plain request state.
 - ``device_proposer``: the async engine's. It runs on the device timeline right after
-  verification, from device-authoritative state only, and writes the next drafts into
-  ``state.draft_tokens``; a method that may propose fewer than K (n-gram lookup) reports how many
-  per row (``DraftOutputs.num_drafts``) and fills the other columns with ids inside the vocabulary.
+  verification, from device-authoritative state only, and returns the next drafts
+  (``DraftOutputs.drafts``; the runner writes those of the sampling rows into ``state.draft_tokens``);
+  a method that may propose fewer than K (n-gram lookup) reports how many per row
+  (``DraftOutputs.num_drafts``) and fills the other columns with ids inside the vocabulary.
   Tables it needs per request (the scripted drafter's truth, say) are its own: staged on the host
   when a request is admitted (``stage``), written on the device (``admit``).
 
