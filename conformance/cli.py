@@ -28,9 +28,10 @@ import argparse
 import sys
 
 from conformance import session
-from conformance.engines import BUILTIN_ENGINES, UnknownEngine
+from conformance.engines import BUILTIN_ENGINES, REQUIRABLE_FEATURES, UnknownEngine, missing_features
 from conformance.expectations import ExpectationError
-from conformance.workloads import TIERS, UnknownScenario, scenario_defs, scenario_ids
+from conformance.watchdog import DEFAULT_STEP_TIMEOUT
+from conformance.workloads import TIERS, UnknownScenario, scenario_defs
 from conformance.workloads.files import read_scenario_file
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
 from refengine.tools.errors import OneLineParser, add_dtype_flag, float_above, int_at_least
@@ -49,6 +50,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--device", default=None, help="device for both engines (default: $CONFORMANCE_DEVICE or cpu)"
     )
     p.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
+    p.add_argument("--step-timeout", type=float_above(0), default=DEFAULT_STEP_TIMEOUT, metavar="SECONDS",
+                   help="a call into the engine under test (start, add_request, step, ...) that has not "
+                   "returned after this long fails its scenario by name; the run goes on with the next "
+                   f"(default {DEFAULT_STEP_TIMEOUT:g})")
     add_dtype_flag(p, "both engines", default=None, default_text=f"${session.ENV_DTYPE} or float32")
     p.add_argument(
         "--enable-prefix-caching",
@@ -95,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a listed expected failure that passes fails its scenario (default: a warning)",
     )
     run.add_argument("-v", "--verbose", action="store_true", help="print every check, passing ones included")
+    gate = run.add_argument_group("gate", "what else fails the run (a CI gate that skips is not green)")
+    gate.add_argument("--fail-on-skip", action="store_true", help="a skipped scenario fails the run (as a "
+                      "failure of that scenario, in the JUnit file too)")
+    gate.add_argument("--min-scenarios", type=int_at_least(0), default=0, metavar="N",
+                      help="fail the run when fewer than N scenarios ran (were not skipped)")
+    gate.add_argument("--require-feature", action="append", default=[], choices=REQUIRABLE_FEATURES,
+                      metavar="FEATURE", help="the engine under test must support FEATURE (checked before "
+                      "any scenario runs) and no scenario needing it may be skipped (repeatable; one of "
+                      f"{', '.join(REQUIRABLE_FEATURES)})")
     rp = sub.add_parser(
         "replay", help="rerun one scenario and print its steps (or one request's) step by step"
     )
@@ -165,6 +179,7 @@ def _selection(args) -> session.Selection:
         dtype=session.pick(args.dtype, session.ENV_DTYPE, "float32"),
         enable_prefix_caching=args.enable_prefix_caching,
         mamba_cache_mode=args.mamba_cache_mode,
+        step_timeout=args.step_timeout,
     )
     if sel.device == "cpu":
         import torch
@@ -188,15 +203,48 @@ def cmd_run(args, out) -> int:
     from refengine.config import check_device
 
     sel = _selection(args)
-    session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
+    adapter = session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
     check_device("device", sel.device)
     facts = describe_model(sel.model)  # the folder and its config; the weights load once, inside the run
     session.select_scenarios(sel.tier, args.scenario, args.scenario_file)
     sel.expectations()  # ExpectationError for an unreadable file
+    for flag, path in (("--report-json", args.report_json), ("--junit-xml", args.junit_xml)):
+        _report_folder(flag, path)
+    lacking = missing_features(adapter, args.require_feature)
+    if lacking:
+        print(f"conformance run: the engine under test ({adapter.name}) does not support required feature(s) "
+              f"{', '.join(lacking)} (--require-feature): the gate fails before any scenario runs",
+              file=sys.stderr)
+        return 1
     return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
                      strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
                      report_json=args.report_json, verbose=args.verbose, model_label=facts.label,
-                     dtype=run_dtype(sel.dtype, facts))
+                     dtype=run_dtype(sel.dtype, facts), fail_on_skip=args.fail_on_skip,
+                     min_scenarios=args.min_scenarios, require_features=args.require_feature,
+                     features=_features(adapter))
+
+
+def _features(adapter) -> dict[str, bool]:
+    """The adapter's answers for every feature, for the run's header."""
+    from conformance.engines import FEATURES
+
+    return {f: bool(adapter.supports(f)) for f in FEATURES}
+
+
+def _report_folder(flag: str, path: str | None) -> None:
+    """Create the folder of a report file before the run (a missing one is made, as for the JUnit file)
+    and refuse a path that can never be written, instead of failing after the whole run."""
+    from pathlib import Path
+
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; name a file")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot create its folder ({e.strerror or e})") from None
 
 
 def _warn(result, out) -> None:
@@ -209,29 +257,27 @@ def _warn(result, out) -> None:
 def cmd_replay(args, out) -> int:
     from conformance.harness import run_scenario
     from conformance.report_text import LEGEND, format_request_detail, format_result, format_step_table
+    from conformance.workloads import get_def
 
     sel = _selection(args)
     if (args.scenario is None) == (args.scenario_file is None):
         raise ValueError("name a scenario id or a --scenario-file (exactly one)")
-    if args.scenario is not None and args.scenario not in scenario_ids(sel.tier):
-        raise UnknownScenario(f"scenario {args.scenario!r} is not in tier {sel.tier!r}")
+    if args.scenario is not None:
+        session.select_scenarios(sel.tier, [args.scenario], [])  # UnknownScenario, naming the right tier
     case = sel.open_case()
     if args.scenario_file is not None:
         scenario = read_scenario_file(args.scenario_file, case.facts.vocab_size, sel.tier)
-        result, traces = run_scenario(scenario, case, scenario_file=args.scenario_file)
     else:
-        result, traces = run_scenario(args.scenario, case)
+        scenario = get_def(args.scenario).materialize(sel.tier, case.facts.vocab_size)
+    known = [r.request_id for r in scenario.requests]
+    if args.request is not None and args.request not in known:  # said before the scenario runs
+        print(f"conformance replay: no request {args.request!r} in {scenario.id} "
+              f"(requests: {', '.join(known)})", file=sys.stderr)
+        return 2
+    result, traces = run_scenario(scenario, case, scenario_file=args.scenario_file)
     print(format_result(result, show_passing=True), file=out)
     _warn(result, out)
     if args.request is not None:
-        if "reference" in traces and args.request not in traces["reference"].requests:
-            known = ", ".join(sorted(traces["reference"].requests))
-            print(
-                f"conformance replay: no request {args.request!r} in {result.scenario_id} "
-                f"(requests: {known})",
-                file=sys.stderr,
-            )
-            return 2
         print("\n" + format_request_detail(args.request, traces), file=out)
     elif traces:
         print("\n" + format_step_table(traces), file=out)
@@ -332,6 +378,10 @@ def cmd_mutate(args, out) -> int:
         for m in MUTANTS:
             print(f"{m.id:<28} {m.origin}; breaks {m.contract}\n{'':<28} {m.description}", file=out)
         return 0
+    unknown = [m for m in args.mutant if m not in {m.id for m in MUTANTS}]
+    if unknown:
+        raise ValueError(f"unknown mutant {unknown[0]!r}; valid ids: {', '.join(m.id for m in MUTANTS)} "
+                         "(`conformance mutate --list` says what each breaks)")
     torch.set_num_threads(args.threads)
     model = session.pick(args.model, session.ENV_MODEL, None)
     dtype = session.pick(args.dtype, session.ENV_DTYPE, "float32")
@@ -370,6 +420,9 @@ def main(argv: list[str] | None = None, out=None) -> int:
     except BrokenPipeError:  # output piped into a command that stopped reading (| head)
         sys.stdout = None
         return 0
+    except KeyboardInterrupt:  # `run` reports its own interruption (and its JUnit file says so)
+        print(f"conformance {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -38,6 +38,16 @@ FEATURES = (
     "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode
     # (reports num_cached_tokens)
 )
+# What a scenario may need of the engine under test (conformance.harness.needed_features): drafters,
+# prefix caching, and "abort" (the instance's optional ``abort(request_id)``, found on the instance).
+SCENARIO_FEATURES = ("mtp", "scripted_drafter", "ngram_drafter", "prefix_caching", "abort")
+# What a gate may require (--require-feature): every adapter feature, and "abort".
+REQUIRABLE_FEATURES = (*FEATURES, "abort")
+
+
+def missing_features(adapter, required) -> list[str]:
+    """The ``required`` features the adapter says it lacks ("abort" is known per instance only)."""
+    return [f for f in required if f != "abort" and not adapter.supports(f)]
 # The feature a scenario's drafter needs (EngineSettings.drafter -> FEATURES entry).
 DRAFTER_FEATURES = {"mtp": "mtp", "scripted": "scripted_drafter", "ngram": "ngram_drafter"}
 # refengine's engines that restore cached prefixes (both);

@@ -20,6 +20,7 @@ from conformance.engines import (
 from conformance.model import ModelFacts
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
+from conformance.watchdog import DEFAULT_STEP_TIMEOUT, EngineHang, Watch, run_watched
 from conformance.workloads import EngineSettings, RequestSpec, Scenario, get_def, seed_of
 
 REFERENCE_LABEL = "reference"
@@ -46,6 +47,7 @@ def run_workload(
     settings: EngineSettings | None = None,
     device: str = "cpu",
     dtype: str = "float32",
+    step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
 ) -> Trace:
     """Feed the scenario's requests at their arrival steps and record everything the engine reports.
 
@@ -58,63 +60,88 @@ def run_workload(
     before the first step after the output), with that one's prompt and output before its own tokens.
 
     An exception from the engine ends the run; it is recorded in ``trace.error`` (the "runs" check
-    reports it) rather than raised.
+    reports it) rather than raised. So is a call into the engine (``start``, ``add_request``, ``step``,
+    ...) that has not returned after ``step_timeout`` seconds: the engine is abandoned on its thread
+    (conformance.watchdog) and the error names the call and the engine step.
     """
     import torch
 
     settings = settings or scenario.settings
     recorder = Recorder(label, scenario.id)
+    watch = Watch(step_timeout)
     torch.manual_seed(seed_of(scenario.id) % (1 << 31))
     pending = sorted(scenario.requests, key=lambda r: (r.arrival_step, r.request_id))
     aborts = sorted((r.abort_step, r.request_id) for r in scenario.requests if r.abort_step is not None)
     turns = 1 + sum(r.extends is not None for r in scenario.requests)  # a next turn holds earlier turns
     limit = 1000 + 20 * turns * sum(len(r.prompt) + r.max_tokens for r in scenario.requests)
-    step = next_abort = 0
+    progress = {"step": 0}  # engine steps run so far, read when the run is abandoned
     added: set[str] = set()
+    call = watch.call
     try:
-        engine = adapter.start(RunSpec(facts.path, settings, facts.vocab_size, recorder.on_step, device,
-                                       dtype=dtype))
+        engine = run_watched(lambda: call("start()", adapter.start, RunSpec(
+            facts.path, settings, facts.vocab_size, watch.guard(recorder.on_step), device, dtype=dtype)),
+            watch, label)
+    except EngineHang as e:
+        recorder.trace.error = f"{label}: {e}"
+        return recorder.finish(settings.k > 0)
     except Exception:  # noqa: BLE001 - see below
         recorder.trace.error = traceback.format_exc()
         return recorder.finish(settings.k > 0)
     if aborts and not callable(getattr(engine, "abort", None)):
         raise AbortsUnsupported(f"{adapter.name}: the engine instance has no abort(request_id), and this "
                                 f"scenario aborts {len(aborts)} request(s)")
+
+    def drive() -> None:
+        step = next_abort = 0
+        at = "before the first engine step"
+        try:
+            while pending or call(f"has_unfinished() {at}", engine.has_unfinished):
+                if not call(f"has_unfinished() {at}", engine.has_unfinished):
+                    step = max(step, _next_arrival(pending, recorder.trace))  # idle until the next arrival
+                for r in [r for r in pending if r.arrival_step <= step and _ready(r, recorder.trace)]:
+                    call(f"add_request({r.request_id!r}) {at}", engine.add_request, r.request_id,
+                         _prompt(r, recorder.trace),
+                         RequestParams(r.max_tokens, r.ignore_eos, tuple(r.stop_token_ids)))
+                    recorder.on_added(r.request_id, step)
+                    added.add(r.request_id)
+                    pending.remove(r)
+                while next_abort < len(aborts) and aborts[next_abort][0] <= step:
+                    rid = aborts[next_abort][1]
+                    next_abort += 1
+                    if rid in added and rid not in recorder.trace.requests:
+                        out = call(f"abort({rid!r}) {at}", engine.abort, rid)
+                        live = len(added) - len(recorder.trace.requests) - (out is not None)
+                        occupancy = getattr(engine, "occupancy", None)
+                        recorder.on_abort(rid, step, out, live,
+                                          None if occupancy is None else call("occupancy()", occupancy))
+                if not call(f"has_unfinished() {at}", engine.has_unfinished) and pending:
+                    continue  # every live request was aborted: idle until the next arrival
+                for out in call(f"step() at engine step {step}", engine.step):
+                    recorder.on_output(out, step + 1)
+                step += 1
+                progress["step"] = step
+                at = f"after engine step {step - 1}"
+                if step > limit:
+                    raise NoProgress(f"no completion after {limit} steps")
+            recorder.trace.pools_empty = (call("pools_empty()", engine.pools_empty)
+                                          if adapter.supports("pools") else None)
+            slots = getattr(engine, "request_slots_in_use", None)
+            recorder.trace.request_slots_in_use = None if slots is None else call("request_slots_in_use()",
+                                                                                   slots)
+            occupancy = getattr(engine, "occupancy", None)
+            recorder.trace.occupancy = (
+                None if occupancy is None else {k: int(v) for k, v in dict(call("occupancy()", occupancy))
+                                                .items()}
+            )
+        except Exception:  # noqa: BLE001 - the engine under test may fail in any way; the report shows how
+            recorder.trace.error = traceback.format_exc()
+        recorder.trace.num_engine_steps = step
+
     try:
-        while pending or engine.has_unfinished():
-            if not engine.has_unfinished():
-                step = max(step, _next_arrival(pending, recorder.trace))  # idle until the next arrival
-            for r in [r for r in pending if r.arrival_step <= step and _ready(r, recorder.trace)]:
-                engine.add_request(r.request_id, _prompt(r, recorder.trace),
-                                   RequestParams(r.max_tokens, r.ignore_eos, tuple(r.stop_token_ids)))
-                recorder.on_added(r.request_id, step)
-                added.add(r.request_id)
-                pending.remove(r)
-            while next_abort < len(aborts) and aborts[next_abort][0] <= step:
-                rid = aborts[next_abort][1]
-                next_abort += 1
-                if rid in added and rid not in recorder.trace.requests:
-                    out = engine.abort(rid)
-                    live = len(added) - len(recorder.trace.requests) - (out is not None)
-                    occupancy = getattr(engine, "occupancy", None)
-                    recorder.on_abort(rid, step, out, live, None if occupancy is None else occupancy())
-            if not engine.has_unfinished() and pending:
-                continue  # every live request was aborted: idle until the next arrival
-            for out in engine.step():
-                recorder.on_output(out, step + 1)
-            step += 1
-            if step > limit:
-                raise NoProgress(f"no completion after {limit} steps")
-        recorder.trace.pools_empty = engine.pools_empty() if adapter.supports("pools") else None
-        slots = getattr(engine, "request_slots_in_use", None)
-        recorder.trace.request_slots_in_use = None if slots is None else slots()
-        occupancy = getattr(engine, "occupancy", None)
-        recorder.trace.occupancy = (
-            None if occupancy is None else {k: int(v) for k, v in dict(occupancy()).items()}
-        )
-    except Exception:  # noqa: BLE001 - the engine under test may fail in any way; the report shows how
-        recorder.trace.error = traceback.format_exc()
-    recorder.trace.num_engine_steps = step
+        run_watched(drive, watch, label)
+    except EngineHang as e:  # the abandoned engine's thread can no longer touch the recorder
+        recorder.trace.error = f"{label}: {e}"
+        recorder.trace.num_engine_steps = progress["step"]
     return recorder.finish(settings.k > 0)
 
 
@@ -154,8 +181,11 @@ class Case:
     # scenario's own mode unless ``mamba_cache_mode`` names one; the oracle still runs without a cache.
     enable_prefix_caching: bool = False
     mamba_cache_mode: str | None = None
+    step_timeout: float | None = DEFAULT_STEP_TIMEOUT  # seconds one engine call may take (None: no limit)
 
     def __post_init__(self):
+        if self.step_timeout is not None and self.step_timeout <= 0:
+            raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"mamba_cache_mode={self.mamba_cache_mode!r} needs enable_prefix_caching")
 
@@ -199,6 +229,20 @@ class Case:
     def default_model(self) -> bool:
         """Running on the shipped default model, where every scenario's triggers must be hit."""
         return self.model_arg is None
+
+
+def needed_features(scenario: Scenario) -> list[str]:
+    """What the scenario needs of the engine under test beyond plain greedy decoding: the adapter
+    features (conformance.engines.FEATURES) of its drafter and its prefix caching, and "abort" (the
+    instance's optional ``abort``) when it aborts requests."""
+    s, need = scenario.settings, []
+    if s.k:
+        need.append(DRAFTER_FEATURES[s.drafter])
+    if s.enable_prefix_caching:
+        need.append("prefix_caching")
+    if scenario.aborted:
+        need.append("abort")
+    return need
 
 
 def skip_reason(scenario: Scenario, case: Case) -> str | None:
@@ -246,6 +290,7 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
         describe_settings(scenario),
         replay=case.replay_command(scenario.id, scenario_file=scenario_file),
         dtype=case.dtype,
+        features=needed_features(scenario),
     )
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)
@@ -279,7 +324,8 @@ def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
     """The traces of ``run_scenario``: "reference", "test", "plain" when the scenario speculates or aborts,
     and "cached" (the reference engine with the scenario's prefix caching) when it caches; when the engine
     under test is the reference engine itself, its trace is that run."""
-    ref_side, where = reference_adapter(), {"device": case.device, "dtype": case.dtype}
+    ref_side = reference_adapter()
+    where = {"device": case.device, "dtype": case.dtype, "step_timeout": case.step_timeout}
     traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, **where)}
     if traces["reference"].error is not None:
         return traces

@@ -45,9 +45,11 @@ import pytest
 
 from conformance import session as settings  # (hooks take a parameter named session)
 from conformance.checks import CHECK_NAMES
+from conformance.engines import REQUIRABLE_FEATURES, missing_features
 from conformance.env import describe, environment
 from conformance.expectations import judge, unknown_entries
 from conformance.results import ScenarioResult
+from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
 from refengine.config import DTYPE_CHOICES
@@ -121,6 +123,17 @@ def pytest_addoption(parser):
         help="run the workload in this scenario file, e.g. one written by `conformance fuzz` (repeatable; "
         "with no --conformance-scenario, only the files run)",
     )
+    g.addoption("--conformance-step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT, metavar="SECONDS",
+                help="a call into the engine under test (start, add_request, step, ...) that has not "
+                "returned after this long fails its scenario, and the run goes on "
+                f"(default {DEFAULT_STEP_TIMEOUT:g})")
+    g.addoption("--conformance-fail-on-skip", action="store_true",
+                help="a skipped scenario fails (a gate that skips is not a pass)")
+    g.addoption("--conformance-min-scenarios", type=int, default=0, metavar="N",
+                help="fail the run when fewer than N scenarios ran (were not skipped)")
+    g.addoption("--conformance-require-feature", action="append", default=[], metavar="FEATURE",
+                help="the engine under test must support FEATURE, and no scenario needing it may be skipped "
+                f"(repeatable; one of {', '.join(REQUIRABLE_FEATURES)})")
     g.addoption("--conformance-gpus", default=None, metavar="IDS",
                 help="pin xdist workers round robin to these GPUs: 'all' (every visible GPU) or a comma list "
                 "of ids; several workers share each GPU")
@@ -170,7 +183,11 @@ def _pinning_gpus(config) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    """On an xdist worker of a conformance run, pin one GPU (before any conftest can initialise CUDA)."""
+    """On an xdist worker of a conformance run, pin one GPU (before any conftest can initialise CUDA). A
+    run of the shipped suite that asks for no benchmark option leaves pytest-benchmark out, so it does not
+    create its ``.benchmarks`` folder in the caller's directory."""
+    if _names_suite(args) and not any(str(a).startswith("--benchmark") for a in args):
+        early_config.pluginmanager.set_blocked("benchmark")
     worker, ids = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(GPU_IDS_ENV)
     if worker and ids and worker.startswith("gw"):
         gpus = ids.split(",")
@@ -198,6 +215,7 @@ def pytest_configure(config):
         _scenarios(config)
     is_worker = hasattr(config, "workerinput")
     if not is_worker:
+        _prepare_report_folder(config.getoption("conformance_report_json"), "--conformance-report-json")
         config.pluginmanager.register(ResultCollector(config), "conformance-results")
     if is_worker or not getattr(config.option, "numprocesses", None) or GPU_IDS_ENV in os.environ:
         return
@@ -207,11 +225,36 @@ def pytest_configure(config):
         config.stash[_EXPORTED_GPU_IDS] = True
 
 
+def _prepare_report_folder(path: str | None, flag: str) -> None:
+    """Create the folder a report file goes into now, before the run, as pytest does for its JUnit file
+    (but at the start, not after the run), and refuse a path that cannot be a file."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise pytest.UsageError(f"conformance: {flag} {path} is a folder; name a file")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise pytest.UsageError(f"conformance: {flag} {path}: cannot create its folder "
+                                f"({e.strerror or e})") from None
+
+
 def _check_options(config) -> None:
     """Option values out of range: one usage error naming the option and the value, before anything runs."""
     threads = config.getoption("conformance_threads")
     if threads < 1:
         raise pytest.UsageError(f"conformance: --conformance-threads must be >= 1, got {threads}")
+    timeout = config.getoption("conformance_step_timeout")
+    if not timeout > 0:
+        raise pytest.UsageError(f"conformance: --conformance-step-timeout must be > 0 seconds, got {timeout}")
+    least = config.getoption("conformance_min_scenarios")
+    if least < 0:
+        raise pytest.UsageError(f"conformance: --conformance-min-scenarios must be >= 0, got {least}")
+    unknown = [f for f in config.getoption("conformance_require_feature") if f not in REQUIRABLE_FEATURES]
+    if unknown:
+        raise pytest.UsageError(f"conformance: --conformance-require-feature {unknown[0]!r} is not a "
+                                f"feature; choose from {', '.join(REQUIRABLE_FEATURES)}")
     dtype = _dtype(config)
     if dtype not in DTYPE_CHOICES:
         where = "--conformance-dtype" if config.getoption("conformance_dtype") else f"${settings.ENV_DTYPE}"
@@ -252,11 +295,20 @@ def pytest_sessionstart(session):
     device = settings.pick(opt("conformance_device"), settings.ENV_DEVICE, None)
     try:
         if engine is not None:
-            settings.resolve_engine(engine)
+            _require_features(config, settings.resolve_engine(engine))
         if model is not None or device is not None:
             preflight(model, device or "cpu", _dtype(config))
     except (UnusableSetup, FileNotFoundError, ValueError) as e:  # UnknownEngine is a ValueError
         raise pytest.UsageError(f"conformance: {e}") from None
+
+
+def _require_features(config, adapter) -> None:
+    """End the run (exit status 1, before any scenario) when the engine lacks a required feature."""
+    lacking = missing_features(adapter, config.getoption("conformance_require_feature"))
+    if lacking:
+        _end_run(config, f"conformance: the engine under test ({adapter.name}) does not support required "
+                 f"feature(s) {', '.join(lacking)} (--require-feature): the gate fails before any scenario "
+                 "runs", returncode=pytest.ExitCode.TESTS_FAILED)
 
 
 def pytest_unconfigure(config):
@@ -265,6 +317,19 @@ def pytest_unconfigure(config):
 
 
 def pytest_report_header(config):
+    """The run's header, in runs that name the suite (or pin GPUs); see pytest_report_collectionfinish."""
+    return _header(config) if _is_active(config) else None
+
+
+def pytest_report_collectionfinish(config, items):
+    """The header for a run that did not name the suite but collected its test (a module re-exporting
+    it); a run without conformance tests (another project's) gets nothing from this plugin."""
+    if _is_active(config) or not any("conformance_scenario" in getattr(i, "fixturenames", ()) for i in items):
+        return None
+    return _header(config)
+
+
+def _header(config) -> str:
     engine = config.getoption("conformance_engine") or os.environ.get(settings.ENV_ENGINE)
     engine = engine or f"{settings.DEFAULT_ENGINE} (suite default; a conftest may choose another)"
     model = config.getoption("conformance_model") or os.environ.get(settings.ENV_MODEL) or "default"
@@ -274,8 +339,24 @@ def pytest_report_header(config):
         caching = (
             f", prefix caching {config.getoption('conformance_mamba_cache_mode') or 'on'} (engine under test)"
         )
+    gate = _gate_description(config)
     return (f"conformance: engine {engine}, tier {tier}, model {model}, dtype {_dtype(config)} (both engines)"
-            f"{caching}; {describe(environment(probe_device=False))}")
+            f"{caching}; {describe(environment(probe_device=False))}" + (f"\nconformance gate: {gate}" if gate
+                                                                        else ""))
+
+
+def _gate_description(config) -> str:
+    """What besides failing checks fails the run (the skip gate), in words; "" when nothing."""
+    parts = []
+    if config.getoption("conformance_fail_on_skip"):
+        parts.append("a skipped scenario fails")
+    required = config.getoption("conformance_require_feature")
+    if required:
+        parts.append(f"features {', '.join(required)} required (a scenario needing one may not be skipped)")
+    least = config.getoption("conformance_min_scenarios")
+    if least:
+        parts.append(f"at least {least} scenarios must run")
+    return "; ".join(parts)
 
 
 def _scenarios(config) -> list[str]:
@@ -340,7 +421,7 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         device=settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
         xfail_file=opt("conformance_xfail_file"), dtype=_dtype(pytestconfig),
         enable_prefix_caching=opt("conformance_enable_prefix_caching"),
-        mamba_cache_mode=opt("conformance_mamba_cache_mode"))
+        mamba_cache_mode=opt("conformance_mamba_cache_mode"), step_timeout=opt("conformance_step_timeout"))
 
 
 @pytest.fixture(scope="session")
@@ -356,17 +437,19 @@ def conformance_case(pytestconfig, conformance_selection):
 
         torch.set_num_threads(pytestconfig.getoption("conformance_threads"))
     try:
-        return conformance_selection.open_case()
+        case = conformance_selection.open_case()
     except (UnknownEngine, UnusableSetup, FileNotFoundError) as e:
         _end_run(pytestconfig, f"conformance: {e}")
+    _require_features(pytestconfig, case.adapter)
+    return case
 
 
-def _end_run(config, message: str):
-    """A setup the whole run cannot use: end the run with ``message`` as a usage error (one line). An
-    xdist worker cannot end the run, so there each test errors with that one line instead."""
+def _end_run(config, message: str, returncode=pytest.ExitCode.USAGE_ERROR):
+    """A setup the whole run cannot use: end the run with ``message`` (one line; by default a usage
+    error). An xdist worker cannot end the run, so there each test errors with that one line instead."""
     if hasattr(config, "workerinput"):
         pytest.fail(message, pytrace=False)
-    pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
+    pytest.exit(message, returncode=returncode)
 
 
 @pytest.fixture
@@ -412,6 +495,18 @@ def conformance_expectations(pytestconfig, conformance_selection):
 
 
 MISMATCH, INFRASTRUCTURE = "ConformanceMismatch", "InfrastructureError"  # the ``failure_type`` property
+SKIP_REFUSED = "SkipNotAllowed"  # a skipped scenario under --fail-on-skip or --require-feature
+
+
+def _refused_skip(config, result: ScenarioResult) -> str:
+    """Why the run refuses this skipped scenario ("" when it accepts the skip)."""
+    getoption = getattr(config, "getoption", None)
+    if getoption is None:
+        return ""
+    if getoption("conformance_fail_on_skip"):
+        return "--fail-on-skip"
+    needed = [f for f in getoption("conformance_require_feature") or () if f in result.features]
+    return f"it needs required feature {', '.join(needed)}" if needed else ""
 
 
 RECORDED = ("engine", "torch", "triton", "cuda", "device", "replay", "failure_type", RESULT_PROPERTY)
@@ -452,10 +547,15 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
     verdict = judge(result, expectations)
     strict = bool(request.config.getoption("conformance_strict_expectations"))
     result.expected, result.stale, result.stale_fails = verdict.expected, verdict.stale, strict
+    refused = _refused_skip(request.config, result) if verdict.outcome == "skip" else ""
+    result.skip_fails = bool(refused)
     _record(node, result)
     stale = verdict.stale_message(expectations.source) if verdict.stale else ""
     if stale and not strict:
         warnings.warn(StaleExpectationWarning(stale), stacklevel=1)
+    if refused:
+        node.user_properties.append(("failure_type", SKIP_REFUSED))
+        pytest.fail(f"SKIPPED, NOT ALLOWED ({refused}): {result.skipped}", pytrace=False)
     if verdict.outcome == "skip":
         pytest.skip(result.skipped)
     if verdict.outcome == "error":
@@ -473,11 +573,14 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
 
 # ---- reporting on the controller ------------------------------------------------------------
 class ResultCollector:
-    """Collects scenario results from test reports (xdist forwards workers' reports here)."""
+    """Collects scenario results from test reports (xdist forwards workers' reports here), applies the
+    run-level gate (--conformance-min-scenarios) and says in the reports when the run was cut short."""
 
     def __init__(self, config):
         self.config = config
         self.by_node: dict[str, ScenarioResult] = {}  # test id -> its scenario's result, in finishing order
+        self.gate_failures: list[str] = []  # why the gate failed the run, beyond failing scenarios
+        self.interrupted: str | None = None  # what cut the run short (Ctrl-C), in words
 
     @property
     def results(self) -> list[ScenarioResult]:
@@ -495,26 +598,72 @@ class ResultCollector:
         if blobs and report.when in ("setup", "call"):  # setup: an infrastructure error
             self.by_node[report.nodeid] = ScenarioResult.from_dict(json.loads(blobs[-1]))
 
+    def pytest_keyboard_interrupt(self, excinfo):
+        if not isinstance(excinfo.value, pytest.exit.Exception):  # pytest.exit: a setup error, said elsewhere
+            self.interrupted = (f"interrupted ({excinfo.typename}) after {len(self.by_node)} scenario(s); "
+                                "the rest did not run, and no verdict covers them")
+
+    @pytest.hookimpl(tryfirst=True)  # before the JUnit file is written
+    def pytest_sessionfinish(self, session):
+        if self.interrupted:
+            _junit_error(self.config, "interrupted", self.interrupted)
+        else:
+            least = self.config.getoption("conformance_min_scenarios")
+            self.gate_failures = gate_failures(self.results, least)
+            for message in self.gate_failures:
+                _junit_error(self.config, "gate", message)
+            if self.gate_failures and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self._write_json()
+
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.results:
-            return
-        from conformance.report_text import format_summary
+        tr = terminalreporter
+        if self.results:
+            from conformance.report_text import format_summary
 
-        tr, r0 = terminalreporter, self.results[0]
-        tr.section("conformance summary")
-        tr.write_line(f"engine under test {r0.engine}, model {r0.model}, tier {r0.tier}")
-        tr.write_line(format_summary(self.results, sum(r.duration_s for r in self.results)))
-        for r in self.results:
-            for c in r.failures:
-                tr.write_line(f"  replay {r.scenario_id} ({c.check}): {c.details.get('replay', r.replay)}")
+            r0 = self.results[0]
+            tr.section("conformance summary")
+            tr.write_line(f"engine under test {r0.engine}, model {r0.model}, tier {r0.tier}")
+            tr.write_line(format_summary(self.results, sum(r.duration_s for r in self.results)))
+            for r in self.results:
+                for c in r.failures:
+                    replay = c.details.get("replay", r.replay)
+                    tr.write_line(f"  replay {r.scenario_id} ({c.check}): {replay}")
+        for line in ([self.interrupted] if self.interrupted else []) + self.gate_failures:
+            tr.write_line(f"conformance: {line}", red=True, bold=True)
 
-    def pytest_sessionfinish(self):
+    def _write_json(self):
         path = self.config.getoption("conformance_report_json")
         if not path:
             return
         from conformance.report_files import build_json, write_json
 
         r0 = self.results[0] if self.results else None
-        write_json(path, build_json(self.results, engine=r0.engine if r0 else "", tier=r0.tier if r0 else "",
-                                    model=r0.model if r0 else "", environment=environment(),
-                                    elapsed=sum(r.duration_s for r in self.results)))
+        report = build_json(self.results, engine=r0.engine if r0 else "", tier=r0.tier if r0 else "",
+                            model=r0.model if r0 else "", environment=environment(),
+                            elapsed=sum(r.duration_s for r in self.results))
+        report["interrupted"] = self.interrupted
+        report["gate_failures"] = self.gate_failures
+        write_json(path, report)
+
+
+def gate_failures(results: list[ScenarioResult], min_scenarios: int) -> list[str]:
+    """Why the run fails as a whole beyond its scenarios' own verdicts (--conformance-min-scenarios)."""
+    ran = sum(not r.skipped for r in results)
+    if ran >= min_scenarios:
+        return []
+    return [(f"only {ran} of {len(results)} scenarios ran ({len(results) - ran} skipped); "
+             f"--min-scenarios requires at least {min_scenarios}")]
+
+
+def _junit_error(config, name: str, message: str) -> None:
+    """An ``<error>`` testcase ``conformance::<name>`` in the run's JUnit file (when it writes one), so a
+    CI that reads only the JUnit file sees the run-level failure too."""
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    if xml is None:
+        return
+    reporter = xml.node_reporter(f"conformance::{name}")
+    reporter.attrs.update(classname="conformance", name=name)
+    reporter._add_simple("error", message, message)

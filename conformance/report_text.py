@@ -97,14 +97,43 @@ def format_result(result: ScenarioResult, show_passing: bool = False) -> str:
 def format_check_table(checks: list) -> str:
     """One line per check: how many scenarios it passed, failed and did not apply to."""
     names = list(dict.fromkeys(c.check for c in checks))
-    lines = [f"  {'check':<22} {'pass':>5} {'fail':>5} {'n/a':>5}"]
+    width = max([len("check"), *map(len, names)])
+    lines = [f"  {'check':<{width}} {'pass':>5} {'fail':>5} {'n/a':>5}"]
     for name in names:
-        of = [c for c in checks if c.check == name]
-        lines.append(
-            f"  {name:<22} {sum(c.status == PASS for c in of):>5} {sum(c.status == FAIL for c in of):>5} "
-            f"{sum(c.status == NA for c in of):>5}"
-        )
+        of = [c.status for c in checks if c.check == name]
+        lines.append(f"  {name:<{width}} {of.count(PASS):>5} {of.count(FAIL):>5} {of.count(NA):>5}")
     return "\n".join(lines)
+
+
+def format_coverage(results: list[ScenarioResult]) -> list[str]:
+    """What the run exercised and what it did not: the scenarios skipped, grouped by why; the features
+    the scenarios need, by how many ran and how many were skipped; the checks that applied nowhere."""
+    lines = []
+    skipped = [r for r in results if r.skipped]
+    if skipped:
+        lines.append(f"skipped: {len(skipped)} of {len(results)} scenarios did not run, so nothing was "
+                     "checked on them:")
+        by_reason: dict[str, list[str]] = {}
+        for r in skipped:
+            by_reason.setdefault(r.skipped, []).append(r.scenario_id)
+        for reason, ids in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"  {len(ids)} x {reason}: {', '.join(ids)}")
+    features = sorted({f for r in results for f in r.features})
+    if features:
+        parts = []
+        for f in features:
+            ran = sum(f in r.features and not r.skipped for r in results)
+            skip = sum(f in r.features and bool(r.skipped) for r in results)
+            parts.append(f"{f} {ran} ran" + (f", {skip} skipped" if skip else "")
+                         + ("" if ran else " (NOT EXERCISED)"))
+        lines.append("features: " + "; ".join(parts))
+    checks = [c for r in results for c in r.checks]
+    names = list(dict.fromkeys(c.check for c in checks))
+    idle = [n for n in names if all(c.status == NA for c in checks if c.check == n)]
+    if checks:
+        never = f"; never applied (n/a in every scenario that ran): {', '.join(idle)}" if idle else ""
+        lines.append(f"checks exercised: {len(names) - len(idle)} of {len(names)}{never}")
+    return lines
 
 
 def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
@@ -125,8 +154,11 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
         )
     ]
     lines.append(format_check_table(checks))
+    lines += format_coverage(results)
     for r in failed:
         what = [c.check for c in r.unexpected_failures] or (["infrastructure error"] if r.error else [])
+        if r.skipped:
+            what.append(f"skipped, which this run does not allow: {r.skipped}")
         if r.stale and r.stale_fails:
             what.append(f"stale expected failure {', '.join(r.stale)} (strict expectations)")
         lines.append(f"  FAILED {r.scenario_id}: {'; '.join(what)}")

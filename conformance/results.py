@@ -53,6 +53,8 @@ class ScenarioResult:
     stale: list[str] = field(default_factory=list)  # listed "<scenario>/<check>" entries that did not fail
     stale_fails: bool = False  # strict expectations: a stale entry fails the scenario (else a warning)
     dtype: str = "float32"  # what both engines ran in
+    features: list[str] = field(default_factory=list)  # the adapter features the scenario needs (FEATURES)
+    skip_fails: bool = False  # a skip that the run refuses (--fail-on-skip, a required feature): a failure
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -69,9 +71,10 @@ class ScenarioResult:
     @property
     def outcome(self) -> str:
         """The verdict once the expectations are applied, as pytest reports it: "pass", "fail",
-        "xfail" (every failing check is listed as expected), "skip" or "error" (infrastructure)."""
+        "xfail" (every failing check is listed as expected), "skip" or "error" (infrastructure). A skip the
+        run refuses (``skip_fails``) is "fail"."""
         if self.skipped:
-            return "skip"
+            return "fail" if self.skip_fails else "skip"
         if self.error:
             return "error"
         if self.unexpected_failures or (self.stale and self.stale_fails):

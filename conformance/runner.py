@@ -40,6 +40,9 @@ def suite_args(
     threads: int = 1,
     junit_xml: str | None = None,
     report_json: str | None = None,
+    fail_on_skip: bool = False,
+    min_scenarios: int = 0,
+    require_features=(),
 ) -> list[str]:
     """The pytest command line of a ``conformance run`` (what ``pytest`` would be given by hand)."""
     root = Path(conformance.__file__).resolve().parent
@@ -79,6 +82,14 @@ def suite_args(
         args += ["--conformance-mamba-cache-mode", sel.mamba_cache_mode]
     if strict:
         args.append("--conformance-strict-expectations")
+    if sel.step_timeout is not None:
+        args += ["--conformance-step-timeout", repr(sel.step_timeout)]
+    if fail_on_skip:
+        args.append("--conformance-fail-on-skip")
+    if min_scenarios:
+        args += ["--conformance-min-scenarios", str(min_scenarios)]
+    for feature in require_features:
+        args += ["--conformance-require-feature", feature]
     for sid in scenarios:
         args += ["--conformance-scenario", sid]
     for f in scenario_files:
@@ -91,11 +102,13 @@ def suite_args(
 
 
 def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label: str | None = None,
-              dtype: str | None = None, **options) -> int:
+              dtype: str | None = None, features: dict[str, bool] | None = None, **options) -> int:
     """Run the suite for ``sel`` in this process, printing to ``out``; returns the command's exit status.
-    ``dtype``: what ``sel.dtype`` resolves to on this checkpoint, for the header ("auto" is resolved)."""
+    ``dtype``: what ``sel.dtype`` resolves to on this checkpoint, for the header ("auto" is resolved);
+    ``features``: the engine under test's answer for each adapter feature, for the header."""
     printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model",
-                         expectations_note(sel, options.get("strict", False)), dtype or sel.dtype)
+                         expectations_note(sel, options.get("strict", False)), dtype or sel.dtype,
+                         features=features, gate=gate_note(**options))
     with _isolated_environment():
         code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
     if printer.setup_error is not None:
@@ -105,8 +118,33 @@ def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label
 
 def dtype_note(dtype: str) -> str:
     """How the engines are compared in ``dtype``: the same kernels in the same dtype, so exactly."""
+    tail = "" if dtype == "float32" else f", in {dtype} as in float32"
     return (f"dtype: both engines run in {dtype} with the same kernels; tokens and acceptance are compared "
-            f"exactly and logits bitwise, in {dtype} as in float32")
+            f"exactly and logits bitwise{tail}")
+
+
+def features_note(features: dict[str, bool]) -> str:
+    """What the engine under test says it supports; scenarios that need what it lacks are skipped."""
+    has = [f for f, ok in features.items() if ok]
+    lacks = [f for f, ok in features.items() if not ok]
+    return (f"engine features: supports {', '.join(has) or 'none'}"
+            + (f"; lacks {', '.join(lacks)} (the scenarios needing them are skipped, the checks needing them "
+               "n/a)" if lacks else ""))
+
+
+def gate_note(*, fail_on_skip: bool = False, min_scenarios: int = 0, require_features=(), step_timeout=None,
+              **_) -> str:
+    """What fails the run besides a failing check, said up front."""
+    parts = ["a failing check or an infrastructure error fails the run"]
+    parts.append("a skipped scenario fails it (--fail-on-skip)" if fail_on_skip
+                 else "skipped scenarios do not (--fail-on-skip, --min-scenarios, --require-feature "
+                 "change that)")
+    if require_features:
+        parts.append(f"required features: {', '.join(require_features)} (a scenario needing one may not "
+                     "skip)")
+    if min_scenarios:
+        parts.append(f"at least {min_scenarios} scenarios must run")
+    return "gate: " + "; ".join(parts)
 
 
 def expectations_note(sel: session.Selection, strict: bool) -> str:
@@ -142,9 +180,10 @@ class RunPrinter:
     """A pytest plugin of the in-process run: prints what ``conformance run`` shows."""
 
     def __init__(self, out, sel: session.Selection, verbose: bool, model_label: str, expectations: str = "",
-                 dtype: str = "float32"):
+                 dtype: str = "float32", features: dict[str, bool] | None = None, gate: str = ""):
         self.out, self.sel, self.verbose, self.model_label = out, sel, verbose, model_label
-        self.expectations, self.dtype = expectations, dtype
+        self.expectations, self.dtype, self.features, self.gate = expectations, dtype, features, gate
+        self.interrupted = False
         self.total = self.done = self.failed = 0
         self.start = time.perf_counter()
         self.setup_error: str | None = None  # the one line a run that could not start ends with
@@ -165,6 +204,13 @@ class RunPrinter:
                 "without it"
             )
         self._print(dtype_note(self.dtype))
+        if self.features is not None:
+            self._print(features_note(self.features))
+        if self.sel.step_timeout is not None:
+            self._print(f"step timeout: an engine call that has not returned after {self.sel.step_timeout:g} "
+                        "s fails its scenario (--step-timeout)")
+        if self.gate:
+            self._print(self.gate)
         if self.expectations:
             self._print(self.expectations)
 
@@ -210,6 +256,8 @@ class RunPrinter:
     def pytest_keyboard_interrupt(self, excinfo):
         if isinstance(excinfo.value, pytest.exit.Exception):
             self.setup_error = str(excinfo.value.msg).removeprefix("conformance: ")
+        else:
+            self.interrupted = True
 
     def pytest_configure(self, config):
         self.config = config
@@ -228,4 +276,12 @@ class RunPrinter:
         if self.failed:
             self._print("\n" + LEGEND)
         results = list(self._results.values())
-        self._print("\n" + format_summary(results, time.perf_counter() - self.start))
+        collector = self.config.pluginmanager.get_plugin("conformance-results")
+        summary = format_summary(results, time.perf_counter() - self.start)
+        if self.interrupted:
+            summary = (f"INTERRUPTED after {len(results)} of {self.total} scenarios: the run is incomplete "
+                       f"and proves nothing about the {self.total - len(results)} that did not run "
+                       "(exit status 130)\n" + summary)
+        for line in collector.gate_failures if collector is not None else ():
+            summary += f"\nGATE FAILED: {line}"
+        self._print("\n" + summary)

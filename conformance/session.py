@@ -10,6 +10,7 @@ from conformance.expectations import Expectations, expectations_file_for, load_e
 from conformance.harness import Case
 from conformance.model import preflight, run_dtype
 from conformance.mutants import MutantAdapter, get_mutant
+from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
 from refengine.config import DTYPE_CHOICES
@@ -49,6 +50,7 @@ class Selection:
     dtype: str = "float32"  # both engines; "auto": the checkpoint's own dtype
     enable_prefix_caching: bool = False  # every scenario with prefix caching for the engine under test
     mamba_cache_mode: str | None = None  # with it: "align" | "all" (None: each scenario's own, else align)
+    step_timeout: float | None = DEFAULT_STEP_TIMEOUT  # seconds one engine call may take before it fails
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -58,6 +60,8 @@ class Selection:
         if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise ValueError(f"mamba cache mode must be one of {', '.join(MAMBA_CACHE_MODES)}, "
                              f"got {self.mamba_cache_mode!r}")
+        if self.step_timeout is not None and not self.step_timeout > 0:
+            raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"a mamba cache mode ({self.mamba_cache_mode}) needs prefix caching enabled "
                              "(--enable-prefix-caching)")
@@ -76,6 +80,7 @@ class Selection:
             run_dtype(self.dtype, facts),
             self.enable_prefix_caching,
             self.mamba_cache_mode,
+            self.step_timeout,
         )
 
     def expectations(self) -> Expectations:
@@ -92,6 +97,10 @@ def select_scenarios(tier: str, wanted: list[str], files: list[str]) -> list[str
     known = scenario_ids(tier)
     unknown = [sid for sid in wanted if sid not in known]
     if unknown:
+        elsewhere = [t for t in TIERS if t != tier and unknown[0] in scenario_ids(t)]
+        if elsewhere:
+            raise UnknownScenario(f"scenario {unknown[0]!r} is in the {elsewhere[0]} tier, not in {tier!r}: "
+                                  f"add --tier {elsewhere[0]}")
         raise UnknownScenario(
             f"scenario {unknown[0]!r} is not in tier {tier!r}; `conformance list` shows the ids"
         )

@@ -63,6 +63,9 @@ def scenario_from_dict(
 ) -> Scenario:
     """A Scenario from a file's contents; ``vocab_size``: the model's (ids modulo it when smaller)."""
     where = f"{source}: " if source else ""
+    if not isinstance(d, dict):
+        raise ScenarioFileError(f"{where}not a scenario file (a JSON {type(d).__name__}, expected an object "
+                                f"with \"format\": {FORMAT!r})")
     if d.get("format") != FORMAT:
         raise ScenarioFileError(
             f"{where}not a scenario file (format {d.get('format')!r}, expected {FORMAT!r})"

@@ -1,0 +1,67 @@
+"""Adapters a CI gate must not pass: one that declines most features (so most scenarios skip), one
+whose ``step()`` never returns, one interrupted by Ctrl-C in the middle of a step.
+
+    conformance run --engine tests.conformance.gate_engines:declining
+"""
+
+from __future__ import annotations
+
+import threading
+
+from conformance.engines import LLMInstance, RefEngineAdapter
+
+
+class DecliningAdapter(RefEngineAdapter):
+    """The reference engine, saying it supports no drafter and no prefix caching."""
+
+    DECLINED = ("mtp", "scripted_drafter", "ngram_drafter", "prefix_caching")
+
+    def __init__(self):
+        super().__init__("reference", "none")
+        self.name = "declining"
+
+    def supports(self, feature: str) -> bool:
+        return feature not in self.DECLINED and super().supports(feature)
+
+
+class _Hanging(LLMInstance):
+    def __init__(self, llm, release: threading.Event):
+        super().__init__(llm)
+        self.release = release
+
+    def step(self):
+        self.release.wait()  # blocks until the test process ends (the daemon thread is abandoned)
+        return super().step()
+
+
+class HangingAdapter(RefEngineAdapter):
+    """The reference engine whose ``step()`` blocks forever."""
+
+    def __init__(self):
+        super().__init__("reference", "none")
+        self.name = "hanging"
+        self.release = threading.Event()  # never set: nothing here wakes the blocked step
+
+    def start(self, spec):
+        return _Hanging(self.build(spec), self.release)
+
+
+class _Interrupted(LLMInstance):
+    def step(self):
+        raise KeyboardInterrupt
+
+
+class InterruptedAdapter(RefEngineAdapter):
+    """The reference engine whose first ``step()`` is interrupted (Ctrl-C arriving during a step)."""
+
+    def __init__(self):
+        super().__init__("reference", "none")
+        self.name = "interrupted"
+
+    def start(self, spec):
+        return _Interrupted(self.build(spec))
+
+
+declining = DecliningAdapter
+hanging = HangingAdapter
+interrupted = InterruptedAdapter
