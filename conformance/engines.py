@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from conformance.workloads import EngineSettings
 from refengine import SamplingParams
 from refengine.config import GRAPH_MODES
+from refengine.tools.cli import DEFAULT_ASYNC_GRAPH_MODE
 
 # Features an adapter may support; the checks that need one are "n/a" without it.
 FEATURES = (
@@ -202,14 +203,22 @@ def cached_reference_adapter() -> RefEngineAdapter:
     return RefEngineAdapter("reference", "none")
 
 
+def describe_engine(name: str) -> str:
+    """An engine selection in words, with the graph mode plain ``async`` runs in (as every command says)."""
+    if name == "async":
+        return f"async (graph mode {DEFAULT_ASYNC_GRAPH_MODE}, unless a scenario names its own)"
+    return name
+
+
 def load_engine(name: str) -> EngineAdapter:
-    """``reference``, ``async`` (FULL_AND_PIECEWISE graphs), ``async:<graph mode>``, or ``pkg.module:attr``.
+    """``reference``, ``async`` (graph mode DEFAULT_ASYNC_GRAPH_MODE), ``async:<graph mode>``, or
+    ``pkg.module:attr``.
 
     (``mutant:<id>`` names are resolved one level up, by ``conformance.session``.)"""
     if name == "reference":
         return RefEngineAdapter("reference", "none")
     if name == "async":
-        return RefEngineAdapter("async", "full_and_piecewise")
+        return RefEngineAdapter("async", DEFAULT_ASYNC_GRAPH_MODE)
     if name.startswith("async:"):
         return RefEngineAdapter("async", name.partition(":")[2])
     module_name, sep, attr = name.partition(":")

@@ -623,7 +623,9 @@ class ResultCollector:
 
             r0 = self.results[0]
             tr.section("conformance summary")
-            tr.write_line(f"engine under test {r0.engine}, model {r0.model}, tier {r0.tier}")
+            from conformance.engines import describe_engine
+
+            tr.write_line(f"engine under test {describe_engine(r0.engine)}, model {r0.model}, tier {r0.tier}")
             tr.write_line(format_summary(self.results, sum(r.duration_s for r in self.results)))
             for r in self.results:
                 for c in r.failures:

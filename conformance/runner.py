@@ -193,9 +193,12 @@ class RunPrinter:
 
     def pytest_collection_finish(self, session):
         self.total = len(session.items)
+        from conformance.engines import describe_engine
+
         self._print(
-            f"conformance: engine under test {self.sel.engine}, reference engine as oracle, model "
-            f"{self.model_label}, tier {self.sel.tier}, {self.total} scenarios; {describe(environment())}"
+            f"conformance: engine under test {describe_engine(self.sel.engine)}, reference engine as oracle, "
+            f"model {self.model_label}, tier {self.sel.tier}, {self.total} scenarios; "
+            f"{describe(environment())}"
         )
         if self.sel.enable_prefix_caching:
             self._print(
@@ -277,7 +280,10 @@ class RunPrinter:
             self._print("\n" + LEGEND)
         results = list(self._results.values())
         collector = self.config.pluginmanager.get_plugin("conformance-results")
-        summary = format_summary(results, time.perf_counter() - self.start)
+        from conformance.engines import describe_engine
+
+        summary = (f"engine under test {describe_engine(self.sel.engine)}\n"
+                   + format_summary(results, time.perf_counter() - self.start))
         if self.interrupted:
             summary = (f"INTERRUPTED after {len(results)} of {self.total} scenarios: the run is incomplete "
                        f"and proves nothing about the {self.total - len(results)} that did not run "

@@ -2,16 +2,22 @@
 
 Both engines get the same prompts and must produce the same tokens (checked); they run
 alternately, ``--repeat`` times each, and the report gives the median of each and their ratio.
+``--profile DIR`` runs the async engine once more under torch.profiler and writes DIR/async-trace.json,
+a Chrome trace (open it in Perfetto, ui.perfetto.dev) with a named range per stage of every step
+(STAGE_RANGES): how the host's stages overlap the device's programs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from refengine.tools.cli import DEFAULT_ASYNC_GRAPH_MODE
 from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
 
 
@@ -47,6 +53,71 @@ def _kernel_launches(llm, prompts, params) -> int | None:
         llm.generate(prompts, params)
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+# The ranges of a profiled step: (range name, object path from the engine, method). "schedule", "stage"
+# and "process" run on the host; "program" is the step's work on the device timeline (the stream's thread
+# on CPU; on CUDA the host's launch of it, the kernels below it).
+STAGE_RANGES = (
+    ("schedule", "core.scheduler", "schedule"),
+    ("stage", "", "plan"),
+    ("program", "runner", "_execute"),
+    ("process", "", "process"),
+)
+TRACE_FILE = "async-trace.json"
+
+
+@contextlib.contextmanager
+def stage_ranges(engine):
+    """Wrap each STAGE_RANGES method of this engine instance in a profiler range (restored after; other
+    instances are untouched)."""
+    from torch.profiler import record_function
+
+    wrapped = []
+    try:
+        for name, path, method in STAGE_RANGES:
+            owner = engine
+            for part in filter(None, path.split(".")):
+                owner = getattr(owner, part)
+            original = getattr(owner, method)
+
+            def ranged(*args, _fn=original, _name=name, **kwargs):
+                with record_function(_name):
+                    return _fn(*args, **kwargs)
+
+            own = vars(owner).get(method)  # an attribute of the instance itself, restored as it was
+            setattr(owner, method, ranged)
+            wrapped.append((owner, method, own))
+        yield
+    finally:
+        for owner, method, own in wrapped:
+            if own is None:
+                delattr(owner, method)  # the class's method shows again
+            else:
+                setattr(owner, method, own)
+
+
+def profile_async(fast, copies: int, out_dir: str | Path) -> Path:
+    """One run of the workload on the async engine under torch.profiler, every thread profiled (the CPU
+    device timeline is a thread of its own), written as a Chrome trace; returns its path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts, params = _workload(fast, copies, seed=0)
+    activities = [ProfilerActivity.CPU]
+    if torch.device(fast.config.device).type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    options = {}
+    config = getattr(getattr(torch._C, "_profiler", None), "_ExperimentalConfig", None)
+    with contextlib.suppress(TypeError):  # a torch without it profiles the calling thread only
+        options["experimental_config"] = config(profile_all_threads=True)
+    with stage_ranges(fast.engine), profile(activities=activities, **options) as prof:
+        fast.generate(prompts, params)
+        _sync(fast.config.device)
+    path = out / TRACE_FILE
+    prof.export_chrome_trace(str(path))
+    return path
 
 
 def engines(model: str | None, k: int, graph_mode: str, max_num_seqs: int, device: str = "cpu",
@@ -121,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="refengine bench", description=__doc__)
     p.add_argument("--model", default=None)
     p.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=3)
-    p.add_argument("--graph-mode", default="full_and_piecewise")
+    p.add_argument("--graph-mode", default=DEFAULT_ASYNC_GRAPH_MODE,
+                   help=f"the async engine's graph mode (default {DEFAULT_ASYNC_GRAPH_MODE}, as everywhere)")
     p.add_argument("--repeat", type=int_at_least(1), default=3)
     p.add_argument(
         "--copies", type=int_at_least(1), default=1, help="repeat the default prompts this many times"
@@ -131,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)"
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both engines)")
+    p.add_argument("--profile", metavar="DIR", default=None, help=f"also profile one async run and write "
+                   f"DIR/{TRACE_FILE} (Chrome trace, opens in Perfetto) with a range per stage: "
+                   f"{', '.join(name for name, _, _ in STAGE_RANGES)}")
     add_dtype_flag(p, "both engines")
     return p
 
@@ -140,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     from refengine.tools.errors import SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)
+    if args.profile is not None and Path(args.profile).exists() and not Path(args.profile).is_dir():
+        return report("refengine bench", ValueError(f"--profile {args.profile} is a file; name a folder"))
     try:
         ref, fast = engines(
             args.model,
@@ -182,4 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             else f"{launches:.1f} kernel launches per step"
         )
     )
+    if args.profile is not None:
+        path = profile_async(fast, args.copies, args.profile)
+        print(f"  profile of one async run: {path} (Chrome trace: open it in Perfetto, ui.perfetto.dev); "
+              f"ranges {', '.join(name for name, _, _ in STAGE_RANGES)} per step")
     return 0

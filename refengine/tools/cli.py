@@ -1,4 +1,7 @@
 """``refengine generate``: run prompts through an engine and print tokens, finish reason, acceptance.
+The prompts go in at once (``--mode batch``), one after another (``sequential``: with
+``--enable-prefix-caching`` a later prompt is served from what an earlier one cached), or as the turns of
+one chat (``chat``: each turn's prompt is the previous turn's prompt and reply followed by its own text).
 ``refengine add-mtp-head SRC DST``: a copy of a checkpoint with an MTP head (refengine.tools.mtp_head).
 ``refengine report`` and ``refengine bench``: refengine.tools.report and refengine.tools.bench."""
 
@@ -8,6 +11,7 @@ import argparse
 import sys
 import time
 
+from refengine.config import GRAPH_MODES
 from refengine.tools import mtp_head
 from refengine.tools.errors import (
     REQUEST_ERRORS,
@@ -17,6 +21,24 @@ from refengine.tools.errors import (
     int_at_least,
     report,
 )
+
+# What "async" means wherever a command picks the graph mode for it (generate, bench, conformance's
+# engine "async"): every step's program captured for uniform decode steps, the token axis padded.
+DEFAULT_ASYNC_GRAPH_MODE = "full_and_piecewise"
+MODES = ("batch", "sequential", "chat")
+
+
+def graph_mode_for(engine: str, graph_mode: str | None) -> str:
+    """The graph mode a command runs ``engine`` in: the one asked for, else the async default (the
+    reference engine has none)."""
+    if graph_mode is not None:
+        return graph_mode
+    return DEFAULT_ASYNC_GRAPH_MODE if engine == "async" else "none"
+
+
+def describe_engine(engine: str, graph_mode: str) -> str:
+    """``async (graph mode full_and_piecewise)`` / ``reference``: what every summary names."""
+    return f"{engine} (graph mode {graph_mode})" if engine == "async" else engine
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -36,13 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
     g.add_argument("--prompt-ids", action="append", type=_parse_ids, default=[],
                    help="a prompt as comma-separated token ids (repeatable)")
-    g.add_argument("--max-tokens", type=int_at_least(1), default=32)
+    g.add_argument("--mode", default="batch", choices=MODES,
+                   help="batch: every prompt at once (default); sequential: one after another, each after "
+                   "the previous finished; chat: the prompts are the turns of one conversation, each turn's "
+                   "prompt being the previous turn's prompt and reply followed by its own")
+    g.add_argument("--max-tokens", type=int_at_least(1), default=32,
+                   help="most tokens per prompt (at most the model length minus the prompt; said when "
+                   "capped)")
     g.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=0)
     g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted"))
+    g.add_argument("--prompt-lookup-min", type=int_at_least(1), default=None,
+                   help="--drafter ngram: shortest n-gram looked up (default 5)")
+    g.add_argument("--prompt-lookup-max", type=int_at_least(1), default=None,
+                   help="--drafter ngram: longest n-gram looked up (default 5)")
     g.add_argument("--engine", default="reference", choices=("reference", "async"))
-    g.add_argument(
-        "--graph-mode", default="none", help="async engine: none | piecewise | full | full_and_piecewise"
-    )
+    g.add_argument("--graph-mode", default=None,
+                   help=f"async engine: {' | '.join(GRAPH_MODES)} (default {DEFAULT_ASYNC_GRAPH_MODE}, as "
+                   "for every command that runs 'async')")
+    g.add_argument("--seed", type=int_at_least(0), default=0, help="engine seed (default 0)")
+    g.add_argument("--block-size", type=int_at_least(1), default=16, help="KV block size in tokens "
+                   "(default 16; also the prefix cache's granularity)")
+    g.add_argument("--max-num-seqs", type=int_at_least(1), default=16,
+                   help="most requests running at once (default 16)")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     add_dtype_flag(g, "the engine")
     g.add_argument("--ignore-eos", action="store_true")
@@ -68,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else "generate"
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
+        print(f"refengine {command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "report":
         from refengine.tools.report import main as report_main
 
@@ -79,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "add-mtp-head":
         return add_mtp_head_command(args.src, args.dst)
+    return generate_command(args)
+
+
+def generate_command(args) -> int:
     import torch
 
     from refengine import LLM, SamplingParams
@@ -88,21 +138,30 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         print("refengine generate: give at least one --prompt or --prompt-ids", file=sys.stderr)
         return 2
+    graph_mode = graph_mode_for(args.engine, args.graph_mode)
     try:
         llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_speculative_tokens,
-                  drafter=args.drafter, graph_mode=args.graph_mode, device=args.device, dtype=args.dtype,
-                  enable_prefix_caching=args.enable_prefix_caching, mamba_cache_mode=args.mamba_cache_mode)
+                  drafter=args.drafter, prompt_lookup_min=args.prompt_lookup_min,
+                  prompt_lookup_max=args.prompt_lookup_max, graph_mode=graph_mode, device=args.device,
+                  dtype=args.dtype, seed=args.seed, block_size=args.block_size,
+                  max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
+                  mamba_cache_mode=args.mamba_cache_mode)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
     except SETUP_ERRORS as e:
         return report("refengine generate", e)
     try:
         start = time.perf_counter()
-        outs = llm.generate(prompts, params)
+        turns = _generate(llm, prompts, params, args.mode)
         elapsed = time.perf_counter() - start
     except REQUEST_ERRORS as e:
         return report("refengine generate", e)
-    for prompt, o in zip(prompts, outs):
-        print(f"prompt: {prompt!r}")
+    limit = llm.config.scheduler.max_model_len
+    for i, (prompt, ids, o) in enumerate(turns):
+        print(f"turn {i}: {prompt!r} (prompt of {len(ids)} tokens, the earlier turns included)"
+              if args.mode == "chat" and i else f"prompt: {prompt!r}")
+        if args.max_tokens > limit - len(ids):
+            print(f"note: --max-tokens {args.max_tokens} is capped at the model length: this prompt of "
+                  f"{len(ids)} tokens can generate at most {limit - len(ids)} (max_model_len {limit})")
         if o.text is not None:
             print(f"text: {o.text!r}")
         print(f"tokens: {o.token_ids}")
@@ -113,14 +172,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"drafts: {o.num_draft_tokens} proposed, {o.num_accepted_tokens} accepted "
                   f"over {steps} verify steps (acceptance length {mean:.2f})")
         if args.enable_prefix_caching:
-            print(f"cached_tokens: {o.num_cached_tokens}")
+            print(f"cached_tokens: {o.num_cached_tokens} of {len(ids)} prompt tokens served from the prefix "
+                  "cache")
     if args.enable_prefix_caching:
         occ = llm.occupancy()
         print(f"prefix cache: {occ.prefix_cache_hits} of {occ.prefix_cache_queries} looked-up tokens hit")
-    total = sum(len(o.token_ids) for o in outs)
-    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s); engine {args.engine}, "
-          f"dtype {llm.config.dtype}, device {llm.config.device}")
+    total = sum(len(o.token_ids) for _, _, o in turns)
+    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s); engine "
+          f"{describe_engine(args.engine, graph_mode)}, mode {args.mode}, K={args.num_speculative_tokens}, "
+          f"dtype {llm.config.dtype}, device {llm.config.device}, seed {args.seed}")
     return 0
+
+
+def _generate(llm, prompts: list, params, mode: str) -> list[tuple[object, list[int], object]]:
+    """(prompt as given, the prompt ids the engine got, its output) per prompt, in ``mode``."""
+    if mode == "batch":
+        ids = [llm._tokenize(p) for p in prompts]
+        return list(zip(prompts, ids, llm.generate(ids, params)))
+    turns, history = [], []
+    for prompt in prompts:
+        ids = history + llm._tokenize(prompt) if mode == "chat" else llm._tokenize(prompt)
+        out = llm.generate([ids], params)[0]
+        turns.append((prompt, ids, out))
+        if mode == "chat":
+            history = ids + list(out.token_ids)
+    return turns
 
 
 def add_mtp_head_command(src: str, dst: str) -> int:
