@@ -189,10 +189,11 @@ def _selection(args) -> session.Selection:
 
 
 def cmd_list(args, out) -> int:
-    for d in scenario_defs():
-        if args.tier is None or args.tier in d.tiers:
-            tiers = "" if args.tier else f"  [{', '.join(d.tiers)}]"
-            print(f"{d.id:<26} {d.description}{tiers}", file=out)
+    shown = [d for d in scenario_defs() if args.tier is None or args.tier in d.tiers]
+    width = max((len(d.id) for d in shown), default=0)
+    for d in shown:
+        tiers = "" if args.tier else f"  [{', '.join(d.tiers)}]"
+        print(f"{d.id:<{width}} {d.description}{tiers}", file=out)
     return 0
 
 

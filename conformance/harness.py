@@ -322,8 +322,9 @@ def describe_settings(scenario: Scenario) -> str:
 
 def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
     """The traces of ``run_scenario``: "reference", "test", "plain" when the scenario speculates or aborts,
-    and "cached" (the reference engine with the scenario's prefix caching) when it caches; when the engine
-    under test is the reference engine itself, its trace is that run."""
+    "test-plain" (the engine under test on the plain workload) when it speculates and its output differs
+    from plain greedy output, and "cached" (the reference engine with the scenario's prefix caching) when
+    it caches; when the engine under test is the reference engine itself, its trace is that run."""
     ref_side = reference_adapter()
     where = {"device": case.device, "dtype": case.dtype, "step_timeout": case.step_timeout}
     traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, **where)}
@@ -334,10 +335,27 @@ def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
     if scenario.k or scenario.aborted:
         traces["plain"] = run_workload(ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
                                        settings=scenario.settings.plain(), **where)
+    if scenario.k and _differs(traces["plain"], traces["test"], scenario.aborted):
+        # spec-lossless fails: the engine under test without speculation says whether speculation is why
+        traces["test-plain"] = traces["plain"] if case.engine == "reference" else run_workload(
+            case.adapter_for(scenario), scenario.without_aborts(), case.facts, label=f"{label} with K=0",
+            settings=scenario.settings.plain(), **where)
     if scenario.caching:
         traces["cached"] = traces["test"] if case.engine == "reference" else run_workload(
             cached_reference_adapter(), scenario, case.facts, label=CACHED_LABEL, **where)
     return traces
+
+
+def _differs(plain: Trace, test: Trace, aborted) -> bool:
+    """Whether the engine under test's output differs from plain greedy output (aborted requests aside)."""
+    if plain.error is not None or test.error is not None:
+        return False
+    for rid, want in plain.requests.items():
+        got = test.requests.get(rid)
+        if rid not in aborted and (got is None or (got.token_ids, got.finish_reason) != (want.token_ids,
+                                                                                            want.finish_reason)):
+            return True
+    return False
 
 
 def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
@@ -351,6 +369,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         case.adapter.supports("batch_invariant"),
         case.default_model,
         traces.get("cached"),
+        traces.get("test-plain"),
     )
     test = inputs.test
     results = []

@@ -198,8 +198,9 @@ def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
             f"  preemptions: {req.num_preemptions}"
             + ("" if req.num_cached_tokens is None else f", prompt tokens served from the prefix cache: "
                f"{req.num_cached_tokens}"),
-            "  step  kind     computed  query  slot(off)  graph  drafts -> output",
         ]
+        gw = max([len("graph"), *(len(st.graph_mode) for st in trace.steps)])
+        lines.append(f"  step  kind     computed  query  slot(off)  {'graph':<{gw}}  drafts -> output")
         for step in trace.steps:
             for r in step.rows:
                 if r.request_id != request_id:
@@ -207,7 +208,7 @@ def format_request_detail(request_id: str, traces: dict[str, Trace]) -> str:
                 slot = "zero" if r.state_slot_read is None else f"{r.state_slot_read}({r.state_offset})"
                 out = "(partial prefill)" if r.output_token_ids is None else str(r.output_token_ids)
                 lines.append(f"  {step.index:>4}  {r.kind:<8} {r.num_computed_tokens:>8}  {r.query_len:>5}  "
-                             f"{slot:>9}  {step.graph_mode:<5}  {r.draft_token_ids} -> {out}")
+                             f"{slot:>9}  {step.graph_mode:<{gw}}  {r.draft_token_ids} -> {out}")
     return "\n".join(lines)
 
 
@@ -216,19 +217,22 @@ def format_step_table(traces: dict[str, Trace], max_steps: int | None = None) ->
     lines = []
     for trace in distinct(traces):
         lines.append(f"== {trace.engine} ==" + (" (engine error)" if trace.error else ""))
-        lines.append("  step  graph  request  kind     computed  query  slot(off)  drafts -> output")
+        width = max([len("request"), *(len(r.request_id) for st in trace.steps for r in st.rows)])
+        gw = max([len("graph"), *(len(st.graph_mode) for st in trace.steps)])
+        lines.append(f"  step  {'graph':<{gw}}  {'request':<{width}}  kind     computed  query  slot(off)  "
+                     "drafts -> output")
         steps = trace.steps if max_steps is None else trace.steps[:max_steps]
         for step in steps:
             mark = f"  preempted {', '.join(step.preempted)}" if step.preempted else ""
             if not step.rows:
-                lines.append(f"  {step.index:>4}  {step.graph_mode:<5}  (no rows){mark}")
+                lines.append(f"  {step.index:>4}  {step.graph_mode:<{gw}}  (no rows){mark}")
             for i, r in enumerate(step.rows):
                 slot = "zero" if r.state_slot_read is None else f"{r.state_slot_read}({r.state_offset})"
                 out = "(partial prefill)" if r.output_token_ids is None else str(r.output_token_ids)
-                head = f"  {step.index:>4}  {step.graph_mode:<5}" if i == 0 else " " * 13
+                head = f"  {step.index:>4}  {step.graph_mode:<{gw}}" if i == 0 else " " * (8 + gw)
                 lines.append(
-                    f"{head}  {r.request_id:<7}  {r.kind:<8} {r.num_computed_tokens:>8}  {r.query_len:>5}  "
-                    f"{slot:>9}  {r.draft_token_ids} -> {out}" + (mark if i == 0 else "")
+                    f"{head}  {r.request_id:<{width}}  {r.kind:<8} {r.num_computed_tokens:>8}  "
+                    f"{r.query_len:>5}  {slot:>9}  {r.draft_token_ids} -> {out}" + (mark if i == 0 else "")
                 )
         if max_steps is not None and len(trace.steps) > max_steps:
             lines.append(f"  ... {len(trace.steps) - max_steps} more steps")

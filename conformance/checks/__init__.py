@@ -26,7 +26,7 @@ from conformance.checks.invariants import (
     check_state_slots,
 )
 from conformance.checks.prefix_cache import check_cache_lossless, check_cached_tokens, check_restored_state
-from conformance.checks.sanity import check_degenerate_run
+from conformance.checks.sanity import check_degenerate_run, check_output_records
 from conformance.checks.triggers import CACHE_TRIGGERS, TRIGGERS, check_triggers
 from conformance.results import NA, CheckResult
 
@@ -43,6 +43,7 @@ class CheckInputs:
     batch_invariant: bool  # the engine under test claims bitwise batch invariance
     strict_triggers: bool  # the shipped model: a trigger it cannot produce is a failure, not a warning
     cached: Any = None  # Trace of the reference engine with the scenario's prefix caching, or None
+    test_plain: Any = None  # Trace of the engine under test on the plain workload (K=0), or None
 
     @property
     def aborted(self) -> set[str]:
@@ -60,13 +61,15 @@ def _logits_digests(c: CheckInputs) -> CheckResult:
 CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ("runs", lambda c: check_runs(c.test, [r.request_id for r in c.scenario.requests])),
     ("tokens", lambda c: check_tokens(c.ref, c.test, skip=c.aborted)),
+    ("output-records", lambda c: check_output_records(c.test)),
     ("acceptance", lambda c: check_acceptance(c.ref, c.test, aborted=c.aborted)),
     ("request-outputs", lambda c: check_request_outputs(c.ref, c.test, c.scenario.k)),
     ("aborts", lambda c: check_aborts(c.scenario, c.ref, c.test, c.plain)),
     ("logits-digests", _logits_digests),
     (
         "spec-lossless",
-        lambda c: check_spec_lossless(c.plain if c.scenario.k else None, c.test, skip=c.aborted),
+        lambda c: check_spec_lossless(c.plain if c.scenario.k else None, c.test, skip=c.aborted,
+                                      test_plain=c.test_plain),
     ),
     ("cache-lossless", lambda c: check_cache_lossless(c.scenario, c.ref, c.cached)),
     ("cached-tokens", lambda c: check_cached_tokens(c.scenario, c.test)),
@@ -102,6 +105,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     ),
     "id-range": ("rows", "input_ids", "drafter_input_ids", "draft_token_ids", "next_draft_token_ids"),
     "state-slots": ("rows", "state_slot_read"),
+    "output-records": ("rows", "output_token_ids"),
     "cached-tokens": ("num_cached_tokens",),
     "restored-state": (
         "num_cached_tokens",

@@ -40,11 +40,28 @@ def acceptance_history(acceptance: list[tuple[int, int]], mark: int | None = Non
     return " ".join(items)
 
 
-def locate(req: RequestTrace, position: int) -> str:
-    """Where an output position was produced: the engine step, and the verify step or row kind."""
+def recorded_tokens(trace: Trace, request_id: str) -> list[tuple[int, int]]:
+    """(engine step, token) of every output token the engine's own step records show for a request, in
+    order: the output tokens of its rows (a row's kept tokens, bonus included)."""
+    return [(row.step, t) for row in trace.rows_of(request_id) if row.output_token_ids is not None
+            for t in row.output_token_ids]
+
+
+def locate(req: RequestTrace, position: int, trace: Trace | None = None) -> str:
+    """Where an output position was produced, as the engine's own step records say ("produced at" the
+    engine step, and the verify step or row kind); when the record shows another token there than the
+    output, that; when the output ended before the position, that."""
+    if position >= len(req.token_ids):
+        return f"(the output ended after {len(req.token_ids)} tokens, finish {req.finish_reason!r})"
+    recorded = recorded_tokens(trace, req.request_id) if trace is not None else None
+    if recorded is not None and trace.steps and position >= len(recorded):
+        return f"(no step record produced it: the records show {len(recorded)} output tokens)"
     if position >= len(req.token_steps):
-        return "past the end of the output"
-    where = f"engine step {req.token_steps[position]}"
+        return "(no step records)"
+    where = f"produced at engine step {req.token_steps[position]}"
+    if recorded is not None and trace.steps and recorded[position][1] != req.token_ids[position]:
+        return (f"{where} by its step record, which shows token {recorded[position][1]} there, not "
+                f"{req.token_ids[position]}: the output disagrees with the engine's own record")
     v = _verify_index(req, position)
     if v is not None:
         return f"{where}, verify step {v}"
@@ -102,8 +119,8 @@ def check_tokens(
     v_got = _verify_index(got, pos)
     lines = [
         f"request {rid} ({len(ref.prompt_token_ids)}-token prompt) diverges at output position {pos}",
-        f"  {la} : {token_window(ref.token_ids, pos)}   produced at {locate(ref, pos)}",
-        f"  {lb} : {token_window(got.token_ids, pos)}   produced at {locate(got, pos)}",
+        f"  {la} : {token_window(ref.token_ids, pos)}   {locate(ref, pos, reference)}",
+        f"  {lb} : {token_window(got.token_ids, pos)}   {locate(got, pos, test)}",
         f"  finish reason: {reference.engine} {ref.finish_reason!r}, {test.engine} {got.finish_reason!r}",
         "  acceptance per verify step (drafted/accepted):",
         f"    {la} : {acceptance_history(ref.acceptance, v_ref)}",
@@ -228,19 +245,38 @@ def check_logits_digests(reference: Trace, test: Trace) -> CheckResult:
 
 
 def check_spec_lossless(
-    plain: Trace | None, test: Trace, skip: set[str] | frozenset = frozenset()
+    plain: Trace | None,
+    test: Trace,
+    skip: set[str] | frozenset = frozenset(),
+    test_plain: Trace | None = None,
 ) -> CheckResult:
     """Speculative output equals plain greedy output (the same workload run with K=0).
 
     Aborted requests (``skip``) are left to the "aborts" check, which holds them to the same plain run.
+    ``test_plain``: the engine under test itself on the plain workload (K=0), run only when this check
+    fails: speculation is blamed only when that run agrees with plain greedy output.
     """
     if plain is None:
         return not_applicable("spec-lossless", "K=0: no speculation to compare")
     result = check_tokens(plain, test, name="spec-lossless", skip=skip)
     if result.failed:
-        result.report = ("speculative decoding changed the output: the engine under test differs from plain "
-                         "greedy decoding (K=0, reference engine)\n" + result.report)
+        result.report = _spec_blame(plain, test_plain, skip) + "\n" + result.report
     return result
+
+
+def _spec_blame(plain: Trace, test_plain: Trace | None, skip) -> str:
+    """Whether the difference is speculation's: what the engine under test does with speculation off."""
+    head = "the engine under test's output differs from plain greedy decoding (K=0, reference engine)"
+    if test_plain is None:
+        return head + "; whether speculation is the cause is not known (no K=0 run of the engine under test)"
+    if test_plain.error is not None:
+        return head + "; the engine under test failed the same workload with speculation off (K=0) too"
+    alone = check_tokens(plain, test_plain, name="spec-lossless", skip=skip)
+    if alone.failed:
+        return (head + "; with speculation off (K=0) the engine under test differs as well "
+                f"({alone.summary}): the bug is not in speculative decoding")
+    return ("speculative decoding changed the output: with speculation off (K=0) the engine under test "
+            "matches plain greedy decoding, with drafts it differs")
 
 
 def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:

@@ -65,3 +65,61 @@ class InterruptedAdapter(RefEngineAdapter):
 declining = DecliningAdapter
 hanging = HangingAdapter
 interrupted = InterruptedAdapter
+
+
+class _Swapping(LLMInstance):
+    """Holds each finished output until the next one finishes, then hands both back with their tokens
+    swapped: every output is another request's (its step records still show its own tokens)."""
+
+    def __init__(self, llm):
+        super().__init__(llm)
+        self.held = None
+
+    def step(self):
+        ready = []
+        for out in super().step():
+            if self.held is None:
+                self.held = out
+                continue
+            self.held.token_ids, out.token_ids = out.token_ids, self.held.token_ids
+            ready += [self.held, out]
+            self.held = None
+        if self.held is not None and not super().has_unfinished():
+            ready.append(self.held)
+            self.held = None
+        return ready
+
+    def has_unfinished(self) -> bool:
+        return super().has_unfinished() or self.held is not None
+
+
+class SwappingAdapter(RefEngineAdapter):
+    def __init__(self):
+        super().__init__("reference", "none")
+        self.name = "swapping"
+
+    def start(self, spec):
+        return _Swapping(self.build(spec))
+
+
+class _Truncating(LLMInstance):
+    def step(self):
+        outs = super().step()
+        for out in outs:
+            out.token_ids = out.token_ids[:-1]
+        return outs
+
+
+class TruncatingAdapter(RefEngineAdapter):
+    """The reference engine, every output one token short (its records show the token it dropped)."""
+
+    def __init__(self):
+        super().__init__("reference", "none")
+        self.name = "truncating"
+
+    def start(self, spec):
+        return _Truncating(self.build(spec))
+
+
+swapping = SwappingAdapter
+truncating = TruncatingAdapter
