@@ -1,11 +1,13 @@
 """The nightly run: full conformance tier, slow and nightly tests, benchmarks, then a gate.
 
   python ci/nightly.py [--reports DIR] [--baseline ci/nightly-baseline.txt] [--engine async]
-                      [--model CKPT] [--device cuda] [--tier nightly] [--no-strict]
-                      [--infra-reruns 1] [pytest args]
+                      [--model CKPT] [--device cuda] [--tier nightly] [--no-strict] [--allow-skips]
+                      [--step-timeout S] [--infra-reruns 1] [pytest args]
 
 1. ``pytest -n auto`` over everything (``-m ""``: slow and nightly tests included) with the
-   conformance suite at ``--conformance-tier nightly`` and strict expectations -> tests.xml, tests.log.
+   conformance suite at ``--conformance-tier nightly``, strict expectations and
+   ``--conformance-fail-on-skip`` (a conformance scenario that skips fails: a gate that skipped what
+   it exists for is not green; ``--allow-skips`` turns that off) -> tests.xml, tests.log.
 2. Reruns happen inside that same pytest run, with the pytest-rerunfailures plugin: a test that
    fails or errors with an *infrastructure* exception (InfrastructureError, out of memory, timeout,
    lost connection: the types in summarize_junit.INFRA_TYPES) is run again, at most
@@ -42,8 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the summary and the gate.
 NIGHTLY_EXTRA_COMMANDS: tuple[tuple[str, ...], ...] = (
     # Every mutant caught over the whole tier, twice (determinism), with its time to catch.
-    (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "slow or not slow",
-     "tests/conformance/test_mutants.py", "--junitxml={reports}/mutants.xml"),
+    (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-m",
+     "slow or not slow", "tests/conformance/test_mutants.py", "--junitxml={reports}/mutants.xml"),
 )
 # pytest's last line: "==== 1 failed, 9 passed, 2 rerun in 12.34s ====".
 SUMMARY_LINE = re.compile(r"\bin \d+(?:\.\d+)?s\b")
@@ -68,6 +70,10 @@ def suite_options(args: argparse.Namespace) -> list[str]:
     opts = ["-m", "", "--conformance-tier", args.tier]
     if args.strict:
         opts.append("--conformance-strict-expectations")
+    if not args.allow_skips:
+        opts.append("--conformance-fail-on-skip")
+    if args.step_timeout is not None:
+        opts += ["--conformance-step-timeout", str(args.step_timeout)]
     for flag, value in (("--conformance-engine", args.engine), ("--conformance-model", args.model),
                         ("--conformance-device", args.device)):
         if value:
@@ -121,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-strict", dest="strict", action="store_false",
                    help="stale expected-failure entries warn instead of failing")
+    p.add_argument("--allow-skips", action="store_true",
+                   help="a skipped conformance scenario does not fail the run (default: it fails)")
+    p.add_argument("--step-timeout", type=float, default=None,
+                   help="seconds an engine call may take before its scenario fails (default: the suite's)")
     p.add_argument("--infra-reruns", type=int, default=1,
                    help="reruns of a test after an infrastructure failure (0: none)")
     p.add_argument("--skip-bench", action="store_true")
@@ -129,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     reserved = [a for a in args.pytest_args if a.startswith(RESERVED_ARGS)]
     if reserved:
         p.error(f"pass {reserved[0]} through this script's flags (--engine, --model, --device, --tier, "
-                "--no-strict, --infra-reruns): as a free pytest argument it would override them")
+                "--no-strict, --allow-skips, --step-timeout, --infra-reruns): as a free pytest argument it "
+                "would override them")
     reports = Path(args.reports)
     reports.mkdir(parents=True, exist_ok=True)
 

@@ -80,13 +80,17 @@ PASSED_AFTER_RERUN = _xml(_case(NIGHTLY_ONLY))
                 ("--conformance-model", "/ckpt"),
                 ("--conformance-device", "cuda:1"),
                 ("--reruns", "1"),
+                ("--conformance-fail-on-skip",),  # the gate refuses skipped scenarios by default
             ],
-            [],
+            ["--conformance-step-timeout"],
         ),
         (
-            ["--tier", "default", "--no-strict", "--infra-reruns", "3"],
-            [("-m", ""), ("--conformance-tier", "default"), ("--reruns", "3")],
-            ["--conformance-strict-expectations", "--conformance-engine", "--conformance-model"],
+            ["--tier", "default", "--no-strict", "--infra-reruns", "3", "--allow-skips",
+             "--step-timeout", "60"],
+            [("-m", ""), ("--conformance-tier", "default"), ("--reruns", "3"),
+             ("--conformance-step-timeout", "60.0")],
+            ["--conformance-strict-expectations", "--conformance-engine", "--conformance-model",
+             "--conformance-fail-on-skip"],
         ),
     ],
 )
@@ -332,3 +336,21 @@ def test_the_suites_infrastructure_error_is_rerun_and_its_properties_are_fresh(c
     assert "1 passed, 1 rerun" in proc.stdout
     (case,) = summarize_junit.read_junit([xml])  # the final attempt only
     assert case.outcome == "passed" and "failure_type" not in case.properties, case
+
+
+def test_the_extra_commands_emit_no_junit_family_warnings(ci, tmp_path):
+    """The nightly's extra pytest commands (the mutants) record properties; with pytest's default
+    junit_family (xunit2) each one warns. Their options, run on a test that records a property:"""
+    import subprocess
+    import sys
+
+    nightly, _ = ci
+    test = tmp_path / "test_records.py"
+    test.write_text("def test_records(record_property):\n    record_property('seconds_to_catch', 1.0)\n")
+    for cmd in nightly.NIGHTLY_EXTRA_COMMANDS:
+        argv = [a.replace("{reports}", str(tmp_path)) for a in cmd if not a.startswith("tests/")]
+        assert argv[:3] == [sys.executable, "-m", "pytest"]
+        proc = subprocess.run([*argv, "-p", "no:xdist", str(test)], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "junit_family" not in proc.stdout + proc.stderr
