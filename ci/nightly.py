@@ -111,7 +111,7 @@ def rerun_note(reruns: int, log: Path) -> str:
     return f"infrastructure reruns (at most {reruns} per test): {found}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reports", default=str(REPO / "reports" / "nightly"))
     p.add_argument("--baseline", default=str(REPO / "ci" / "nightly-baseline.txt"))
@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="reruns of a test after an infrastructure failure (0: none)")
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("pytest_args", nargs="*", help="passed on to the main pytest run (e.g. test paths)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     reserved = [a for a in args.pytest_args if a.startswith(RESERVED_ARGS)]
     if reserved:

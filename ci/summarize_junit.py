@@ -192,7 +192,7 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("junit", nargs="+", help="JUnit XML files")
     p.add_argument("--baseline", default=None, help="file of known-failing test ids")
@@ -202,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         "--write-baseline", default=None, metavar="FILE", help="write the current failures as a baseline"
     )
     p.add_argument("--fail-on-new", action="store_true", help="exit 1 when a failure is not in the baseline")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     cases = read_junit(args.junit)
     comparison = compare(cases, load_baseline(args.baseline))

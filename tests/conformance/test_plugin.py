@@ -34,6 +34,7 @@ def run_suite(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_expected_failures_mismatches_and_stale_entries(tmp_path, tiny_checkpoint):
     xfails = tmp_path / "xfails.toml"
     xfails.write_text('[expected-failures]\n"short-prompts-k0/tokens" = "flipped on purpose"\n'
+                      '"short-prompts-k0/output-records" = "flipped after the step"\n'
                       '"short-prompts-k0/pools-empty" = "fixed long ago"\n')
     proc = run_suite(
         tmp_path,
@@ -67,8 +68,10 @@ def test_expected_failures_mismatches_and_stale_entries(tmp_path, tiny_checkpoin
 
 
 def _fake_request(strict: bool):
+    options = {"conformance_strict_expectations": strict, "conformance_fail_on_skip": False,
+               "conformance_require_feature": []}
     return SimpleNamespace(node=SimpleNamespace(user_properties=[]),
-                           config=SimpleNamespace(getoption=lambda name: strict))
+                           config=SimpleNamespace(getoption=options.__getitem__))
 
 
 def test_conclude_outcomes_and_strict_expectations():
