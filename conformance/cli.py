@@ -3,7 +3,8 @@
   conformance list [--tier T]                   scenario ids, one line each
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
                   [--dtype D] [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
-                  [--enable-prefix-caching [--mamba-cache-mode align|all]]
+                  [--enable-prefix-caching [--mamba-cache-mode align|all]] [--step-timeout S]
+                  [--fail-on-skip] [--min-scenarios N] [--require-feature F ...]
   conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH] [--dtype D]
   conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR] [--dtype D]
   conformance mutate [--mutant ID ...] [--dtype D]
@@ -13,9 +14,14 @@ run the same kernels, so they are compared exactly (tokens, acceptance, logits b
 --enable-prefix-caching (run, replay, fuzz) turns prefix caching on for the engine under test in every
 scenario, in --mamba-cache-mode or each scenario's own mode; the reference engine runs without it.
 
+The gate of a CI run: --fail-on-skip (a skipped scenario fails), --require-feature F (the engine must
+support F and no scenario needing it may skip), --min-scenarios N (at least N scenarios must run).
+--step-timeout S: an engine call that has not returned after S seconds fails its scenario.
+
 Exit status: 0 when every check passed (or failed as an expectations file lists), 1 when a check
-failed or a run broke (fuzz: a generated workload failed a check), 2 for usage errors (unknown
-engine, scenario, scenario file or model) and for a checkpoint or device that cannot be used.
+failed, a run broke or the gate refused the run (fuzz: a generated workload failed a check), 2 for
+usage errors (unknown engine, scenario, scenario file or model) and for a checkpoint or device that
+cannot be used, 130 when interrupted (Ctrl-C).
 
 ``conformance run`` is the pytest suite (``pytest --pyargs conformance.suite``) run in-process:
 the same expectations (the engine's packaged file unless --xfail-file names one; stale entries warn,

@@ -18,6 +18,14 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
   --conformance-scenario ID  only this scenario (repeatable; default: the whole tier)
   --conformance-scenario-file F   also (or, with no --conformance-scenario, only) this workload file
   --conformance-gpus IDS     spread xdist workers over these GPUs ("all" or "0,1,2"), round robin
+  --conformance-step-timeout S    an engine call that has not returned after S seconds fails its scenario
+  --conformance-fail-on-skip      a skipped scenario fails (a CI gate that skips is not green)
+  --conformance-require-feature F the engine must support F; a scenario needing it may not skip
+  --conformance-min-scenarios N   fewer than N scenarios ran (were not skipped): the run fails
+
+The run's header (only in runs that name the suite or collect its test) and the "conformance summary"
+say what was exercised: the skipped scenarios by reason, the features the scenarios needed, the checks
+that applied nowhere.
 
 Worker count and GPU pinning are the only things it changes outside its own fixtures, and only when
 asked: when the shipped suite is named on the command line (``conformance.suite``) or

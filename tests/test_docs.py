@@ -414,3 +414,26 @@ def test_the_expected_failures_example_names_real_scenarios_and_checks(tmp_path)
     exp = load_expectations(tmp_path / "example.toml")
     assert len(exp.entries) == example.count(" = ")
     assert unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES) == []
+
+
+# ---- set-up off this machine: the CPU torch from the PyTorch CPU wheel index ---------------------------
+CPU_WHEEL_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_the_set_up_takes_torch_from_the_cpu_wheel_index():
+    """PyPI alone resolves ``torch==2.13.0`` to the CUDA build on Linux: the README's set-up line (still
+    the virtual environment and two installs) and ``tox -e cpu`` name the PyTorch CPU wheel index."""
+    readme = (REPO / "README.md").read_text()
+    setup = next(body for info, body in _blocks(readme) if info == "bash" and "venv" in body)
+    steps = _split_chain(shlex.split(setup))
+    installs = [s for s in steps if s[:2] == ["pip", "install"]]
+    assert len(installs) == 2 and len(steps) == 4, setup  # venv, activate, torch, the package
+    torch_step = next(s for s in installs if any(a.startswith("torch==") for a in s))
+    assert torch_step[torch_step.index("--index-url") + 1] == CPU_WHEEL_INDEX
+    ini = configparser.ConfigParser(interpolation=None)
+    ini.read(REPO / "tox.ini")
+    for env in ("testenv:cpu", "testenv:nightly"):
+        assert "{[cpu_index]set_env}" in ini[env]["set_env"], env
+    index = dict(line.split(" = ", 1) for line in ini["cpu_index"]["set_env"].strip().splitlines())
+    assert index["PIP_INDEX_URL"] == "{env:PYTORCH_INDEX_URL:" + CPU_WHEEL_INDEX + "}"
+    assert index["PIP_EXTRA_INDEX_URL"] == "https://pypi.org/simple"  # every other package
