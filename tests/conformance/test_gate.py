@@ -122,3 +122,30 @@ def test_the_plugin_has_the_same_gate(argv, tiny_checkpoint, tmp_path):
         assert "SKIPPED, NOT ALLOWED (--fail-on-skip)" in out
     else:
         assert "only 1 of 2 scenarios ran (1 skipped); --min-scenarios requires at least 2" in out
+
+
+def test_an_abandoned_engine_cannot_touch_the_run_after_its_timeout(tiny_checkpoint):
+    """The hung step returns after the run gave up on it: its step record and outputs are dropped, the
+    trace the run reported stays as it was, and the next workload runs on a fresh instance."""
+    import threading
+
+    from conformance.harness import run_workload
+    from conformance.session import Selection
+    from conformance.workloads import get_def
+    from tests.conformance.gate_engines import HangingAdapter
+
+    case = Selection(engine="reference", model=tiny_checkpoint).open_case()
+    scenario = get_def("short-prompts-k0").materialize("default", case.facts.vocab_size)
+    adapter = HangingAdapter()
+    before = {t.name for t in threading.enumerate()}
+    trace = run_workload(adapter, scenario, case.facts, label="hanging", step_timeout=0.3)
+    assert "step() at engine step 0 did not return within 0.3 s" in trace.error
+    snapshot = trace.to_dict()
+    abandoned = [t for t in threading.enumerate() if t.name not in before and "hanging" in t.name]
+    assert len(abandoned) == 1 and abandoned[0].daemon
+    adapter.release.set()  # the blocked step() now returns, records its step and hands back outputs
+    abandoned[0].join(timeout=60)
+    assert not abandoned[0].is_alive()
+    assert trace.to_dict() == snapshot  # nothing it did after the timeout reached the trace
+    again = run_workload(adapter, scenario, case.facts, label="hanging", step_timeout=30)
+    assert again.error is None and set(again.requests) == {r.request_id for r in scenario.requests}
