@@ -34,7 +34,13 @@ import argparse
 import sys
 
 from conformance import session
-from conformance.engines import BUILTIN_ENGINES, REQUIRABLE_FEATURES, UnknownEngine, missing_features
+from conformance.engines import (
+    BUILTIN_ENGINES,
+    REQUIRABLE_FEATURES,
+    UnknownEngine,
+    describe_engine,
+    missing_features,
+)
 from conformance.expectations import ExpectationError
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_defs
@@ -309,7 +315,7 @@ def cmd_fuzz(args, out) -> int:
     case = sel.open_case()
     budget = f"{args.examples} workloads" + (f" or {args.budget_seconds:g} s" if args.budget_seconds else "")
     print(
-        f"conformance fuzz: engine under test {sel.engine}, reference engine as oracle, "
+        f"conformance fuzz: engine under test {describe_engine(sel.engine)}, reference engine as oracle, "
         f"model {case.facts.label}, dtype {case.dtype} (both engines), seed {args.seed}, at most {budget}",
         file=out,
         flush=True,
