@@ -254,12 +254,13 @@ def _check_options(config) -> None:
     if threads < 1:
         raise pytest.UsageError(f"conformance: --conformance-threads must be >= 1, got {threads}")
     timeout = config.getoption("conformance_step_timeout")
-    if not timeout > 0:
+    if timeout is not None and not timeout > 0:
         raise pytest.UsageError(f"conformance: --conformance-step-timeout must be > 0 seconds, got {timeout}")
-    least = config.getoption("conformance_min_scenarios")
+    least = config.getoption("conformance_min_scenarios") or 0
     if least < 0:
         raise pytest.UsageError(f"conformance: --conformance-min-scenarios must be >= 0, got {least}")
-    unknown = [f for f in config.getoption("conformance_require_feature") if f not in REQUIRABLE_FEATURES]
+    required = config.getoption("conformance_require_feature") or []
+    unknown = [f for f in required if f not in REQUIRABLE_FEATURES]
     if unknown:
         raise pytest.UsageError(f"conformance: --conformance-require-feature {unknown[0]!r} is not a "
                                 f"feature; choose from {', '.join(REQUIRABLE_FEATURES)}")

@@ -36,9 +36,10 @@ def graph_mode_for(engine: str, graph_mode: str | None) -> str:
     return DEFAULT_ASYNC_GRAPH_MODE if engine == "async" else "none"
 
 
-def describe_engine(engine: str, graph_mode: str) -> str:
-    """``async (graph mode full_and_piecewise)`` / ``reference``: what every summary names."""
-    return f"{engine} (graph mode {graph_mode})" if engine == "async" else engine
+def describe_graph_mode(engine: str, graph_mode: str) -> str:
+    """``graph mode full_and_piecewise, `` for the async engine, "" for the reference engine (it has none):
+    what every summary names."""
+    return f"graph mode {graph_mode}, " if engine == "async" else ""
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -178,9 +179,10 @@ def generate_command(args) -> int:
         occ = llm.occupancy()
         print(f"prefix cache: {occ.prefix_cache_hits} of {occ.prefix_cache_queries} looked-up tokens hit")
     total = sum(len(o.token_ids) for _, _, o in turns)
-    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s); engine "
-          f"{describe_engine(args.engine, graph_mode)}, mode {args.mode}, K={args.num_speculative_tokens}, "
-          f"dtype {llm.config.dtype}, device {llm.config.device}, seed {args.seed}")
+    graph = describe_graph_mode(args.engine, graph_mode)
+    print(f"{total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s); engine {args.engine}, "
+          f"dtype {llm.config.dtype}, device {llm.config.device}, {graph}mode {args.mode}, "
+          f"K={args.num_speculative_tokens}, seed {args.seed}")
     return 0
 
 

@@ -40,7 +40,8 @@ def test_the_summary_names_the_async_graph_mode_and_ngram_flags_reach_the_engine
             "--num-spec-tokens", "2", "--drafter", "ngram", "--prompt-lookup-min", "2",
             "--prompt-lookup-max", "3"]
     assert main(argv) == 0
-    assert f"engine async (graph mode {DEFAULT_ASYNC_GRAPH_MODE})" in capsys.readouterr().out
+    assert f"engine async, dtype float32, device cpu, graph mode {DEFAULT_ASYNC_GRAPH_MODE}, mode batch" in \
+        capsys.readouterr().out
     assert main([*argv[:-4], "--prompt-lookup-min", "4", "--prompt-lookup-max", "3"]) == 2
     assert "prompt_lookup" in capsys.readouterr().err
 
