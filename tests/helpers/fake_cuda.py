@@ -93,6 +93,9 @@ class OpRecord:
     written: list[int]  # storages of the arguments the op mutates
 
 
+_SCALAR_WRAPPERS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.scalar_tensor.default)
+
+
 class DeviceWatch(TorchDispatchMode):
     """Records the device of every op's outputs, and which storages each op allocates and writes."""
 
@@ -116,7 +119,11 @@ class DeviceWatch(TorchDispatchMode):
             if a.alias_info is not None and a.alias_info.is_write:
                 value = kwargs[a.name] if a.name in kwargs else args[i] if i < len(args) else None
                 written += [storage_key(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
-        self.ops.append(OpRecord(str(func), [str(t.device) for t in outputs], allocated, written))
+        # A Python number wrapped as a 0-dim CPU tensor (``x[i] = 1``, ``torch.where(m, x, 0)``) is a scalar
+        # argument torch lets CUDA ops take; any other tensor on the CPU is host memory.
+        scalar = func in _SCALAR_WRAPPERS and all(t.dim() == 0 for t in outputs)
+        devices = ["cuda (scalar)" if scalar else str(t.device) for t in outputs]
+        self.ops.append(OpRecord(str(func), devices, allocated, written))
         return out
 
     @property
