@@ -8,9 +8,9 @@ Inside ``FakeCuda`` (a context manager):
   depends on values) raises ``DataDependentOutputException`` (and a real, non-fake tensor reaching an
   op raises too: ``allow_non_fake_inputs=False``);
 - mixing devices in one op raises ``FakeTensorDeviceMismatchError``;
-- ``watch.cpu_ops`` lists every op that produced a CPU tensor (a tensor built without ``device=``, a
-  ``.cpu()``); ``watch.allocations`` / ``watch.writes`` list the storages each op allocated and wrote
-  (for the CUDA-graph check, see ``tests/fakecuda/test_graph_capture.py``);
+- ``with fc.watching() as watch:`` records every op run in the block: ``watch.cpu_ops`` lists those that
+  produced a CPU tensor (a tensor built without ``device=``, a ``.cpu()``); ``watch.ops`` has the
+  storages each op read, allocated and wrote (for the CUDA-graph check, tests/fakecuda/test_graph_capture.py);
 - every Triton launch is checked against ``kernels._launch_check.SPECS`` and recorded in
   ``launches.launches`` instead of run.
 """
@@ -81,8 +81,8 @@ def install_cuda_guard() -> None:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """The identity of ``t``'s storage (views share it)."""
-    return id(t.untyped_storage())
+    """The identity of ``t``'s storage (views share it): its StorageImpl's address, stable while it lives."""
+    return t.untyped_storage()._cdata
 
 
 @dataclass
@@ -91,6 +91,8 @@ class OpRecord:
     devices: list[str]
     allocated: list[int]  # storages the op's outputs have that no input had
     written: list[int]  # storages of the arguments the op mutates
+    read: list[int]  # storages of every tensor argument
+    shapes: list[tuple]  # (dtype, shape) of every output
 
 
 _SCALAR_WRAPPERS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.scalar_tensor.default)
@@ -103,6 +105,7 @@ class DeviceWatch(TorchDispatchMode):
         super().__init__()
         self.ops: list[OpRecord] = []
         self.enabled = True
+        self._alive: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -123,7 +126,9 @@ class DeviceWatch(TorchDispatchMode):
         # argument torch lets CUDA ops take; any other tensor on the CPU is host memory.
         scalar = func in _SCALAR_WRAPPERS and all(t.dim() == 0 for t in outputs)
         devices = ["cuda (scalar)" if scalar else str(t.device) for t in outputs]
-        self.ops.append(OpRecord(str(func), devices, allocated, written))
+        self.ops.append(OpRecord(str(func), devices, allocated, written, sorted(seen),
+                                 [(t.dtype, tuple(t.shape)) for t in outputs]))
+        self._alive += outputs  # keeps every storage alive while recorded, so no key is reused
         return out
 
     @property
@@ -133,6 +138,7 @@ class DeviceWatch(TorchDispatchMode):
 
     def clear(self) -> None:
         self.ops.clear()
+        self._alive.clear()
 
 
 @dataclass
@@ -140,7 +146,6 @@ class FakeCuda:
     """``with FakeCuda() as fc:`` fake CUDA tensors, the device watch and the launch recorder."""
 
     mode: FakeTensorMode = field(default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=False))
-    watch: DeviceWatch = field(default_factory=DeviceWatch)
     launches: LaunchRecorder = field(default_factory=LaunchRecorder)
     _stack: ExitStack | None = None
 
@@ -155,11 +160,12 @@ class FakeCuda:
         self._stack.close()
 
     @contextmanager
-    def watching(self):
-        """Record ops (devices, allocations, writes) inside the block only."""
-        self.watch.clear()
-        with self.watch:
-            yield self.watch
+    def watching(self, watch: DeviceWatch | None = None):
+        """Record ops (devices, allocations, writes) inside the block only, in ``watch`` (a fresh one by
+        default)."""
+        watch = DeviceWatch() if watch is None else watch
+        with watch:
+            yield watch
 
     def like(self, x, memo: dict | None = None):
         """``x`` with every CPU tensor in it (nested in tuples, lists, dicts, dataclasses) replaced by a fake
