@@ -34,18 +34,28 @@ from tests.helpers.fake_engines import (
     record_reference,
 )
 
-ALWAYS = {"prefill", "prefill chunk", "mixed", "admission", "restore", "checkpoint", "preempted", "resumed"}
+ALWAYS = {"prefill", "prefill chunk", "mixed", "admission", "preempted", "resumed"}
+CACHING = {"restore", "checkpoint"}
 MODES = [m.value for m in GraphMode]
-MATRIX = [pytest.param(family, mode, k, drafter, marks=pytest.mark.slow, id=f"{family}-{mode}-k{k}-{drafter}")
-          for family in FAMILY_CHECKPOINTS for mode in MODES
-          for k, drafter in ((0, "mtp"), (3, "mtp"), (3, "ngram"))
-          if (family, mode, k, drafter) != ("qwen3-next-default", "full_and_piecewise", 3, "mtp")]
-DEFAULT = pytest.param("qwen3-next-default", "full_and_piecewise", 3, "mtp",
-                       id="qwen3-next-default-full_and_piecewise-k3-mtp")
+# Beyond the settings of SETTINGS: the chunked GDN prefill (it excludes prefix caching) and bfloat16.
+VARIANTS = {"": {}, "chunked": {"recurrent_prefill_chunked": True, "enable_prefix_caching": False},
+            "bf16": {"dtype": "bfloat16"}}
+DEFAULT = ("qwen3-next-default", "full_and_piecewise", 3, "mtp", "")
+CASES = [(family, mode, k, drafter, "") for family in FAMILY_CHECKPOINTS for mode in MODES
+         for k, drafter in ((0, "mtp"), (3, "mtp"), (3, "ngram"))]
+CASES += [(family, "full_and_piecewise", 3, "mtp", variant) for family in FAMILY_CHECKPOINTS
+          for variant in ("chunked", "bf16")]
 
 
-def expected_kinds(mode: str, k: int, drafter: str) -> set[str]:
+def case_id(case) -> str:
+    family, mode, k, drafter, variant = case
+    return "-".join(filter(None, (family, mode, f"k{k}", drafter, variant)))
+
+
+def expected_kinds(mode: str, k: int, drafter: str, variant: str) -> set[str]:
     kinds = set(ALWAYS)
+    if {**SETTINGS, **VARIANTS[variant]}["enable_prefix_caching"]:
+        kinds |= CACHING
     if GraphMode(mode).has_full:
         kinds.add("full decode")
     if k:
@@ -53,27 +63,42 @@ def expected_kinds(mode: str, k: int, drafter: str) -> set[str]:
     return kinds
 
 
-@pytest.mark.parametrize("family,mode,k,drafter", [DEFAULT, *MATRIX])
-def test_async_steps_on_fake_cuda(family, mode, k, drafter, tmp_path_factory):
+def record(family, mode, k, drafter, variant, tmp_path_factory):
     model = checkpoint_path(FAMILY_CHECKPOINTS[family], tmp_path_factory)
-    run = record_async(WAVES, max_tokens=10, model=model, graph_mode=mode, num_speculative_tokens=k,
-                       drafter=drafter, **SETTINGS)
+    return record_async(WAVES, max_tokens=10, model=model, graph_mode=mode, num_speculative_tokens=k,
+                        drafter=drafter, **{**SETTINGS, **VARIANTS[variant]})
+
+
+@pytest.mark.parametrize("family,mode,k,drafter,variant", [
+    pytest.param(*case, id=case_id(case), marks=[] if case == DEFAULT else [pytest.mark.slow])
+    for case in CASES])
+def test_async_steps_on_fake_cuda(family, mode, k, drafter, variant, tmp_path_factory, request):
+    if (family, mode, k, drafter, variant) == DEFAULT:
+        run = request.getfixturevalue("default_run")
+    else:
+        run = record(family, mode, k, drafter, variant, tmp_path_factory)
     steps, kinds = covering(run.snaps, k, drafter)
-    want = expected_kinds(mode, k, drafter)
+    want = expected_kinds(mode, k, drafter, variant)
     assert kinds >= want, f"the workload lacks {want - kinds}"
     fc = FakeCuda()
     twin = AsyncTwin(fc, run.llm.engine)
     for snap in steps:
         twin.step(snap)
     launched = set(fc.launches.kernels())
-    assert {"prepare_inputs_kernel", "post_update_kernel", "paged_attention_kernel", "greedy_verify_kernel",
-            "fused_recurrent_gated_delta_rule_fwd_kernel", "causal_conv1d_fwd_kernel"} <= launched, launched
+    want = {"prepare_inputs_kernel", "post_update_kernel", "paged_attention_kernel", "greedy_verify_kernel",
+            "fused_recurrent_gated_delta_rule_fwd_kernel", "causal_conv1d_fwd_kernel",
+            "reshape_and_cache_kernel", "linear_kernel", "rms_norm_kernel", "gated_rms_norm_kernel"}
+    if variant == "chunked":
+        want |= {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}
+    if FAMILY_CHECKPOINTS[family] is not None and "moe" in FAMILY_CHECKPOINTS[family]:
+        want |= {"moe_gate_up_kernel", "moe_down_kernel", "moe_combine_kernel"}
+    assert want <= launched, f"not launched: {want - launched}"
 
 
-def test_a_host_tensor_in_the_step_program_is_caught():
+def test_a_host_tensor_in_the_step_program_is_caught(default_run):
     """A planted bug: the drafter indexes device state with an index built without ``device=`` (torch
     accepts a CPU index into a CUDA tensor, so only the watch on CPU tensors sees it)."""
-    run = record_async(WAVES[:1], max_tokens=4, graph_mode="full", num_speculative_tokens=3, **SETTINGS)
+    run = default_run
     fc = FakeCuda()
     twin = AsyncTwin(fc, run.llm.engine)
     proposer = twin.runner.proposer
@@ -90,15 +115,23 @@ def test_a_host_tensor_in_the_step_program_is_caught():
         twin.step(decode)
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=[pytest.mark.slow] if i else [])
-                                    for i, f in enumerate(FAMILY_CHECKPOINTS)])
-def test_reference_steps_on_fake_cuda(family, tmp_path_factory):
+@pytest.mark.parametrize("family,variant", [
+    pytest.param(f, v, id="-".join(filter(None, (f, v))),
+                 marks=[] if (i, v) == (0, "") else [pytest.mark.slow])
+    for i, f in enumerate(FAMILY_CHECKPOINTS) for v in ("", "chunked")])
+def test_reference_steps_on_fake_cuda(family, variant, tmp_path_factory):
     fc = FakeCuda()
     _, results = record_reference(WAVES, fc, max_tokens=10,
                                   model=checkpoint_path(FAMILY_CHECKPOINTS[family], tmp_path_factory),
-                                  num_speculative_tokens=3, **SETTINGS)
+                                  num_speculative_tokens=3, **{**SETTINGS, **VARIANTS[variant]})
     steps = [r for r in results if not isinstance(r, str)]
-    assert steps and {"restore_checkpoint", "save_checkpoint"} <= {r for r in results if isinstance(r, str)}
+    assert len(steps) >= 3, "prefill, decode and mixed steps"
     assert all(r.hidden.is_cuda for r in steps)
-    assert {"paged_attention_kernel", "greedy_verify_kernel", "chunk_gdn_output_kernel"} & set(
-        fc.launches.kernels())
+    if not variant:
+        assert {"restore_checkpoint", "save_checkpoint"} <= {r for r in results if isinstance(r, str)}
+    launched = set(fc.launches.kernels())
+    want = {"paged_attention_kernel", "greedy_verify_kernel", "reshape_and_cache_kernel", "linear_kernel",
+            "fused_recurrent_gated_delta_rule_fwd_kernel", "causal_conv1d_fwd_kernel"}
+    if variant == "chunked":
+        want |= {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}
+    assert want <= launched, f"not launched: {want - launched}"

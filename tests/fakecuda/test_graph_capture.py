@@ -89,11 +89,15 @@ def run_program(fc: FakeCuda, twin: AsyncTwin, snap, table: torch.Tensor, static
     return Run(ops, [(x.kernel, x.grid) for x in launches], stray, written)
 
 
-def two_full_runs(k: int, drafter: str, before=None, between=None) -> tuple[Run, Run, AsyncTwin]:
-    """Two runs of the FULL program at one padded size (two recorded steps, or one twice); ``before`` and
-    ``between`` (planted bugs) are called with the twin before the first run and between the runs."""
-    run = record_async(WAVES[:2], max_tokens=10, graph_mode="full", num_speculative_tokens=k, drafter=drafter,
-                       **SETTINGS)
+def record_full(k: int, drafter: str):
+    return record_async(WAVES[:2], max_tokens=10, graph_mode="full", num_speculative_tokens=k,
+                        drafter=drafter, **SETTINGS)
+
+
+def two_full_runs(run, before=None, between=None) -> tuple[Run, Run, AsyncTwin]:
+    """Two runs of the FULL program at one padded size of a recorded ``run`` (two of its steps, or one
+    twice); ``before`` and ``between`` (planted bugs) are called with the twin before the first run and
+    between the runs."""
     full = [s for s in run.snaps if s.shape.mode is GraphMode.FULL]
     assert full, "the workload ran no FULL step"
     same = [s for s in full if s.shape.num_reqs_padded == full[-1].shape.num_reqs_padded]
@@ -118,8 +122,9 @@ def two_full_runs(k: int, drafter: str, before=None, between=None) -> tuple[Run,
 
 @pytest.mark.parametrize("k,drafter", [(3, "mtp"), pytest.param(0, "mtp", marks=pytest.mark.slow),
                                        pytest.param(3, "ngram", marks=pytest.mark.slow)])
-def test_the_full_program_touches_only_static_buffers_and_repeats_itself(k, drafter):
-    one, two, twin = two_full_runs(k, drafter)
+def test_the_full_program_touches_only_static_buffers_and_repeats_itself(k, drafter, request):
+    run = request.getfixturevalue("default_run") if (k, drafter) == (3, "mtp") else record_full(k, drafter)
+    one, two, twin = two_full_runs(run)
     assert not one.stray and not two.stray, (one.stray + two.stray)[:5]
     assert one.ops == two.ops, "two steps of one padded size ran different ops: one graph cannot replay both"
     assert one.launches == two.launches
@@ -132,7 +137,7 @@ def test_the_full_program_touches_only_static_buffers_and_repeats_itself(k, draf
     assert not missing, f"persistent state the step must advance was not written: {missing}"
 
 
-def test_a_scratch_buffer_kept_across_runs_is_caught():
+def test_a_scratch_buffer_kept_across_runs_is_caught(default_run):
     """A planted bug: the verifier keeps a lazily allocated scratch buffer on the runner and writes it
     every step; the first run allocates it (fine: the private pool), the second writes an address that
     only the first run's allocation owned."""
@@ -150,12 +155,12 @@ def test_a_scratch_buffer_kept_across_runs_is_caught():
 
         runner.verify = verify_into_scratch
 
-    one, two, _ = two_full_runs(3, "mtp", before=keep_scratch)
+    one, two, _ = two_full_runs(default_run, before=keep_scratch)
     assert not one.stray
     assert any("copy_" in s for s in two.stray), two.stray
 
 
-def test_a_state_tensor_rebound_between_runs_is_caught():
+def test_a_state_tensor_rebound_between_runs_is_caught(default_run):
     """A planted bug: the host replaces a persistent state tensor between two steps (a new allocation
     between two replays); the graph captured on the old one would never see it."""
 
@@ -163,5 +168,5 @@ def test_a_state_tensor_rebound_between_runs_is_caught():
         st = twin.runner.state
         st.num_valid = st.num_valid.clone()
 
-    one, two, _ = two_full_runs(3, "mtp", between=rebind)
+    one, two, _ = two_full_runs(default_run, between=rebind)
     assert not one.stray and two.stray, "reading a tensor allocated between two replays must fail the check"

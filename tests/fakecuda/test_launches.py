@@ -18,8 +18,10 @@ from kernels._launch_check import SPECS, LaunchError
 from tests.helpers.fake_cuda import FakeCuda
 from tests.kernels.test_contracts import ACCEPTED, OPS
 
-ROWS = [pytest.param(name, row, id=f"{name}-{row.what}") for name, op in OPS.items() for row in op.rows
-        if row.expected == ACCEPTED]
+# The engines' form of each op (its first row) in the default tier; every other accepted row under -m slow.
+ROWS = [pytest.param(name, row, id=f"{name}-{row.what}",
+                     marks=[] if row is op.rows[0] else [pytest.mark.slow])
+        for name, op in OPS.items() for row in op.rows if row.expected == ACCEPTED]
 
 
 def run_wrapper(name: str, inputs: dict):

@@ -76,7 +76,7 @@ SYSTEM = [(5 * j) % 250 for j in range(16)]
 WAVES = [[SYSTEM + [1, 2]],
          [SYSTEM + [3, 4, 5], SYSTEM + [6], [(7 * 3 + j) % 250 for j in range(11)]],
          [[(11 * i + j) % 250 for j in range(9 + 2 * i)] for i in range(5)]]
-SETTINGS = {"block_size": 4, "num_kv_blocks": 24, "max_model_len": 60, "max_num_seqs": 4,
+SETTINGS = {"block_size": 4, "num_kv_blocks": 20, "max_model_len": 60, "max_num_seqs": 4,
             "max_num_batched_tokens": 16, "enable_prefix_caching": True, "mamba_cache_mode": "all"}
 
 
