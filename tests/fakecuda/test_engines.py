@@ -38,13 +38,16 @@ ALWAYS = {"prefill", "prefill chunk", "mixed", "admission", "preempted", "resume
 CACHING = {"restore", "checkpoint"}
 MODES = [m.value for m in GraphMode]
 # Beyond the settings of SETTINGS: the chunked GDN prefill (it excludes prefix caching) and bfloat16.
-VARIANTS = {"": {}, "chunked": {"recurrent_prefill_chunked": True, "enable_prefix_caching": False},
+VARIANTS = {"": {}, "chunked": {"recurrent_prefill_chunked": True, "enable_prefix_caching": False,
+                              "mamba_cache_mode": None},
             "bf16": {"dtype": "bfloat16"}}
 DEFAULT = ("qwen3-next-default", "full_and_piecewise", 3, "mtp", "")
 CASES = [(family, mode, k, drafter, "") for family in FAMILY_CHECKPOINTS for mode in MODES
          for k, drafter in ((0, "mtp"), (3, "mtp"), (3, "ngram"))]
 CASES += [(family, "full_and_piecewise", 3, "mtp", variant) for family in FAMILY_CHECKPOINTS
           for variant in ("chunked", "bf16")]
+# The conformance suite's scripted drafter, whose proposer has device tables of its own.
+CASES += [("qwen3-next-default", mode, 2, "scripted", "") for mode in MODES]
 
 
 def case_id(case) -> str:
