@@ -63,6 +63,7 @@ class Run:
     launches: list  # (kernel, grid)
     stray: list[str]  # what touched a storage neither static nor allocated in this run
     written: set[int]
+    cpu_ops: list[str]  # ops that made a CPU tensor (a capture cannot hold host memory)
 
 
 def run_program(fc: FakeCuda, twin: AsyncTwin, snap, table: torch.Tensor, static: set[int]) -> Run:
@@ -86,7 +87,7 @@ def run_program(fc: FakeCuda, twin: AsyncTwin, snap, table: torch.Tensor, static
                     stray.append(f"launch {launch.kernel} argument {name}")
                 written.add(key)  # a kernel may write any pointer it is given
     ops = [(op.op, op.shapes) for op in watch.ops]
-    return Run(ops, [(x.kernel, x.grid) for x in launches], stray, written)
+    return Run(ops, [(x.kernel, x.grid) for x in launches], stray, written, watch.cpu_ops)
 
 
 def record_full(k: int, drafter: str):
@@ -126,6 +127,7 @@ def test_the_full_program_touches_only_static_buffers_and_repeats_itself(k, draf
     run = request.getfixturevalue("default_run") if (k, drafter) == (3, "mtp") else record_full(k, drafter)
     one, two, twin = two_full_runs(run)
     assert not one.stray and not two.stray, (one.stray + two.stray)[:5]
+    assert not one.cpu_ops and not two.cpu_ops, one.cpu_ops + two.cpu_ops
     assert one.ops == two.ops, "two steps of one padded size ran different ops: one graph cannot replay both"
     assert one.launches == two.launches
     st = twin.runner.state
