@@ -83,6 +83,9 @@ def test_async_steps_on_fake_cuda(family, mode, k, drafter, variant, tmp_path_fa
     steps, kinds = covering(run.snaps, k, drafter)
     want = expected_kinds(mode, k, drafter, variant)
     assert kinds >= want, f"the workload lacks {want - kinds}"
+    if drafter == "ngram":
+        counts = run.draft_counts()
+        assert 0 in counts and max(counts) > 0, f"n-gram steps should verify 0..K drafts, saw {counts}"
     fc = FakeCuda()
     twin = AsyncTwin(fc, run.llm.engine)
     for snap in steps:

@@ -71,11 +71,13 @@ FAMILY_CHECKPOINTS: dict[str, str | None] = {
 
 # Waves of prompts: a shared system prefix published by the first wave and hit by the second, then more
 # requests than the KV pool holds (preemption and resumption), prompts longer than a step's token budget
-# (prefill chunks that sample nothing) next to running decodes (mixed steps).
+# (prefill chunks that sample nothing) next to running decodes (mixed steps), and a repetitive prompt the
+# n-gram drafter finds drafts in (other rows get none).
 SYSTEM = [(5 * j) % 250 for j in range(16)]
 WAVES = [[SYSTEM + [1, 2]],
          [SYSTEM + [3, 4, 5], SYSTEM + [6], [(7 * 3 + j) % 250 for j in range(11)]],
-         [[(11 * i + j) % 250 for j in range(9 + 2 * i)] for i in range(5)]]
+         [list(b"the cat. the cat. the cat."), *[[(11 * i + j) % 250 for j in range(9 + 2 * i)]
+                                                 for i in range(1, 5)]]]
 SETTINGS = {"block_size": 4, "num_kv_blocks": 20, "max_model_len": 60, "max_num_seqs": 4,
             "max_num_batched_tokens": 16, "enable_prefix_caching": True, "mamba_cache_mode": "all"}
 
@@ -149,12 +151,18 @@ class AsyncRun:
     snaps: list  # recorded step plans, in order
     k: int
     drafter: str
+    records: list  # the real run's StepRecords
+
+    def draft_counts(self) -> set[int]:
+        """How many drafts the decode rows of the real run verified (an n-gram step proposes 0..K)."""
+        return {len(row.draft_token_ids) for rec in self.records for row in rec.rows if row.kind == "decode"}
 
 
 def record_async(prompts: list, *, max_tokens: int = 8, **settings) -> AsyncRun:
     """A real async run on the CPU, every step's plan recorded. ``prompts``: one list of prompts per wave
     (each wave a ``generate`` call, so a later wave can hit what an earlier one published)."""
-    llm = LLM(engine="async", **settings)
+    records: list = []
+    llm = LLM(engine="async", observer=records.append, **settings)
     runner, snaps = llm.engine.runner, []
     enqueue = runner.enqueue
 
@@ -166,7 +174,8 @@ def record_async(prompts: list, *, max_tokens: int = 8, **settings) -> AsyncRun:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for wave in prompts:
         llm.generate(wave, params)
-    return AsyncRun(llm, snaps, settings.get("num_speculative_tokens", 0), settings.get("drafter", "mtp"))
+    return AsyncRun(llm, snaps, settings.get("num_speculative_tokens", 0), settings.get("drafter", "mtp"),
+                    records)
 
 
 @contextmanager
