@@ -41,7 +41,7 @@ C10_REGISTER_GUARD_IMPL(CUDA, c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CU
 
 
 class NoCudaGuard(RuntimeError):
-    """A CPU-only torch without a way to give it a CUDA device guard (no C++ compiler)."""
+    """A CPU-only torch without a way to give it a CUDA device guard (no C++ compiler, or it failed)."""
 
 
 def install_cuda_guard() -> None:
@@ -52,7 +52,8 @@ def install_cuda_guard() -> None:
     so they raise "PyTorch is not linked with support for cuda devices" even on fake tensors. The guard
     installed here (c10's ``NoOpDeviceGuardImpl`` for CUDA, in a 3-line library built with the system C++
     compiler against torch's own headers, cached per torch version) switches no device and runs nothing;
-    a torch with CUDA keeps its own.
+    a torch with CUDA keeps its own (on a GPU machine fake CUDA tensors need nothing more; a CUDA build
+    on a machine without a GPU cannot run these checks). Linux: it reads libc10.so's registry.
     """
     lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
     c10 = ctypes.CDLL(os.path.join(lib_dir, "libc10.so"))
@@ -72,9 +73,12 @@ def install_cuda_guard() -> None:
                 f.write(_GUARD_SOURCE)
             built = os.path.join(work, "guard.so")
             include = os.path.join(os.path.dirname(torch.__file__), "include")
-            subprocess.run([compiler, "-shared", "-fPIC", "-std=c++17", f"-I{include}", source,
-                            f"-L{lib_dir}", "-lc10", f"-Wl,-rpath,{lib_dir}", "-o", built],
-                           check=True, capture_output=True)
+            done = subprocess.run([compiler, "-shared", "-fPIC", "-std=c++17", f"-I{include}", source,
+                                   f"-L{lib_dir}", "-lc10", f"-Wl,-rpath,{lib_dir}", "-o", built],
+                                  check=False, capture_output=True, text=True)
+            if done.returncode:
+                raise NoCudaGuard(f"building the fake CUDA device guard with {compiler} failed:\n"
+                                  f"{done.stderr}")
             os.replace(built, target)  # atomic: concurrent workers load one complete file
     ctypes.CDLL(target)
     assert registry[1], "the CUDA device guard did not register"
@@ -104,14 +108,11 @@ class DeviceWatch(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: list[OpRecord] = []
-        self.enabled = True
         self._alive: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not self.enabled:
-            return out
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         seen = {storage_key(t) for t in inputs}
