@@ -83,7 +83,7 @@ def test_async_steps_on_fake_cuda(family, mode, k, drafter, variant, tmp_path_fa
     steps, kinds = covering(run.snaps, k, drafter)
     want = expected_kinds(mode, k, drafter, variant)
     assert kinds >= want, f"the workload lacks {want - kinds}"
-    if drafter == "ngram":
+    if drafter == "ngram" and FAMILY_CHECKPOINTS[family] is None:  # random weights rarely repeat a 5-gram
         counts = run.draft_counts()
         assert 0 in counts and max(counts) > 0, f"n-gram steps should verify 0..K drafts, saw {counts}"
     fc = FakeCuda()
