@@ -101,23 +101,39 @@ def test_async_steps_on_fake_cuda(family, mode, k, drafter, variant, tmp_path_fa
     assert want <= launched, f"not launched: {want - launched}"
 
 
-def test_a_host_tensor_in_the_step_program_is_caught(default_run):
-    """A planted bug: the drafter indexes device state with an index built without ``device=`` (torch
-    accepts a CPU index into a CUDA tensor, so only the watch on CPU tensors sees it)."""
-    run = default_run
+def _host_index(d, state):
+    rows = torch.arange(d.idx.shape[0])  # on the CPU: torch accepts a CPU index into a CUDA tensor
+    return state.num_drafts[d.idx[rows]]
+
+
+def _host_read(d, state):
+    return int(d.is_sampling.sum())  # a device-to-host read
+
+
+def _device_mix(d, state):
+    return d.kept + torch.ones(d.kept.shape[0], dtype=torch.int64)  # a CPU operand of a CUDA op
+
+
+@pytest.mark.parametrize("plant,expected", [
+    (_host_index, "the step program created tensors on the CPU.*arange"),
+    (_host_read, "data-dependent|DataDependent|_local_scalar_dense"),
+    (_device_mix, "Expected all tensors to be on the same device"),
+], ids=["host index", "host read", "device mix"])
+def test_planted_device_bugs_in_the_step_program_are_caught(default_run, plant, expected):
+    """Planted bugs in the drafter's step (part of the program): an index built without ``device=``, a
+    host read of a device value, a CPU operand mixed into device math."""
     fc = FakeCuda()
-    twin = AsyncTwin(fc, run.llm.engine)
+    twin = AsyncTwin(fc, default_run.llm.engine)
     proposer = twin.runner.proposer
     propose = proposer.propose
 
-    def host_index(d):
-        rows = torch.arange(d.idx.shape[0])  # on the CPU
-        twin.runner.state.num_drafts[d.idx[rows]]
+    def planted(d):
+        plant(d, twin.runner.state)
         return propose(d)
 
-    proposer.propose = host_index
-    decode = next(s for s in run.snaps if s.shape.mode is GraphMode.FULL)
-    with pytest.raises(AssertionError, match="the step program created tensors on the CPU.*arange"):
+    proposer.propose = planted
+    decode = next(s for s in default_run.snaps if s.shape.mode is GraphMode.FULL)
+    with pytest.raises(Exception, match=expected):  # unplanted, the same step passes (the test above)
         twin.step(decode)
 
 
