@@ -11,9 +11,15 @@ and every Triton launch as its kernel assumes (``kernels._launch_check``). The r
 twin repeats every step's ``runner.execute`` (the inputs built on the device, the model forward, the
 logits and the verification launch) and its prefix-cache copies.
 
-Default tier: the default model, one async configuration that has every kind of step, and the
-reference engine. ``-m slow``: every graph mode, K and drafter, over every family in
-``FAMILY_CHECKPOINTS``.
+The seam is ``AsyncRunner.stage`` + ``AsyncRunner.program``, driven with the row tables a real run
+staged: the engine's ``step()`` around them is host logic (scheduling, and the one read-back of each
+step's kept tokens, by design) and graph capture itself needs a GPU. For the reference engine it is
+``ReferenceRunner.execute``, whose single designed read-back (the verifier's tokens) is answered with
+placeholders.
+
+Default tier: the default model, one async configuration that has every kind of step, the reference
+engine, and planted bugs. ``-m slow``: every graph mode, K and drafter (MTP, n-gram, scripted), bfloat16
+and the chunked GDN prefill, over every family in ``FAMILY_CHECKPOINTS``.
 """
 
 from __future__ import annotations
