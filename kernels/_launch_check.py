@@ -55,6 +55,7 @@ class Ptr:
 
 
 def rows(*entries: Stride) -> tuple[tuple[Stride, ...], ...]:
+    """The strides of a pointer of one rank, one entry per dimension."""
     return (entries,)
 
 
@@ -63,8 +64,8 @@ CONTIGUOUS = "contiguous"
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    ptrs: dict[str, Ptr]
-    grid: Callable[[SimpleNamespace], tuple[int, ...]]
+    ptrs: dict[str, Ptr]  # every tensor argument the kernel takes, by parameter name
+    grid: Callable[[SimpleNamespace], tuple[int, ...]]  # the expected grid, from the bound arguments
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -75,12 +76,13 @@ def _shape(name: str, dim: int) -> Callable[[SimpleNamespace], int]:
     return lambda a: getattr(a, name).shape[dim]
 
 
-def _gdn(prefix: str) -> dict[str, Ptr]:
-    return {f"{prefix}": Ptr(FLOATS, rows(f"stride_{prefix}_t", f"stride_{prefix}_h", 1))}
+def _gdn(name: str) -> dict[str, Ptr]:
+    """A GDN token-major input ``[T, H, D]``: token and head strides passed, unit stride over D."""
+    return {name: Ptr(FLOATS, rows(f"stride_{name}_t", f"stride_{name}_h", 1))}
 
 
 _F32 = (torch.float32,)
-_IDX_ROWS = ((("stride_idx_n",), ("stride_idx_n", 1)))
+_IDX_ROWS = (("stride_idx_n",), ("stride_idx_n", 1))  # state indices [N] or [N, K+1] (columns contiguous)
 
 SPECS: dict[str, LaunchSpec] = {
     "paged_attention_kernel": LaunchSpec(
