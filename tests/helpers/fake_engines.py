@@ -1,0 +1,304 @@
+"""Both engines' device work replayed on fake CUDA (see tests/helpers/fake_cuda.py).
+
+An engine runs a real workload on the CPU (the host logic: scheduling, prefix caching, preemption),
+and a *twin* of its device side, built by the engine's own constructor for ``device="cuda"`` inside
+``FakeTensorMode`` (persistent state, caches and a fake CUDA copy of the model's weights), replays
+the device work of the steps it records:
+
+- async engine: every step's plan is recorded at ``AsyncRunner.enqueue`` (the host staging tensors
+  copied, since the host reuses its buffers); the twin replays ``runner.stage(plan)`` (admissions,
+  block-table growth, prefix-cache restores, checkpoint slots: the host-to-device staging) and then
+  ``runner.program(shape, rows)``, the whole step program a FULL step captures as one graph, on the
+  row table padded as ``StepGraphs.pad`` pads it. ``runner.program`` is the seam: past it the runner
+  copies the results back to the host (the one sync per step, by design) and, on CUDA, captures and
+  replays graphs, which needs a GPU.
+- reference engine: each step's ``SchedulerOutput`` is executed by the twin's ``runner.execute`` right
+  after the real one (same request state): the inputs built from host lists on the device, the model
+  forward, the logits and the verification launch, and the prefix cache's restore and checkpoint
+  copies. The reference reads the verifier's output back by design (it is synchronous): that read is
+  answered with placeholder values, since the twin's results are discarded.
+
+A twin step passes when the fake run raises nothing (no device mismatch, no host read, every Triton
+launch as its kernel assumes) and, for the async engine, when no op of ``stage`` or ``program``
+creates a tensor on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from refengine import LLM, SamplingParams
+from refengine.async_engine import engine as async_engine_module
+from refengine.async_engine import runner as runner_module
+from refengine.async_engine.inputs import StepRows
+from refengine.async_engine.runner import StepOutputs
+from refengine.config import GraphMode
+from tests.helpers.fake_cuda import CUDA, FakeCuda
+
+PLAN_TENSORS = ("block_idx", "block_rows", "restores", "checkpoint_idx", "checkpoint_rows")
+
+
+class _NoStream:
+    """The twin's stream: only its device is used (``program`` never touches the stream)."""
+
+    def __init__(self, device, **_):
+        self.device = torch.device(device)
+
+    def close(self) -> None:
+        pass
+
+
+def _cuda_config(config):
+    twin = copy.copy(config)
+    twin.device = "cuda"  # EngineConfig refuses "cuda" without a GPU at construction, not on assignment
+    return twin
+
+
+# The checkpoints every family of the model registry contributes: preset name -> TinySpec preset of
+# tests/helpers/checkpoints.py (None: the embedded default model). A new family adds one line.
+FAMILY_CHECKPOINTS: dict[str, str | None] = {
+    "qwen3-next-default": None,
+    "qwen3-next-moe": "next-moe",
+    "qwen3.5-moe": "qwen35-moe",
+}
+
+# Waves of prompts: a shared system prefix published by the first wave and hit by the second, then more
+# requests than the KV pool holds (preemption and resumption), prompts longer than a step's token budget
+# (prefill chunks that sample nothing) next to running decodes (mixed steps), and a repetitive prompt the
+# n-gram drafter finds drafts in (other rows get none).
+SYSTEM = [(5 * j) % 250 for j in range(16)]
+WAVES = [[SYSTEM + [1, 2]],
+         [SYSTEM + [3, 4, 5], SYSTEM + [6], [(7 * 3 + j) % 250 for j in range(11)]],
+         [list(b"the cat. the cat. the cat."), *[[(11 * i + j) % 250 for j in range(9 + 2 * i)]
+                                                 for i in range(1, 5)]]]
+SETTINGS = {"block_size": 4, "num_kv_blocks": 20, "max_model_len": 60, "max_num_seqs": 4,
+            "max_num_batched_tokens": 16, "enable_prefix_caching": True, "mamba_cache_mode": "all"}
+
+
+def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
+    if preset is None:
+        return None
+    from tests.helpers.checkpoints import write_checkpoint
+
+    return str(write_checkpoint(tmp_path_factory.mktemp(preset), preset))
+
+
+def step_kinds(snap, k: int, drafter: str) -> set[str]:
+    rows = StepRows.view(snap.inputs)
+    shape = snap.shape
+    out = set()
+    decode = rows.is_decode.bool()
+    if bool((~decode).any()):
+        out.add("prefill")
+    if bool((~decode & (rows.is_sampling == 0)).any()):
+        out.add("prefill chunk")
+    if bool(decode.any()) and bool((~decode).any()):
+        out.add("mixed")
+    if shape.mode is GraphMode.FULL:
+        out.add("full decode")
+    if bool(decode.any()) and k:
+        out.add(f"verify {drafter}")
+    if snap.restores is not None:
+        out.add("restore")
+    if snap.checkpoint_rows is not None:
+        out.add("checkpoint")
+    if snap.admission is not None:
+        out.add("admission")
+    if snap.resumed:
+        out.add("resumed")
+    if snap.preempted:
+        out.add("preempted")
+    return out
+
+
+def covering(snaps: list, k: int, drafter: str) -> tuple[list, set[str]]:
+    """The first steps that together exercise every kind the run has (each adds a kind), and those kinds."""
+    chosen, kinds = [], set()
+    for snap in snaps:
+        new = step_kinds(snap, k, drafter)
+        if not new <= kinds:
+            chosen.append(snap)
+            kinds |= new
+    return chosen, kinds
+
+
+def _snapshot(plan):
+    snap = copy.copy(plan)
+    snap.inputs = plan.inputs.tensor[: plan.shape.num_reqs].clone()  # [n, F] the host buffer is reused
+    if plan.admission is not None:
+        a = plan.admission
+        snap.admission = dataclasses.replace(a, **{f.name: getattr(a, f.name).clone()
+                                                   for f in dataclasses.fields(a)
+                                                   if isinstance(getattr(a, f.name), torch.Tensor)})
+    for name in PLAN_TENSORS:
+        value = getattr(plan, name)
+        if value is not None:
+            setattr(snap, name, value.clone())
+    snap.rows, snap.holds = list(plan.rows), list(plan.holds)
+    return snap
+
+
+@dataclass
+class AsyncRun:
+    llm: LLM
+    snaps: list  # recorded step plans, in order
+    k: int
+    drafter: str
+    records: list  # the real run's StepRecords
+
+    def draft_counts(self) -> set[int]:
+        """How many drafts the decode rows of the real run verified (an n-gram step proposes 0..K)."""
+        return {len(row.draft_token_ids) for rec in self.records for row in rec.rows if row.kind == "decode"}
+
+
+def record_async(prompts: list, *, max_tokens: int = 8, **settings) -> AsyncRun:
+    """A real async run on the CPU, every step's plan recorded. ``prompts``: one list of prompts per wave
+    (each wave a ``generate`` call, so a later wave can hit what an earlier one published)."""
+    records: list = []
+    llm = LLM(engine="async", observer=records.append, **settings)
+    runner, snaps = llm.engine.runner, []
+    enqueue = runner.enqueue
+
+    def record(plan):
+        snaps.append(_snapshot(plan))
+        return enqueue(plan)
+
+    runner.enqueue = record
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    for wave in prompts:
+        llm.generate(wave, params)
+    return AsyncRun(llm, snaps, settings.get("num_speculative_tokens", 0), settings.get("drafter", "mtp"),
+                    records)
+
+
+@contextmanager
+def _patched(obj, name, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+class AsyncTwin:
+    """The device side of ``engine`` (an ``AsyncEngine``) on fake CUDA."""
+
+    def __init__(self, fc: FakeCuda, engine):
+        self.fc = fc
+        with fc, _patched(async_engine_module, "Stream", _NoStream):
+            model = fc.module(engine.model)
+            self.engine = type(engine)(_cuda_config(engine.config), model, engine.core.model_config)
+        self.runner = self.engine.runner
+        assert self.runner.device.type == "cuda" and self.engine.state.num_computed.is_cuda
+
+    def stage(self, snap) -> list[str]:
+        """Replay ``runner.stage`` for a recorded plan; returns the ops that made CPU tensors."""
+        fc, plan = self.fc, copy.copy(snap)
+        memo: dict = {}
+        if plan.admission is not None:
+            plan.admission = fc.host(plan.admission, memo)
+        for name in PLAN_TENSORS:
+            setattr(plan, name, fc.host(getattr(plan, name), memo))
+        # Fake tensors have no pinned host memory; the copy itself is what is checked.
+        to_device = _patched(runner_module, "to_device", lambda t, dev: t.to(dev, non_blocking=True))
+        with to_device, fc.watching() as watch:
+            self.runner.stage(plan)
+        return watch.cpu_ops
+
+    def table(self, snap) -> torch.Tensor:
+        """The step's row table on the device, padded as ``StepGraphs.pad`` pads it: [Np, F]."""
+        n = snap.shape.num_reqs
+        table = torch.empty(n, len(StepRows.columns()), dtype=torch.int64, device=CUDA)
+        table.copy_(self.fc.host(snap.inputs), non_blocking=True)
+        return self.runner.graphs.pad(snap.shape, table, self.runner._inert)
+
+    def program(self, snap, padded: torch.Tensor) -> tuple[StepOutputs, list[str]]:
+        with self.fc.watching() as watch:
+            out = self.runner.program(snap.shape, StepRows.view(padded))
+        return out, watch.cpu_ops
+
+    def step(self, snap) -> StepOutputs:
+        """Stage and run one recorded step; raises on a host read, a device mismatch or a bad launch,
+        asserts no CPU tensor was created."""
+        with self.fc:
+            cpu = self.stage(snap)
+            assert not cpu, f"staging created tensors on the CPU: {cpu}"
+            out, cpu = self.program(snap, self.table(snap))
+            assert not cpu, f"the step program created tensors on the CPU: {cpu}"
+            n_pad = snap.shape.num_reqs_padded
+            assert out.verified.sampled.shape == (n_pad, self.runner.num_speculative_tokens + 1)
+            assert out.verified.sampled.is_cuda and out.next_drafts.is_cuda
+        return out
+
+
+class _HostRead(list):
+    """A placeholder for a tensor the reference engine reads back (``.tolist()``) by design."""
+
+    def tolist(self):
+        return list(self)
+
+
+def reference_kind(sched) -> tuple:
+    """(prefill rows, prefill chunks that sample nothing, decode rows, decode rows with drafts) present."""
+    rows = sched.rows
+    return (any(r.request.is_prefilling for r in rows), any(not r.samples for r in rows),
+            any(not r.request.is_prefilling for r in rows), any(r.draft_token_ids for r in rows))
+
+
+def record_reference(prompts: list, fc: FakeCuda, *, max_tokens: int = 8,
+                     on_step: Callable | None = None, **settings) -> tuple[LLM, list]:
+    """A real reference run on the CPU whose every step (and prefix-cache copy) a fake CUDA twin repeats;
+    returns the LLM and the twin's step results."""
+    llm = LLM(engine="reference", **settings)
+    engine = llm.engine
+    with fc, _patched(async_engine_module, "Stream", _NoStream):
+        model = fc.module(engine.model)
+        twin = type(engine)(_cuda_config(engine.config), model, engine.core.model_config)
+    assert twin.runner.device.type == "cuda"
+    results = []
+    execute = engine.runner.execute
+    verify = kernels.greedy_verify
+
+    def verify_then_placeholder(logits, drafts, num_drafts, cu, **kw):
+        tokens, num_valid = verify(logits, drafts, num_drafts, cu, **kw)
+        assert tokens.is_cuda and num_valid.is_cuda
+        n, width = tokens.shape
+        return _HostRead([[0] * width] * n), _HostRead([1] * n)
+
+    seen: set = set()
+
+    def execute_both(sched, record_digests=False):
+        result = execute(sched, record_digests)
+        kind = reference_kind(sched)
+        if kind not in seen:  # one step of each kind: the device work of a kind does not depend on values
+            seen.add(kind)
+            with fc, _patched(kernels, "greedy_verify", verify_then_placeholder):
+                results.append(twin.runner.execute(sched, False))
+        return result
+
+    def mirror(name):
+        real = getattr(engine.caches, name)
+
+        def both(*args):
+            real(*args)
+            with fc:
+                getattr(twin.caches, name)(*args)
+            results.append(name)
+
+        setattr(engine.caches, name, both)
+
+    engine.runner.execute = execute_both
+    mirror("restore_checkpoint")
+    mirror("save_checkpoint")
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    for wave in prompts:
+        llm.generate(wave, params)
+    return llm, results
