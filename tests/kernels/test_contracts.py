@@ -40,6 +40,13 @@ class Row:
     what: str
     make: Callable[[], dict]  # a fresh, seeded set of keyword arguments on every call
     expected: str = ACCEPTED
+    slow: bool = False  # an accepted row whose interpreted kernel run belongs to -m slow
+
+
+def slow(row: Row) -> Row:
+    """``row`` run under ``-m slow`` only (an interpreted launch of a costly kernel the default tier
+    already covers with another row)."""
+    return Row(row.what, row.make, row.expected, slow=True)
 
 
 @dataclass(frozen=True)
@@ -613,16 +620,16 @@ def mamba_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
     """Rows both Mamba2 ops share."""
     return (
         Row("the engines' form: int32 indices, float32, contiguous", base),
-        Row("int64 cu_seqlens and state_indices", variant(base, cu_seqlens=long, state_indices=long)),
+        slow(Row("int64 cu_seqlens and state_indices", variant(base, cu_seqlens=long, state_indices=long))),
         Row("bfloat16 x, B, C", variant(base, x=bf16, B=bf16, C=bf16)),
-        Row("bfloat16 dt and D", variant(base, dt=bf16, D=bf16)),
-        Row("bfloat16 ssm_state pool", variant(base, ssm_state=bf16)),
+        slow(Row("bfloat16 dt and D", variant(base, dt=bf16, D=bf16))),
+        slow(Row("bfloat16 ssm_state pool", variant(base, ssm_state=bf16))),
         Row("x, B, C with a stride over their last dim", variant(base, x=strided, B=strided, C=strided)),
-        Row("dt with a stride over heads", variant(base, dt=strided)),
-        Row("A and D with a stride", variant(base, A=strided, D=strided)),
+        slow(Row("dt with a stride over heads", variant(base, dt=strided))),
+        slow(Row("A and D with a stride", variant(base, A=strided, D=strided))),
         Row("ssm_state with a stride over N (a view of a wider pool)", variant(base, ssm_state=strided)),
-        Row("no has_initial_state", variant(base, has_initial_state=None)),
-        Row("heads in groups (H a multiple of G)", variant(base, mamba_groups)),
+        slow(Row("no has_initial_state", variant(base, has_initial_state=None))),
+        slow(Row("heads in groups (H a multiple of G)", variant(base, mamba_groups))),
         Row("float64 x", variant(base, x=lambda x: x.double()),
             "x must be a float32, bfloat16 or float16 tensor of shape [T, H, P], got float64"),
         Row("H not a multiple of G", variant(base, mamba_groups, B=lambda b: b.repeat(1, 3, 1)[:, :3],
@@ -684,8 +691,8 @@ def mamba_huge_prefill(inputs: dict) -> None:
 
 
 SSD_ROWS = mamba_common_rows(ssd_base) + (
-    Row("chunk_size 128, no start positions", variant(ssd_base, chunk_size=128, start_positions=None)),
-    Row("int64 start positions", variant(ssd_base, start_positions=long)),
+    slow(Row("chunk_size 128, no start positions", variant(ssd_base, chunk_size=128, start_positions=None))),
+    slow(Row("int64 start positions", variant(ssd_base, start_positions=long))),
     Row("states at block boundaries, int64 block_state_indices", variant(ssd_base, ssd_blocks)),
     Row("chunk_size 256", variant(ssd_base, chunk_size=256),
         "chunk_size must be one of (16, 32, 64, 128), got 256"),
@@ -856,7 +863,8 @@ def run_refused(op: Op, name: str, row: Row) -> None:
     assert len(messages) == 1, f"the backends refuse with different messages: {messages}"
 
 
-CASES = [pytest.param(name, row, id=f"{name}: {row.what}") for name, op in OPS.items() for row in op.rows]
+CASES = [pytest.param(name, row, id=f"{name}: {row.what}", marks=[pytest.mark.slow] if row.slow else [])
+         for name, op in OPS.items() for row in op.rows]
 
 
 @requires_triton

@@ -251,7 +251,8 @@ def test_relu2_reference_batch_invariance():
 
 
 @requires_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+                         ids=["fp32", "bf16"])
 def test_relu2_triton_matches_reference(dtype, device):
     t, h, e, i, k = 9, 48, 5, 20, 2
     w1, w2 = relu2_weights(h, e, i, dtype)

@@ -144,10 +144,17 @@ def test_gated_group_rms_norm_reference_row_invariance():
         assert torch.equal(gated_group_rms_norm(bx, bz, w, EPS, 16, backend="torch")[at], alone[0])
 
 
+GROUP_NORM_CASES = [  # M, I, group size, weight dtype (None: x's), x dtype
+    pytest.param(3, 48, 12, None, torch.float32, id="M3-I48-G4-fp32"),
+    pytest.param(3, 48, 12, torch.float32, torch.bfloat16, id="M3-I48-G4-bf16-w-fp32"),
+    pytest.param(1, 16, 16, None, torch.bfloat16, id="M1-I16-G1-bf16", marks=pytest.mark.slow),
+    pytest.param(7, 40, 8, torch.float32, torch.float32, id="M7-I40-G5-fp32-w-fp32", marks=pytest.mark.slow),
+    pytest.param(7, 40, 8, None, torch.bfloat16, id="M7-I40-G5-bf16", marks=pytest.mark.slow),
+]
+
+
 @requires_triton
-@pytest.mark.parametrize("m,width,group_size", [(1, 16, 16), (7, 48, 12)], ids=["M1-I16-G1", "M7-I48-G4"])
-@pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["w-same", "w-fp32"])
-@DTYPES
+@pytest.mark.parametrize("m,width,group_size,weight_dtype,dtype", GROUP_NORM_CASES)
 def test_triton_gated_group_rms_norm(m, width, group_size, weight_dtype, dtype):
     x, z = torch.randn(m, width).to(dtype), (4 * torch.randn(m, width)).to(dtype)
     w = torch.randn(width).to(weight_dtype or dtype)
