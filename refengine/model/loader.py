@@ -242,7 +242,7 @@ def _check_names_and_shapes(
         raise CheckpointError(f"unexpected tensor {unexpected[0]}" + _more(unexpected) + layer_types_note)
     for name, shape in expected.items():
         got = tuple(tensors[name].shape)
-        conv_2d = name.endswith("conv1d.weight") and got == (shape[0], shape[2])
+        conv_2d = name.endswith("conv1d.weight") and len(shape) == 3 and got == (shape[0], shape[2])
         if got != shape and not conv_2d:
             raise CheckpointError(f"tensor {file_names[name]} has shape {list(got)}, expected {list(shape)}")
         if not tensors[name].is_floating_point():
