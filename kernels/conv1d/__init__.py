@@ -25,6 +25,7 @@ def causal_conv1d_fn(
     state_indices: torch.Tensor,
     has_initial_state: torch.Tensor | None,
     *,
+    bias: torch.Tensor | None = None,
     activation: str | None = "silu",
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -37,13 +38,14 @@ def causal_conv1d_fn(
         cu_seqlens: int32 ``[N+1]``.
         state_indices: int32 ``[N]``; ``PAD_SLOT_ID`` rows read and write nothing.
         has_initial_state: bool ``[N]`` (None: all True).
+        bias: ``[C]`` or None; each output's sum starts from it (Nemotron-H's conv has one).
         activation: ``"silu"`` or None.
 
     Window contract, for row i with slot ``s`` and ``L`` tokens:
 
     - ``window_in = conv_state[s, :, 0:W-1]`` if ``has_initial_state[i]`` else zeros;
     - ``full = concat(window_in, x_row^T)`` (``[C, W-1+L]``);
-    - ``out[t, c] = act(sum_j weight[c, j] * full[c, t + j])``, ``j = 0..W-1`` in that order;
+    - ``out[t, c] = act(bias[c] + sum_j weight[c, j] * full[c, t + j])``, ``j = 0..W-1`` in that order;
     - afterwards ``conv_state[s, :, 0:W-1] = full[:, -(W-1):]`` (the last W-1 inputs);
       columns ``>= W-1`` are untouched.
 
@@ -54,10 +56,10 @@ def causal_conv1d_fn(
     """
     args = (x, weight, conv_state, cu_seqlens, state_indices, has_initial_state)
     if resolve_backend(backend, x, conv_state) == "torch":
-        return naive_causal_conv1d_fn(*args, activation=activation)
+        return naive_causal_conv1d_fn(*args, bias=bias, activation=activation)
     from kernels.conv1d.triton_conv1d import triton_causal_conv1d_fn
 
-    return triton_causal_conv1d_fn(*args, activation=activation)
+    return triton_causal_conv1d_fn(*args, bias=bias, activation=activation)
 
 
 def causal_conv1d_update(
@@ -68,6 +70,7 @@ def causal_conv1d_update(
     state_indices: torch.Tensor,
     *,
     num_accepted_tokens: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     activation: str | None = "silu",
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -79,13 +82,14 @@ def causal_conv1d_update(
         state_indices: int32 ``[N]`` or ``[N, K+1]`` (only column 0 is used); ``PAD_SLOT_ID``
             rows read and write nothing.
         num_accepted_tokens: int32 ``[N]`` (``1 <= a <= K+1``), None meaning all 1.
+        bias: ``[C]`` or None; each output's sum starts from it.
         activation: ``"silu"`` or None.
 
     Window contract, for row i with slot ``s``, ``a = num_accepted_tokens[i]`` and ``L`` tokens:
 
     - ``window_in = conv_state[s, :, a-1 : a-1+W-1]`` (read before anything is written);
     - ``full = concat(window_in, x_row^T)``;
-      ``out[t, c] = act(sum_j weight[c, j] * full[c, t + j])``, ``j = 0..W-1`` in that order;
+      ``out[t, c] = act(bias[c] + sum_j weight[c, j] * full[c, t + j])``, ``j = 0..W-1`` in that order;
     - afterwards ``conv_state[s, :, 0 : W-2+L] = full[:, 1:]``, so the window after token j of
       this step is ``conv_state[s, :, j : j+W-1]`` and the next step reads at offset ``a'-1``;
       columns ``>= W-2+L`` are untouched.
@@ -96,7 +100,7 @@ def causal_conv1d_update(
         out ``[T, C]`` in ``x.dtype``.
     """
     args = (x, weight, conv_state, query_start_loc, state_indices)
-    opts = {"num_accepted_tokens": num_accepted_tokens, "activation": activation}
+    opts = {"num_accepted_tokens": num_accepted_tokens, "bias": bias, "activation": activation}
     if resolve_backend(backend, x, conv_state) == "torch":
         return naive_causal_conv1d_update(*args, **opts)
     from kernels.conv1d.triton_conv1d import triton_causal_conv1d_update

@@ -1,9 +1,9 @@
 """Plain-torch references for the causal depthwise conv1d with a pooled conv state.
 
 Both forms build ``full = concat(window_in, x_row)`` (``[C, W-1+L]``) and compute, in float32,
-``out[t] = act(sum_j weight[:, j] * full[:, t + j])`` with the taps summed in the order
-``j = 0..W-1`` by elementwise ops only, so the prefill and update forms give bitwise equal
-outputs for the same window and every row is independent of its neighbours.
+``out[t] = act(bias + sum_j weight[:, j] * full[:, t + j])`` (no bias term without a bias) with the
+taps summed in the order ``j = 0..W-1`` after the bias, by elementwise ops only, so the prefill and
+update forms give bitwise equal outputs for the same window and every row is independent of its neighbours.
 """
 
 from __future__ import annotations
@@ -24,11 +24,15 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return x / (1.0 + torch.exp(-x))
 
 
-def conv_window(full: torch.Tensor, weight: torch.Tensor, activation: str | None) -> torch.Tensor:
-    """``full [..., C, W-1+L]`` float32, ``weight [C, W]`` float32 -> ``[..., C, L]`` float32."""
+def conv_window(full: torch.Tensor, weight: torch.Tensor, activation: str | None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``full [..., C, W-1+L]`` float32, ``weight [C, W]`` float32, ``bias [C]`` float32 or None ->
+    ``[..., C, L]`` float32; the sum starts from the bias, then the taps in order."""
     width = weight.shape[1]
     length = full.shape[-1] - (width - 1)
     acc = weight[:, 0:1] * full[..., 0:length]
+    if bias is not None:
+        acc = bias[:, None] + acc
     for j in range(1, width):
         acc = acc + weight[:, j:j + 1] * full[..., j:j + length]
     if activation == "silu":
@@ -38,14 +42,17 @@ def conv_window(full: torch.Tensor, weight: torch.Tensor, activation: str | None
 
 
 def naive_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, *,
-                           activation="silu"):
-    """Prefill form: ``window_in = conv_state[s, :, 0:W-1]`` (zeros without initial state);
-    afterwards ``conv_state[s, :, 0:W-1] = full[:, -(W-1):]``. Rows of length 0 and rows whose
-    slot is PAD_SLOT_ID read and write nothing (zero outputs)."""
-    check_conv1d_fn_inputs(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, activation)
+                           bias=None, activation="silu"):
+    """Prefill form (``bias [C]`` or None starts each output's sum):
+    ``window_in = conv_state[s, :, 0:W-1]`` (zeros without initial state); afterwards
+    ``conv_state[s, :, 0:W-1] = full[:, -(W-1):]``. Rows of length 0 and rows whose slot is
+    PAD_SLOT_ID read and write nothing (zero outputs)."""
+    check_conv1d_fn_inputs(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, activation,
+                           bias)
     num_tokens, channels = x.shape
     width = weight.shape[1]
     w32 = weight.float()
+    b32 = None if bias is None else bias.float()
     cu = cu_seqlens.tolist()
     slots = state_indices.tolist()
     init = [True] * len(slots) if has_initial_state is None else has_initial_state.tolist()
@@ -59,19 +66,19 @@ def naive_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, has
         else:
             window = torch.zeros(channels, width - 1, dtype=torch.float32, device=x.device)
         full = torch.cat([window, x[bos:eos].float().t()], dim=1)
-        out[bos:eos] = conv_window(full, w32, activation).t().to(x.dtype)
+        out[bos:eos] = conv_window(full, w32, activation, b32).t().to(x.dtype)
         conv_state[slot, :, 0:width - 1] = full[:, -(width - 1):].to(conv_state.dtype)
     return out
 
 
 def naive_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_indices, *,
-                               num_accepted_tokens=None, activation="silu"):
+                               num_accepted_tokens=None, bias=None, activation="silu"):
     """Decode / verify form: with ``a = num_accepted_tokens[i]`` (1 when None),
     ``window_in = conv_state[s, :, a-1 : a-1+W-1]``; afterwards
     ``conv_state[s, :, 0 : W-2+L] = full[:, 1:]``. All rows are processed together: they are
     padded to the longest row and only elementwise ops run across them."""
     check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices, num_accepted_tokens,
-                               activation)
+                               activation, bias)
     num_tokens, channels = x.shape
     width = weight.shape[1]
     state_len = conv_state.shape[2]
@@ -101,7 +108,8 @@ def naive_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_ind
     tok = torch.where(valid, tok, 0)
     xs = torch.where(valid[:, :, None], x[tok].float(), 0.0)                       # [R, Lmax, C]
     full = torch.cat([window.float(), xs.transpose(1, 2)], dim=2)                   # [R, C, W-1+Lmax]
-    res = conv_window(full, weight.float(), activation).transpose(1, 2)            # [R, Lmax, C]
+    b32 = None if bias is None else bias.float()
+    res = conv_window(full, weight.float(), activation, b32).transpose(1, 2)            # [R, Lmax, C]
     out[tok[valid]] = res[valid].to(x.dtype)
     for r, (slot, length) in enumerate(zip(slots.tolist(), lens)):
         conv_state[slot, :, 0:width - 2 + length] = full[r, :, 1:width - 1 + length].to(conv_state.dtype)

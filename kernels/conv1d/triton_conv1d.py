@@ -24,13 +24,15 @@ from kernels.conv1d.contract import check_conv1d_fn_inputs, check_conv1d_update_
 @triton.heuristics({
     "HAS_INIT_FLAGS": lambda args: args["has_initial_state"] is not None,
     "HAS_ACCEPTED": lambda args: args["num_accepted_tokens"] is not None,
+    "HAS_BIAS": lambda args: args["bias"] is not None,
 })
 @triton.jit
 def causal_conv1d_fwd_kernel(
-    x, weight, out, conv_state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
+    x, weight, bias, out, conv_state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
     C, stride_x_t, stride_o_t, stride_w_c, stride_s_n, stride_s_c, stride_idx_n,
     W: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, PAD: tl.constexpr,
     IS_UPDATE: tl.constexpr, SILU: tl.constexpr, HAS_INIT_FLAGS: tl.constexpr, HAS_ACCEPTED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     i_n, i_c = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -49,6 +51,9 @@ def causal_conv1d_fwd_kernel(
     if HAS_INIT_FLAGS:
         state_cols = (tl.load(has_initial_state + i_n) != 0).to(tl.int64) * (W - 1)
     p_s = conv_state + i_slot * stride_s_n + o_c * stride_s_c       # column 0 of each channel
+    b_bias = tl.zeros([BC], dtype=tl.float32)
+    if HAS_BIAS:
+        b_bias = tl.load(bias + o_c, mask=mask_c, other=0.0).to(tl.float32)
 
     for i_t in range(length):
         b_acc = tl.zeros([BC], dtype=tl.float32)
@@ -59,7 +64,10 @@ def causal_conv1d_fwd_kernel(
             b_x = tl.load(x + (bos + m - (W - 1)) * stride_x_t + o_c, mask=mask_c & (m >= W - 1), other=0.0)
             b_f = tl.where(from_state, b_s.to(tl.float32), b_x.to(tl.float32))
             b_w = tl.load(weight + o_c * stride_w_c + j, mask=mask_c, other=0.0).to(tl.float32)
-            b_acc += b_w * b_f
+            if HAS_BIAS and j == 0:
+                b_acc = b_bias + b_w * b_f  # the sum starts from the bias, as the reference's
+            else:
+                b_acc += b_w * b_f
         if SILU:
             b_acc = b_acc / (1.0 + tl.exp(-b_acc))
         tl.store(out + (bos + i_t) * stride_o_t + o_c, b_acc.to(out.dtype.element_ty), mask=mask_c)
@@ -81,11 +89,11 @@ def causal_conv1d_fwd_kernel(
     tl.store(p_s[:, None] + o_s[None, :], b_win.to(conv_state.dtype.element_ty), mask=m_write)
 
 
-def _launch(dims, x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
-            activation, is_update):
+def _launch(dims, x, weight, bias, conv_state, cu_seqlens, state_indices, has_initial_state,
+            num_accepted_tokens, activation, is_update):
     """Convert what the kernel cannot take as given (only where needed), launch, write the state back."""
     num_tokens, channels, width, n = dims
-    x, weight = with_unit_stride(x), with_unit_stride(weight)
+    x, weight, bias = with_unit_stride(x), with_unit_stride(weight), as_contiguous(bias)
     cu_seqlens, state_indices, num_accepted_tokens = (as_index(t) for t in (cu_seqlens, state_indices,
                                                                               num_accepted_tokens))
     has_initial_state = as_contiguous(has_initial_state)
@@ -100,7 +108,7 @@ def _launch(dims, x, weight, conv_state, cu_seqlens, state_indices, has_initial_
     bc = min(triton.next_power_of_2(channels), 128)
     grid = (n, triton.cdiv(channels, bc))
     causal_conv1d_fwd_kernel[grid](
-        x, weight, out, state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
+        x, weight, bias, out, state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
         channels, x.stride(0), out.stride(0), weight.stride(0), state.stride(0), state.stride(1),
         state_indices.stride(0),
         W=width, BC=bc, BS=triton.next_power_of_2(state.shape[2]), PAD=PAD_SLOT_ID,
@@ -111,18 +119,18 @@ def _launch(dims, x, weight, conv_state, cu_seqlens, state_indices, has_initial_
 
 
 def triton_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, *,
-                            activation="silu"):
+                            bias=None, activation="silu"):
     """Triton wrapper; same contract as ``kernels.conv1d.causal_conv1d_fn``."""
     dims = check_conv1d_fn_inputs(x, weight, conv_state, cu_seqlens, state_indices, has_initial_state,
-                                  activation)
-    return _launch(dims, x, weight, conv_state, cu_seqlens, state_indices, has_initial_state, None,
+                                  activation, bias)
+    return _launch(dims, x, weight, bias, conv_state, cu_seqlens, state_indices, has_initial_state, None,
                    activation, is_update=False)
 
 
 def triton_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_indices, *,
-                                num_accepted_tokens=None, activation="silu"):
+                                num_accepted_tokens=None, bias=None, activation="silu"):
     """Triton wrapper; same contract as ``kernels.conv1d.causal_conv1d_update``."""
     dims = check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices,
-                                      num_accepted_tokens, activation)
-    return _launch(dims, x, weight, conv_state, query_start_loc, state_indices, None, num_accepted_tokens,
-                   activation, is_update=True)
+                                      num_accepted_tokens, activation, bias)
+    return _launch(dims, x, weight, bias, conv_state, query_start_loc, state_indices, None,
+                   num_accepted_tokens, activation, is_update=True)

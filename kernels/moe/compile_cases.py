@@ -21,7 +21,7 @@ def compile_cases():
         cases += [
             case(f"moe.gate_up[{shape}]", moe_gate_up_kernel,
                  types={"x": f"*{dtype}", "w13": f"*{dtype}", "act": f"*{dtype}", **table},
-                 constexprs={"TOP_K": TOP_K, "BM": BM, "BN": BN, "BK": BK, "MATMUL": matmul},
+                 constexprs={"TOP_K": TOP_K, "BM": BM, "BN": BN, "BK": BK, "MATMUL": matmul, "RELU2": False},
                  representative=dtype == "bf16"),
             case(f"moe.down[{shape}]", moe_down_kernel,
                  types={"act": f"*{dtype}", "w2": f"*{dtype}", "y": f"*{dtype}", **table},

@@ -6,8 +6,9 @@ block table is built with torch ops on the device, without a host sync: its leng
 ``cdiv(T*K, BM) + min(E, T*K)`` and surplus blocks are empty (their programs return at once).
 
 1. ``moe_gate_up_kernel``, grid (blocks, cdiv(I, BN)): for a block of expert e,
-   ``act[p] = silu(x[t] @ gate_e.T) * (x[t] @ up_e.T)`` on a BN slice of I, for every pair p = t*K + k
-   in the block (gate and up rounded to x.dtype first, as the reference's linear outputs).
+   ``act[p] = silu(x[t] @ gate_e.T) * (x[t] @ up_e.T)`` (or ``relu(x[t] @ up_e.T)^2`` for the
+   non-gated relu² experts) on a BN slice of I, for every pair p = t*K + k in the block (gate and up
+   rounded to x.dtype first, as the reference's linear outputs).
 2. ``moe_down_kernel``, grid (blocks, cdiv(H, BN)): ``y[p] = act[p] @ w2[e].T`` (in x.dtype).
 3. ``moe_combine_kernel``, grid (T, cdiv(H, BH)): ``out[t] = sum_{k=0..K-1} w[t, k] * y[t*K + k]``
    in float32, slot by slot in order.
@@ -52,7 +53,9 @@ def moe_gate_up_kernel(
     num_pairs, H, I,
     stride_xt, stride_we, stride_wn, stride_ap,
     TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MATMUL: tl.constexpr,
+    RELU2: tl.constexpr,
 ):
+    # RELU2: w13 [E, I, H] holds the up rows only; act = relu(x @ up_e.T)^2 (no gate).
     i_b, i_n = tl.program_id(0), tl.program_id(1)
     row_start = tl.load(block_start + i_b)
     row_end = tl.load(block_end + i_b)
@@ -73,17 +76,25 @@ def moe_gate_up_kernel(
         mask_k = o_k < H
         p_x = x + o_t[:, None] * stride_xt + o_k[None, :]
         b_x = tl.load(p_x, mask=mask_r[:, None] & mask_k[None, :], other=0.0)  # [BM, BK]
-        p_wg = p_w_expert + o_n[None, :] * stride_wn + o_k[:, None]  # gate rows n, as [BK, BN]
-        p_wu = p_w_expert + (I + o_n)[None, :] * stride_wn + o_k[:, None]  # up rows I + n
         mask_w = mask_n[None, :] & mask_k[:, None]
-        b_gate = _tile_product(b_gate, b_x, tl.load(p_wg, mask=mask_w, other=0.0), MATMUL)
+        if RELU2:
+            p_wu = p_w_expert + o_n[None, :] * stride_wn + o_k[:, None]  # up rows n, as [BK, BN]
+        else:
+            p_wg = p_w_expert + o_n[None, :] * stride_wn + o_k[:, None]  # gate rows n, as [BK, BN]
+            p_wu = p_w_expert + (I + o_n)[None, :] * stride_wn + o_k[:, None]  # up rows I + n
+            b_gate = _tile_product(b_gate, b_x, tl.load(p_wg, mask=mask_w, other=0.0), MATMUL)
         b_up = _tile_product(b_up, b_x, tl.load(p_wu, mask=mask_w, other=0.0), MATMUL)
     # Round as the reference does: gate and up to x.dtype, silu(gate) to x.dtype, the product to x.dtype
-    # (each product formed in float32: exact for 16-bit inputs, then one rounding).
-    b_gate = b_gate.to(act.dtype.element_ty).to(tl.float32)
+    # (each product formed in float32: exact for 16-bit inputs, then one rounding); relu2: up to
+    # x.dtype, then its square.
     b_up = b_up.to(act.dtype.element_ty).to(tl.float32)
-    b_silu = (b_gate / (1.0 + tl.exp(-b_gate))).to(act.dtype.element_ty).to(tl.float32)
-    b_act = b_silu * b_up
+    if RELU2:
+        b_relu = tl.maximum(b_up, 0.0)
+        b_act = b_relu * b_relu
+    else:
+        b_gate = b_gate.to(act.dtype.element_ty).to(tl.float32)
+        b_silu = (b_gate / (1.0 + tl.exp(-b_gate))).to(act.dtype.element_ty).to(tl.float32)
+        b_act = b_silu * b_up
     p_act = act + o_p[:, None] * stride_ap + o_n[None, :]
     tl.store(p_act, b_act.to(act.dtype.element_ty), mask=mask_r[:, None] & mask_n[None, :])
 
@@ -168,10 +179,11 @@ def moe_block_table(
 
 
 def triton_fused_moe(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """Triton wrapper; same contract as ``kernels.moe.fused_moe``."""
-    t, h, e, i, k = check_fused_moe_inputs(x, w13, w2, topk_weights, topk_ids)
+    t, h, e, i, k = check_fused_moe_inputs(x, w13, w2, topk_weights, topk_ids, activation)
     x, w13, w2, topk_weights = (with_unit_stride(a) for a in (x, w13, w2, topk_weights))
     for name, a in (("x", x), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights)):
         assert unit_stride(a), f"fused_moe: {name} needs a unit stride on its last dimension"
@@ -187,7 +199,7 @@ def triton_fused_moe(
     moe_gate_up_kernel[(num_blocks, triton.cdiv(i, BN))](
         x, w13, act, sorted_pairs, block_expert, block_start, block_end,
         num_pairs, h, i, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        TOP_K=k, BM=BM, BN=BN, BK=BK, MATMUL=matmul,
+        TOP_K=k, BM=BM, BN=BN, BK=BK, MATMUL=matmul, RELU2=activation == "relu2",
     )
     moe_down_kernel[(num_blocks, triton.cdiv(h, BN))](
         act, w2, y, sorted_pairs, block_expert, block_start, block_end,

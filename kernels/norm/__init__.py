@@ -1,11 +1,11 @@
-"""``rms_norm`` and ``gated_rms_norm`` (reductions over the last dimension of each row)."""
+"""``rms_norm``, ``gated_rms_norm`` and ``gated_group_rms_norm`` (reductions over a row or a group of it)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernels._dispatch import resolve_backend
-from kernels.norm.naive import naive_gated_rms_norm, naive_rms_norm
+from kernels.norm.naive import naive_gated_group_rms_norm, naive_gated_rms_norm, naive_rms_norm
 
 
 def rms_norm(
@@ -37,4 +37,34 @@ def gated_rms_norm(
     return triton_gated_rms_norm(x, z, weight, eps)
 
 
-__all__ = ["gated_rms_norm", "naive_gated_rms_norm", "naive_rms_norm", "rms_norm"]
+def gated_group_rms_norm(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group_size: int,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Mamba2's gated RMSNorm, gate before the norm: ``x, z [M, I]``, ``weight [I]`` -> ``[M, I]`` in
+    ``x.dtype``.
+
+    ``g = x32 * silu(z32)``, normalised over each group of ``group_size`` consecutive channels
+    (``I // group_size`` groups; Nemotron-H: ``I / n_groups``) in float32:
+    ``y = w * (g * rsqrt(mean(g^2 over the group) + eps)).to(x.dtype)``, cast to ``x.dtype``.
+    """
+    if resolve_backend(backend, x, z, weight) == "torch":
+        return naive_gated_group_rms_norm(x, z, weight, eps, group_size)
+    from kernels.norm.triton_rms_norm import triton_gated_group_rms_norm
+
+    return triton_gated_group_rms_norm(x, z, weight, eps, group_size)
+
+
+__all__ = [
+    "gated_group_rms_norm",
+    "gated_rms_norm",
+    "naive_gated_group_rms_norm",
+    "naive_gated_rms_norm",
+    "naive_rms_norm",
+    "rms_norm",
+]

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.norm.contract import check_gated_rms_norm_inputs, check_rms_norm_inputs
+from kernels.norm.contract import (
+    check_gated_group_rms_norm_inputs,
+    check_gated_rms_norm_inputs,
+    check_rms_norm_inputs,
+)
 
 
 def silu_fp32(z: torch.Tensor) -> torch.Tensor:
@@ -41,3 +45,15 @@ def naive_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     check_gated_rms_norm_inputs(x, z, weight, eps)
     normed = _rms_normalize(x.float(), eps).to(x.dtype)
     return ((weight * normed) * silu_fp32(z.float())).to(x.dtype)
+
+
+def naive_gated_group_rms_norm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
+) -> torch.Tensor:
+    """``x, z [M, I]``, ``weight [I]`` (gate before the norm, groups of ``group_size`` channels):
+    ``g = x32 * silu(z32)``; ``y = (w * (g * rsqrt(mean(g^2 over the group) + eps)).to(dtype))``, cast
+    to ``x.dtype``."""
+    m, width = check_gated_group_rms_norm_inputs(x, z, weight, eps, group_size)
+    gated = (x.float() * silu_fp32(z.float())).view(m, width // group_size, group_size)
+    normed = _rms_normalize(gated, eps).view(m, width).to(x.dtype)
+    return (weight * normed).to(x.dtype)
