@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup
-from refengine.model import mamba2_ops as ops
 from refengine.model.cache_specs import RecurrentState
 from refengine.model.layers import Linear, softplus
 from refengine.model.nemotron_h_config import NemotronHModelConfig
@@ -47,6 +47,7 @@ class Mamba2Mixer(nn.Module):
         self.inner = cfg.mamba_intermediate_size  # I = Hm * P
         self.conv_dim = cfg.mamba_conv_dim  # C = I + 2GN
         self.eps = cfg.layer_norm_epsilon
+        self.chunk_size = cfg.chunk_size  # chunks of the opt-in chunked prefill, at absolute positions
         hidden = cfg.hidden_size
         self.in_proj = Linear(hidden, self.inner + self.conv_dim + self.num_heads)  # [I + C + Hm, H]
         self.conv1d = Conv1d(self.conv_dim, cfg.conv_kernel, cfg.use_conv_bias)  # weight [C, W], bias [C]
@@ -67,7 +68,8 @@ class Mamba2Mixer(nn.Module):
         for group, is_prefill in ((ctx.recurrent.prefill, True), (ctx.recurrent.decode, False)):
             if group is None or group.token_indices.numel() == 0:
                 continue
-            out = self._run_group(group, is_prefill, xbc, dt, conv_state, ssm_state)  # [Tg, I]
+            chunked = is_prefill and ctx.recurrent_prefill_chunked
+            out = self._run_group(group, is_prefill, chunked, positions, xbc, dt, conv_state, ssm_state)
             y.index_copy_(0, group.token_indices, out)
         return self.out_proj(self.norm(y, z.contiguous()))
 
@@ -75,6 +77,8 @@ class Mamba2Mixer(nn.Module):
         self,
         group: RecurrentGroup,
         is_prefill: bool,
+        chunked: bool,  # prefill in chunks (kernels.ssd_chunk_scan) instead of the recurrent form
+        positions: torch.Tensor,  # [T] int64
         xbc: torch.Tensor,  # [T, C]
         dt_raw: torch.Tensor,  # [T, Hm]
         conv_state: torch.Tensor,  # [S, C, W-1+K]
@@ -88,10 +92,11 @@ class Mamba2Mixer(nn.Module):
         weight, bias = self.conv1d.weight, self.conv1d.bias
         h = xbc.index_select(0, idx)  # [Tg, C]
         if is_prefill:
-            h = ops.causal_conv1d_bias_fn(h, weight, bias, conv_state, qsl, slots, group.has_initial_state)
+            h = kernels.causal_conv1d_fn(h, weight, conv_state, qsl, slots, group.has_initial_state,
+                                         bias=bias, activation="silu")
         else:
-            accepted = group.num_valid
-            h = ops.causal_conv1d_bias_update(h, weight, bias, conv_state, qsl, slots, accepted)
+            h = kernels.causal_conv1d_update(h, weight, conv_state, qsl, slots, bias=bias, activation="silu",
+                                             num_accepted_tokens=group.num_valid)
         tg, gn = h.shape[0], self.n_groups * self.state_size
         xs, b, c = torch.split(h, [self.inner, gn, gn], dim=-1)
         xs = xs.reshape(tg, self.num_heads, self.head_dim).contiguous()  # [Tg, Hm, P]
@@ -99,13 +104,18 @@ class Mamba2Mixer(nn.Module):
         c = c.reshape(tg, self.n_groups, self.state_size).contiguous()  # [Tg, G, N]
         dt = softplus(dt_raw.index_select(0, idx).float() + self.dt_bias.float())  # [Tg, Hm] fp32, no clamp
         a = -torch.exp(self.A_log.float())  # [Hm] fp32
-        if is_prefill:
-            y = ops.selective_state_update(xs, dt, a, b, c, self.D, ssm_state, qsl, slots,
-                                           has_initial_state=group.has_initial_state)
+        if chunked:
+            starts = _start_positions(positions.index_select(0, idx), qsl)  # [Ng] int32
+            init = group.has_initial_state  # [Ng] bool
+            y = kernels.ssd_chunk_scan(xs, dt, a, b, c, self.D, ssm_state, qsl, slots, init,
+                                       start_positions=starts, chunk_size=self.chunk_size)
+        elif is_prefill:
+            y = kernels.selective_state_update(xs, dt, a, b, c, self.D, ssm_state, qsl, slots,
+                                               has_initial_state=group.has_initial_state)
         else:
             accepted = group.num_valid if slots.dim() == 2 else None
-            y = ops.selective_state_update(xs, dt, a, b, c, self.D, ssm_state, qsl, slots,
-                                           num_accepted_tokens=accepted)
+            y = kernels.selective_state_update(xs, dt, a, b, c, self.D, ssm_state, qsl, slots,
+                                               num_accepted_tokens=accepted)
         return y.reshape(tg, self.inner)
 
 
@@ -119,4 +129,15 @@ class GroupGatedNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))  # [I]
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # y, z [T, I] -> [T, I]
-        return ops.gated_group_rms_norm(y, z, self.weight, self.eps, self.group_size)
+        return kernels.gated_group_rms_norm(y, z, self.weight, self.eps, self.group_size)
+
+
+def _start_positions(positions: torch.Tensor, query_start_loc: torch.Tensor) -> torch.Tensor:
+    """positions [Tg] of a group's tokens, query_start_loc [Ng+1] -> int32 [Ng]: each row's first
+    position (0 for an empty row)."""
+    starts = query_start_loc[:-1].long()
+    lens = query_start_loc[1:].long() - starts
+    if positions.numel() == 0:
+        return torch.zeros_like(starts, dtype=torch.int32)
+    first = positions[starts.clamp(max=positions.numel() - 1)]
+    return torch.where(lens > 0, first, 0).to(torch.int32)

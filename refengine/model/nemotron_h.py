@@ -17,7 +17,6 @@ from torch import nn
 
 import kernels
 from refengine.forward_context import ForwardContext
-from refengine.model import mamba2_ops as ops
 from refengine.model.cache_specs import PagedKV
 from refengine.model.layers import Linear, RMSNorm
 from refengine.model.mamba2 import Mamba2Mixer
@@ -70,7 +69,7 @@ class ReluSquaredMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size)  # [H, I]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        return self.down_proj(ops.relu2(self.up_proj(x)))
+        return self.down_proj(kernels.relu2(self.up_proj(x)))
 
 
 class Router(nn.Module):
@@ -89,8 +88,10 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> ([T, K] fp32, int32)
         logits = kernels.linear(x.float(), self.weight.float())  # [T, E] float32
-        return ops.nemotron_route(logits, self.e_score_correction_bias, self.top_k, self.n_group,
-                                  self.topk_group, self.renormalize, self.scaling)
+        return kernels.moe_route_sigmoid(
+            logits, self.e_score_correction_bias, self.top_k, n_group=self.n_group,
+            topk_group=self.topk_group, renormalize=self.renormalize, routed_scaling_factor=self.scaling,
+        )
 
 
 class Experts(nn.Module):
@@ -102,7 +103,8 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, width, intermediate_size))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return ops.relu2_experts(x, self.up_proj, self.down_proj, topk_weights, topk_ids)  # [T, Lt]
+        return kernels.fused_moe(x, self.up_proj, self.down_proj, topk_weights, topk_ids,
+                                 activation="relu2")  # [T, Lt]
 
 
 class MoE(nn.Module):

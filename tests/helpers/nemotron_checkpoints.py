@@ -33,7 +33,7 @@ class NemotronSpec:
     ssm_state_size: int = 16  # N
     n_groups: int = 2  # G
     conv_kernel: int = 4  # W
-    chunk_size: int = 8  # transformers' chunked scan: prompts longer than this cross chunks
+    chunk_size: int = 16  # transformers' chunked scan (and ours, opt-in): longer prompts cross chunks
     n_routed_experts: int = 8  # E
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 32

@@ -24,8 +24,9 @@ PROMPT_LENGTHS = (1, 3, 17, 40)  # 17 and 40 cross transformers' 8-token scan ch
 NEW_TOKENS = 8
 REL_TOL = 1e-5
 DEFAULT_TIER_LENGTHS = (3, 20)
-CASES = [pytest.param("nemotron-dense", DEFAULT_TIER_LENGTHS, id="nemotron-dense-short")] + [
-    pytest.param(p, PROMPT_LENGTHS, id=p, marks=pytest.mark.slow) for p in sorted(PRESETS)]
+CASES = [pytest.param("nemotron-dense", DEFAULT_TIER_LENGTHS, False, id="nemotron-dense-short")] + [
+    pytest.param(p, PROMPT_LENGTHS, chunked, id=f"{p}-{'chunked' if chunked else 'recurrent'}",
+                 marks=pytest.mark.slow) for p in sorted(PRESETS) for chunked in (False, True)]
 
 
 def make_prompts(vocab_size: int, lengths=PROMPT_LENGTHS, seed: int = 6) -> list[list[int]]:
@@ -37,13 +38,14 @@ def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours - ref).abs().max() / ref.abs().max()).item()
 
 
-@pytest.mark.parametrize("preset, lengths", CASES)
-def test_greedy_and_prefill_logits_match_transformers(preset, lengths, tiny_nemotron):
+@pytest.mark.parametrize("preset, lengths, chunked", CASES)
+def test_greedy_and_prefill_logits_match_transformers(preset, lengths, chunked, tiny_nemotron):
+    """The recurrent prefill (the default) and the chunked scan (chunks of 16 at absolute positions)."""
     path = tiny_nemotron(preset)
     hf = load_hf_model(path)
     model, cfg = load_model(path)
     prompts = make_prompts(cfg.vocab_size, lengths)
-    tokens, prefill_logits, _ = greedy_generate(model, cfg, prompts, NEW_TOKENS)
+    tokens, prefill_logits, _ = greedy_generate(model, cfg, prompts, NEW_TOKENS, chunked=chunked)
     start = 0
     for prompt, ours in zip(prompts, tokens):
         assert ours == hf_greedy_uncached(hf, prompt, NEW_TOKENS), f"prompt of length {len(prompt)}"
