@@ -69,8 +69,9 @@ def test_transformers_dt_clamp_is_what_differs(tiny_nemotron):
     assert rel_err(ours, theirs) > 100 * REL_TOL
 
 
-def test_batched_prefill_equals_single_rows_bitwise(tiny_nemotron):
-    model, cfg = load_model(tiny_nemotron("nemotron-dense"))
+@pytest.mark.parametrize("preset", ["nemotron-dense", pytest.param("nemotron-moe", marks=pytest.mark.slow)])
+def test_batched_prefill_equals_single_rows_bitwise(preset, tiny_nemotron):
+    model, cfg = load_model(tiny_nemotron(preset))
     prompts = make_prompts(cfg.vocab_size)
     _, batched, _ = greedy_generate(model, cfg, prompts, 1)
     start = 0
