@@ -1,7 +1,9 @@
 """Real-shape compile cases for the causal conv1d (see kernels/compile_check.py).
 
 Qwen3-Next / Qwen3.5 GDN layers per tensor-parallel rank: 2 * 16 * 128 + 32 * 128 = 8192 channels
-(a runtime value), kernel width 4, conv-state windows for up to K = 4 speculative tokens.
+(a runtime value), kernel width 4, conv-state windows for up to K = 4 speculative tokens, no bias.
+Nemotron-3 Nano / Super Mamba2 layers: 6144 / 10240 channels with a bias (the channel count is a
+runtime value; both are compiled to keep the shapes on record).
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ def compile_cases():
     from kernels.conv1d import triton_conv1d
 
     cases = []
-    for update in (False, True):
+    for update, channels, bias in ((False, 8192, False), (True, 8192, False), (False, 6144, True),
+                                   (True, 6144, True), (False, 10240, True), (True, 10240, True)):
         cases.append(
             case(
-                f"conv1d.{'update' if update else 'prefill'}[C=8192,W={WIDTH},K={MAX_SPEC}]",
+                f"conv1d.{'update' if update else 'prefill'}[C={channels},W={WIDTH},K={MAX_SPEC}"
+                f"{',bias' if bias else ''}]",
                 triton_conv1d.causal_conv1d_fwd_kernel,
                 types={
                     "x": "*bf16",
                     "weight": "*bf16",
+                    **({"bias": "*bf16"} if bias else {}),
                     "out": "*bf16",
                     "conv_state": "*bf16",
                     "cu_seqlens": "*i32",
@@ -41,9 +46,11 @@ def compile_cases():
                     "SILU": True,
                     "HAS_INIT_FLAGS": not update,
                     "HAS_ACCEPTED": update,
+                    "HAS_BIAS": bias,
+                    **({} if bias else {"bias": None}),
                     **({"has_initial_state": None} if update else {"num_accepted_tokens": None}),
                 },
-                representative=update,
+                representative=update and channels != 10240,
             )
         )
     return cases

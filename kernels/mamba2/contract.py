@@ -9,6 +9,7 @@ from kernels._contract import BOOL, FLOATS, INDEX, Contract, describe
 # The Triton chunk-scan kernel holds a [chunk, chunk] float32 tile of C B^T per program, and walks
 # a row's chunks in one program per (row, head, block of P); 128 is what the released models use.
 CHUNK_SIZES = (16, 32, 64, 128)
+CHUNK_MAX_SLOTS = 65535  # the output kernel's chunk slots (T // chunk_size + 2 N) are a CUDA grid axis
 MAX_STATE = 256  # N: the state kernels keep [BP, N] in registers
 
 
@@ -69,6 +70,10 @@ def check_ssd_chunk_scan_inputs(x, dt, A, B, C, D, ssm_state, cu_seqlens, state_
     c.tensor("has_initial_state", has_initial_state, BOOL, "N", optional=True)
     c.tensor("start_positions", start_positions, INDEX, "N", optional=True)
     c.choice("chunk_size", chunk_size, CHUNK_SIZES)
+    num_slots = dims.num_tokens // chunk_size + 2 * dims.num_rows
+    c.require(num_slots <= CHUNK_MAX_SLOTS, "x",
+              f"short enough that T // chunk_size + 2 N <= {CHUNK_MAX_SLOTS} (a CUDA grid axis)",
+              f"T = {dims.num_tokens}, N = {dims.num_rows}")
     if block_size is None:
         c.require(block_state_indices is None, "block_state_indices", "None without block_size",
                   describe(block_state_indices))

@@ -89,7 +89,7 @@ def moe_gate_up_kernel(
     # x.dtype, then its square.
     b_up = b_up.to(act.dtype.element_ty).to(tl.float32)
     if RELU2:
-        b_relu = tl.maximum(b_up, 0.0)
+        b_relu = tl.where(b_up < 0.0, 0.0, b_up)
         b_act = b_relu * b_relu
     else:
         b_gate = b_gate.to(act.dtype.element_ty).to(tl.float32)

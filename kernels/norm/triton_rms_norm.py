@@ -1,4 +1,5 @@
-"""Triton kernels for ``rms_norm`` and ``gated_rms_norm``: one program per normalised row."""
+"""Triton kernels for ``rms_norm``, ``gated_rms_norm`` and ``gated_group_rms_norm``: one program per
+normalised row (or group of a row)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import triton
 import triton.language as tl
 
 from kernels._contract import as_contiguous, unit_stride, with_unit_stride
-from kernels.norm.contract import check_gated_rms_norm_inputs, check_rms_norm_inputs
+from kernels.norm.contract import (
+    check_gated_group_rms_norm_inputs,
+    check_gated_rms_norm_inputs,
+    check_rms_norm_inputs,
+)
 
 
 @triton.jit
@@ -49,6 +54,25 @@ def gated_rms_norm_kernel(
     tl.store(y + i_r * D + o_d, b_y.to(y.dtype.element_ty), mask=mask_d)
 
 
+@triton.jit
+def gated_group_rms_norm_kernel(
+    x, z, w, y, eps, stride_x, stride_z, stride_y,
+    GROUPS: tl.constexpr, GS: tl.constexpr, BG: tl.constexpr,
+):
+    # One program per (row, group of GS channels); gate first, then the norm over the group.
+    i_m, i_g = tl.program_id(0) // GROUPS, tl.program_id(0) % GROUPS
+    o_c = i_g * GS + tl.arange(0, BG)
+    mask_c = tl.arange(0, BG) < GS
+    b_x = tl.load(x + i_m * stride_x + o_c, mask=mask_c, other=0.0).to(tl.float32)
+    b_z = tl.load(z + i_m * stride_z + o_c, mask=mask_c, other=0.0).to(tl.float32)
+    b_w = tl.load(w + o_c, mask=mask_c, other=0.0).to(tl.float32)
+    b_g = b_x * (b_z / (1.0 + tl.exp(-b_z)))
+    b_rstd = tl.rsqrt(tl.sum(b_g * b_g, 0) / GS + eps)
+    # As in the reference: the normalised value is rounded to x's dtype before the weight multiply.
+    b_y = b_w * (b_g * b_rstd).to(y.dtype.element_ty).to(tl.float32)
+    tl.store(y + i_m * stride_y + o_c, b_y.to(y.dtype.element_ty), mask=mask_c)
+
+
 def triton_rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered: bool = True
 ) -> torch.Tensor:
@@ -77,5 +101,23 @@ def triton_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     round_product = x.dtype != torch.float32 and torch.promote_types(weight.dtype, x.dtype) == x.dtype
     gated_rms_norm_kernel[(m * hv,)](
         x, z, weight, y, eps, D=d, BD=triton.next_power_of_2(d), ROUND_PRODUCT=round_product,
+    )
+    return y
+
+
+def triton_gated_group_rms_norm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
+) -> torch.Tensor:
+    """Triton wrapper; same contract as ``kernels.norm.gated_group_rms_norm``."""
+    m, width = check_gated_group_rms_norm_inputs(x, z, weight, eps, group_size)
+    x, z, weight = with_unit_stride(x), with_unit_stride(z), with_unit_stride(weight)
+    assert unit_stride(x) and unit_stride(z) and unit_stride(weight), "gated_group_rms_norm: unit strides"
+    y = torch.empty(m, width, dtype=x.dtype, device=x.device)
+    if m * width == 0:
+        return y
+    groups = width // group_size
+    gated_group_rms_norm_kernel[(m * groups,)](
+        x, z, weight, y, eps, x.stride(0), z.stride(0), y.stride(0),
+        GROUPS=groups, GS=group_size, BG=triton.next_power_of_2(group_size),
     )
     return y
