@@ -140,3 +140,11 @@ def test_heads_not_divisible_by_groups_is_named(tiny_nemotron, tmp_path):
     config = config_of(path) | {"mamba_num_heads": 6, "n_groups": 4}
     message = variant_error(path, tmp_path, config=config)
     assert "mamba_num_heads: 6 is not a multiple of n_groups 4" in message, message
+
+
+def test_add_mtp_head_refuses_a_nemotron_checkpoint(tiny_nemotron, tmp_path):
+    from refengine.tools.mtp_head import add_mtp_head
+
+    with pytest.raises(CheckpointError, match="is a nemotron_h checkpoint"):
+        add_mtp_head(tiny_nemotron("nemotron-dense"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
