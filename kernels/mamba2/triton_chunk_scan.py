@@ -20,7 +20,7 @@ Each program reads only its own row's tokens and does its reductions in a fixed 
 result does not depend on its neighbours. Products: ``C B^T`` from 16-bit inputs on tensor cores
 (exact products, float32 accumulator); every product with a float32 operand (the state, ``x dt``,
 the decayed scores, float32 inputs) in ``tf32x3``, close to full float32 (the prefill hands its
-state to the recurrent decode).
+state to the recurrent decode). Under the interpreter every product is a float32 one.
 """
 
 from __future__ import annotations
@@ -233,7 +233,8 @@ def triton_ssd_chunk_scan(
     if num_tokens == 0 or rows == 0:
         return y
     pool = kernel_pool(ssm_state)
-    lowp = B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16)
+    # Under the interpreter every product is a float32 one (it gets 16-bit dots wrong).
+    lowp = B.is_cuda and B.dtype == C.dtype and B.dtype in (torch.bfloat16, torch.float16)
     cfg = launch_config(p, n, chunk_size, lowp)
     num_slots = num_tokens // chunk_size + 2 * rows  # chunk slots, no host read of cu_seqlens (docstring)
     h_buf = torch.empty(num_slots, h, p, n, dtype=torch.float32, device=x.device)  # chunk-start states

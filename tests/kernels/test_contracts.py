@@ -40,6 +40,13 @@ class Row:
     what: str
     make: Callable[[], dict]  # a fresh, seeded set of keyword arguments on every call
     expected: str = ACCEPTED
+    slow: bool = False  # an accepted row whose interpreted kernel run belongs to -m slow
+
+
+def slow(row: Row) -> Row:
+    """``row`` run under ``-m slow`` only (an interpreted launch of a costly kernel the default tier
+    already covers with another row)."""
+    return Row(row.what, row.make, row.expected, slow=True)
 
 
 @dataclass(frozen=True)
@@ -249,7 +256,16 @@ def conv_common_rows(base: Callable[[], dict], cu: str) -> tuple[Row, ...]:
     )
 
 
+def with_bias(inputs: dict) -> None:
+    inputs["bias"] = torch.randn(6, generator=generator(14))
+
+
 CONV_FN_ROWS = conv_common_rows(conv_fn_base, "cu_seqlens") + (
+    Row("a bias", variant(conv_fn_base, with_bias)),
+    Row("a bfloat16 bias with a stride",
+        variant(conv_fn_base, with_bias, bias=lambda b: strided(b.bfloat16()))),
+    Row("a bias for other channels", variant(conv_fn_base, with_bias, bias=lambda b: b[:5]),
+        "causal_conv1d_fn: bias must be a float32, bfloat16 or float16 tensor of shape [C] = [6]"),
     Row("no has_initial_state", variant(conv_fn_base, has_initial_state=None)),
     Row("2-D state_indices", variant(conv_fn_base, state_indices=lambda x: x[:, None]),
         "state_indices must be an int32 or int64 tensor of shape [N] = [3], got"),
@@ -271,6 +287,9 @@ def conv_update_base() -> dict:
 
 
 CONV_UPDATE_ROWS = conv_common_rows(conv_update_base, "query_start_loc") + (
+    Row("a bias", variant(conv_update_base, with_bias)),
+    Row("an integer bias", variant(conv_update_base, with_bias, bias=lambda b: b.int()),
+        "causal_conv1d_update: bias must be None or a float32"),
     Row("int64 num_accepted_tokens", variant(conv_update_base, num_accepted_tokens=long)),
     Row("1-D state_indices", variant(conv_update_base, state_indices=lambda x: x[:, 0])),
     Row("no num_accepted_tokens", variant(conv_update_base, num_accepted_tokens=None)),
@@ -457,6 +476,42 @@ GATED_RMS_NORM_ROWS = (
 )
 
 
+def group_norm_base() -> dict:
+    g = generator(15)
+    return {"x": torch.randn(3, 24, generator=g), "z": torch.randn(3, 24, generator=g),
+            "weight": torch.randn(24, generator=g), "eps": 1e-5, "group_size": 8}
+
+
+GATED_GROUP_RMS_NORM_ROWS = (
+    Row("contiguous float32", group_norm_base),
+    Row("one group", variant(group_norm_base, group_size=24)),
+    Row("x and z with a stride over I", variant(group_norm_base, x=strided, z=strided)),
+    Row("x stored column-major", variant(group_norm_base, x=lambda x: x.t().contiguous().t())),
+    Row("bfloat16 x, z with a float32 weight", variant(group_norm_base, x=bf16, z=bf16)),
+    Row("a group size that does not divide I", variant(group_norm_base, group_size=7),
+        "gated_group_rms_norm: group_size must be a divisor of I = 24, got 7"),
+    Row("group_size 0", variant(group_norm_base, group_size=0), "group_size must be an int >= 1, got 0"),
+    Row("3-D x", variant(group_norm_base, x=lambda x: x.view(3, 3, 8)),
+        "x must be a float32, bfloat16 or float16 tensor of shape [M, I]"),
+    Row("a weight per group", variant(group_norm_base, weight=lambda w: w[:8]),
+        "weight must be a float32, bfloat16 or float16 tensor of shape [I] = [24]"),
+)
+
+
+def relu2_base() -> dict:
+    return {"x": torch.randn(4, 20, generator=generator(16))}
+
+
+RELU2_ROWS = (
+    Row("contiguous float32", relu2_base),
+    Row("bfloat16 x with a stride over rows", variant(relu2_base, x=lambda x: bf16(x)[::2])),
+    Row("x with a stride over H", variant(relu2_base, x=strided)),
+    Row("float64 x", variant(relu2_base, x=lambda x: x.double()), "relu2: x must be a float32"),
+    Row("1-D x", variant(relu2_base, x=lambda x: x[0]),
+        "x must be a float32, bfloat16 or float16 tensor of shape"),
+)
+
+
 # --------------------------------------------------------------------------------------------- MoE
 
 def moe_base() -> dict:
@@ -466,8 +521,20 @@ def moe_base() -> dict:
             "w2": 0.2 * torch.randn(3, 16, 8, generator=g), "topk_weights": weights, "topk_ids": ids}
 
 
+def relu2_experts(inputs: dict) -> None:
+    """Nemotron-H's non-gated experts: w13 holds the up rows only ([E, I, H])."""
+    inputs["w13"] = inputs["w13"][:, :8].contiguous()
+    inputs["activation"] = "relu2"
+
+
 MOE_ROWS = (
     Row("the engines' form: int32 ids, float32, contiguous", moe_base),
+    Row("relu2 experts", variant(moe_base, relu2_experts)),
+    Row("relu2 experts, int64 ids, strided x", variant(moe_base, relu2_experts, topk_ids=long, x=strided)),
+    Row("relu2 experts with a gated w13", variant(moe_base, activation="relu2"),
+        "w2 must be a float32, bfloat16 or float16 tensor of shape [E, H, I] = [3, 16, 16]"),
+    Row("activation 'gelu'", variant(moe_base, activation="gelu"),
+        "fused_moe: activation must be one of ('silu', 'relu2'), got 'gelu'"),
     Row("int64 topk_ids", variant(moe_base, topk_ids=long)),
     Row("x with a stride over H", variant(moe_base, x=strided)),
     Row("w13 and w2 with a stride over their last dim", variant(moe_base, w13=strided, w2=strided)),
@@ -498,6 +565,151 @@ ROUTE_ROWS = (
     Row("top_k 2.0", variant(route_base, top_k=2.0), "top_k must be an int from 1 to 6, got 2.0"),
     Row("renormalize None", variant(route_base, renormalize=None), "renormalize must be True or False"),
     Row("1-D logits", variant(route_base, router_logits=lambda x: x[0]), "router_logits must be"),
+)
+
+
+def sigmoid_route_base() -> dict:
+    g = generator(17)
+    return {"router_logits": torch.randn(4, 8, generator=g), "correction_bias": torch.randn(8, generator=g),
+            "top_k": 2, "n_group": 2, "topk_group": 1, "renormalize": True, "routed_scaling_factor": 2.5}
+
+
+SIGMOID_ROUTE_ROWS = (
+    Row("float32 logits, grouped", sigmoid_route_base),
+    Row("one group, no renormalisation", variant(sigmoid_route_base, n_group=1, renormalize=False, top_k=8)),
+    Row("bfloat16 logits", variant(sigmoid_route_base, router_logits=bf16)),
+    Row("n_group 3", variant(sigmoid_route_base, n_group=3), "n_group must be a divisor of E = 8, got 3"),
+    Row("topk_group over n_group", variant(sigmoid_route_base, topk_group=3),
+        "topk_group must be an int from 1 to 2, got 3"),
+    Row("top_k over the kept groups' experts", variant(sigmoid_route_base, top_k=5),
+        "top_k must be an int from 1 to 4, got 5"),
+    Row("a bias per group", variant(sigmoid_route_base, correction_bias=lambda b: b[:2]),
+        "correction_bias must be a float32, bfloat16 or float16 tensor of shape [E] = [8]"),
+    Row("routed_scaling_factor None", variant(sigmoid_route_base, routed_scaling_factor=None),
+        "routed_scaling_factor must be a float, got None"),
+)
+
+
+# ------------------------------------------------------------------------------------------ Mamba2
+
+def mamba_inputs(seed: int, h: int = 2, p: int = 4, g: int = 1, n: int = 8, lens=(2, 0, 3)) -> dict:
+    """Rows of the given lengths (one empty), a pool of four slots, int32 indices, float32 tensors."""
+    gen = generator(seed)
+    t = sum(lens)
+    return {
+        "x": torch.randn(t, h, p, generator=gen), "dt": F.softplus(torch.randn(t, h, generator=gen)),
+        "A": -torch.rand(h, generator=gen), "B": torch.randn(t, g, n, generator=gen),
+        "C": torch.randn(t, g, n, generator=gen), "D": torch.randn(h, generator=gen),
+        "ssm_state": 0.5 * torch.randn(4, h, p, n, generator=gen),
+        "cu_seqlens": torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
+        "state_indices": torch.tensor([2, 0, 1], dtype=torch.int32),
+    }
+
+
+def ssu_base() -> dict:
+    return {**mamba_inputs(18), "has_initial_state": torch.tensor([True, False, True])}
+
+
+def mamba_groups(inputs: dict) -> None:
+    """Four heads in two groups."""
+    fresh = mamba_inputs(19, h=4, g=2)
+    inputs.update({name: fresh[name] for name in ("x", "dt", "A", "B", "C", "D", "ssm_state")})
+
+
+def mamba_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
+    """Rows both Mamba2 ops share."""
+    return (
+        Row("the engines' form: int32 indices, float32, contiguous", base),
+        slow(Row("int64 cu_seqlens and state_indices", variant(base, cu_seqlens=long, state_indices=long))),
+        Row("bfloat16 x, B, C", variant(base, x=bf16, B=bf16, C=bf16)),
+        slow(Row("bfloat16 dt and D", variant(base, dt=bf16, D=bf16))),
+        slow(Row("bfloat16 ssm_state pool", variant(base, ssm_state=bf16))),
+        Row("x, B, C with a stride over their last dim", variant(base, x=strided, B=strided, C=strided)),
+        slow(Row("dt with a stride over heads", variant(base, dt=strided))),
+        slow(Row("A and D with a stride", variant(base, A=strided, D=strided))),
+        Row("ssm_state with a stride over N (a view of a wider pool)", variant(base, ssm_state=strided)),
+        slow(Row("no has_initial_state", variant(base, has_initial_state=None))),
+        slow(Row("heads in groups (H a multiple of G)", variant(base, mamba_groups))),
+        Row("float64 x", variant(base, x=lambda x: x.double()),
+            "x must be a float32, bfloat16 or float16 tensor of shape [T, H, P], got float64"),
+        Row("H not a multiple of G", variant(base, mamba_groups, B=lambda b: b.repeat(1, 3, 1)[:, :3],
+                                             C=lambda c: c.repeat(1, 3, 1)[:, :3]),
+            "x must be a tensor whose H is a multiple of G = 3, got H = 4"),
+        Row("C with another state size", variant(base, C=lambda c: c[..., :6]),
+            "C must be a float32, bfloat16 or float16 tensor of shape [T, G, Ns] = [5, 1, 8]"),
+        Row("dt of shape [T]", variant(base, dt=lambda d: d[:, 0]), "dt must be"),
+        Row("A per token", variant(base, A=lambda a: a.expand(5, -1)), "A must be"),
+        Row("ssm_state with another P", variant(base, ssm_state=lambda s: s[:, :, :3]),
+            "ssm_state must be a float32, bfloat16 or float16 tensor of shape [S, H, P, Ns] = [*, 2, 4, 8]"),
+        Row("a state of N = 264",
+            variant(base, B=lambda b: b.repeat(1, 1, 33), C=lambda c: c.repeat(1, 1, 33)),
+            "B must be a tensor with Ns <= 256 (the kernels' limit), got Ns = 264"),
+        Row("float cu_seqlens", variant(base, cu_seqlens=lambda x: x.float()),
+            "cu_seqlens must be an int32 or int64 tensor of shape [N+1]"),
+        Row("int16 state_indices", variant(base, state_indices=lambda x: x.short()),
+            "state_indices must be an int32 or int64 tensor"),
+        Row("integer has_initial_state", variant(base, has_initial_state=lambda x: x.int()),
+            "has_initial_state must be None or a bool tensor of shape [N] = [3]"),
+        Row("D on another device", variant(base, D=on_meta), "D must be on the device of the other inputs"),
+    )
+
+
+def mamba_speculative(inputs: dict) -> None:
+    """2-D state_indices (K = 2) with accepted counts, as for the gated delta rule."""
+    speculative(inputs)
+
+
+SSU_ROWS = mamba_common_rows(ssu_base) + (
+    Row("speculative rows: 2-D int64 state_indices, int64 num_accepted_tokens",
+        variant(ssu_base, mamba_speculative)),
+    Row("no accepted counts with 2-D state_indices",
+        variant(ssu_base, mamba_speculative, num_accepted_tokens=None),
+        "num_accepted_tokens must be an int32 or int64 tensor of shape [N] with 2-D state_indices"),
+    Row("accepted counts with 1-D state_indices",
+        variant(ssu_base, num_accepted_tokens=torch.ones(3, dtype=torch.int32)),
+        "num_accepted_tokens must be None with 1-D state_indices"),
+)
+
+
+def ssd_base() -> dict:
+    return {**ssu_base(), "chunk_size": 16, "start_positions": torch.tensor([14, 0, 3], dtype=torch.int32)}
+
+
+def ssd_blocks(inputs: dict) -> None:
+    """States at block boundaries of 16 tokens: row 0 (positions 14, 15) crosses 16 into slot 3."""
+    inputs["block_size"] = 16
+    inputs["block_state_indices"] = torch.tensor([[3, PAD_SLOT_ID], [PAD_SLOT_ID] * 2, [PAD_SLOT_ID] * 2],
+                                                 dtype=torch.int64)
+
+
+def mamba_huge_prefill(inputs: dict) -> None:
+    """Over a million tokens (stride-0 views: the contract reads shapes only)."""
+    t = 1 << 20
+    for name in ("x", "dt", "B", "C"):
+        inputs[name] = inputs[name][:1].expand(t, *inputs[name].shape[1:])
+    inputs["cu_seqlens"] = torch.tensor([0, 1, 1, t], dtype=torch.int32)
+
+
+SSD_ROWS = mamba_common_rows(ssd_base) + (
+    slow(Row("chunk_size 128, no start positions", variant(ssd_base, chunk_size=128, start_positions=None))),
+    slow(Row("int64 start positions", variant(ssd_base, start_positions=long))),
+    Row("states at block boundaries, int64 block_state_indices", variant(ssd_base, ssd_blocks)),
+    Row("chunk_size 256", variant(ssd_base, chunk_size=256),
+        "chunk_size must be one of (16, 32, 64, 128), got 256"),
+    Row("start positions for another row count", variant(ssd_base, start_positions=lambda s: s[:2]),
+        "start_positions must be an int32 or int64 tensor of shape [N] = [3]"),
+    Row("2-D state_indices", variant(ssd_base, state_indices=lambda x: x[:, None]),
+        "state_indices must be an int32 or int64 tensor of shape [N] = [3], got"),
+    Row("block_size not a multiple of chunk_size", variant(ssd_base, ssd_blocks, block_size=24),
+        "block_size must be a multiple of chunk_size = 16 (block boundaries are chunk ends), got 24"),
+    Row("block_size without block_state_indices", variant(ssd_base, ssd_blocks, block_state_indices=None),
+        "block_state_indices must be an int32 or int64 tensor of shape [N, M] with block_size, got None"),
+    Row("block_state_indices without block_size", variant(ssd_base, ssd_blocks, block_size=None),
+        "block_state_indices must be None without block_size"),
+    Row("1-D block_state_indices", variant(ssd_base, ssd_blocks, block_state_indices=lambda b: b[:, 0]),
+        "block_state_indices must be an int32 or int64 tensor of shape [N, M]"),
+    Row("more chunks than a CUDA grid axis takes", variant(ssd_base, mamba_huge_prefill),
+        "x must be short enough that T // chunk_size + 2 N <= 65535"),
 )
 
 
@@ -570,6 +782,10 @@ def _route(*, backend, **inputs):
     return kernels.moe_route(**inputs)
 
 
+def _sigmoid_route(*, backend, **inputs):
+    return kernels.moe_route_sigmoid(**inputs)
+
+
 OPS = {
     "fused_recurrent_gated_delta_rule": Op(kernels.fused_recurrent_gated_delta_rule, RECURRENT_ROWS, 2e-3),
     "chunk_gated_delta_rule": Op(kernels.chunk_gated_delta_rule, CHUNK_ROWS, 5e-3),
@@ -586,6 +802,11 @@ OPS = {
     "fused_moe": Op(kernels.fused_moe, MOE_ROWS, 2e-3),
     # One implementation on every device: its contract is checked once.
     "moe_route": Op(_route, ROUTE_ROWS, 0.0, backends=("torch",)),
+    "moe_route_sigmoid": Op(_sigmoid_route, SIGMOID_ROUTE_ROWS, 0.0, backends=("torch",)),
+    "selective_state_update": Op(kernels.selective_state_update, SSU_ROWS, 2e-3),
+    "ssd_chunk_scan": Op(kernels.ssd_chunk_scan, SSD_ROWS, 5e-3),
+    "gated_group_rms_norm": Op(kernels.gated_group_rms_norm, GATED_GROUP_RMS_NORM_ROWS, 2e-3),
+    "relu2": Op(kernels.relu2, RELU2_ROWS, 2e-3),
     "prepare_inputs": Op(kernels.input_prep.prepare_inputs, PREPARE_ROWS, 0.0),
     "post_update": Op(kernels.input_prep.post_update, POST_ROWS, 0.0),
 }
@@ -642,7 +863,8 @@ def run_refused(op: Op, name: str, row: Row) -> None:
     assert len(messages) == 1, f"the backends refuse with different messages: {messages}"
 
 
-CASES = [pytest.param(name, row, id=f"{name}: {row.what}") for name, op in OPS.items() for row in op.rows]
+CASES = [pytest.param(name, row, id=f"{name}: {row.what}", marks=[pytest.mark.slow] if row.slow else [])
+         for name, op in OPS.items() for row in op.rows]
 
 
 @requires_triton
@@ -686,6 +908,7 @@ def test_the_error_names_the_op_the_argument_what_was_expected_and_what_was_give
 # The Triton modules whose kernels the ops launch, and inputs an op consumes with torch ops on the device
 # before launching (fused_moe sorts its (token, slot) pairs by expert id).
 TRITON_MODULES = (
+    "activation.triton_relu2",
     "attention.triton_paged_attention",
     "conv1d.triton_conv1d",
     "gated_delta_rule.triton_chunk",
@@ -693,6 +916,8 @@ TRITON_MODULES = (
     "input_prep.triton_input_prep",
     "kv_cache.triton_kv_cache",
     "linear.triton_linear",
+    "mamba2.triton_chunk_scan",
+    "mamba2.triton_state_update",
     "moe.triton_moe",
     "norm.triton_rms_norm",
     "verify.triton_greedy_verify",

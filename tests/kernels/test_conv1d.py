@@ -265,3 +265,51 @@ def test_reference_update_batch_invariance_large_batch():
                                  num_accepted_tokens=accepted[target:target + 1], backend="torch")
     assert torch.equal(out[tok], alone)
     assert torch.equal(s_batch[slot], s_alone[slot])
+
+
+# ----------------------------------------------------------------------------------- with a bias
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form", ["fn", "update"])
+def test_bias_exact(backend, form):
+    """Nemotron-H's conv has a bias: out = act(bias + taps), exact on small integers, windows unchanged by
+    it; the same call without a bias gives the bias-free result (existing callers unchanged)."""
+    channels, width, k_spec, length, accepted = 7, 4, 2, 3, 2
+    state = torch.full((2, channels, width - 1 + k_spec), HUGE)
+    state[1] = int_tensor(channels, width - 1 + k_spec)
+    before = state.clone()
+    x, weight, bias = int_tensor(length, channels), int_tensor(channels, width), int_tensor(channels)
+    idx = torch.tensor([1], dtype=torch.int32)
+
+    def run(s, b):
+        if form == "fn":
+            return causal_conv1d_fn(x, weight, s, cu_of([length]), idx, torch.tensor([True]), bias=b,
+                                    activation=None, backend=backend)
+        return causal_conv1d_update(x, weight, s, cu_of([length]), idx,
+                                    num_accepted_tokens=torch.tensor([accepted], dtype=torch.int32), bias=b,
+                                    activation=None, backend=backend)
+
+    out = run(state, bias)
+    plain_state = before.clone()
+    plain = run(plain_state, None)
+    offset = 0 if form == "fn" else accepted - 1
+    expect, _ = manual_conv(before[1, :, offset:offset + width - 1], x, weight)
+    assert torch.equal(plain, expect)
+    assert torch.equal(out, expect + bias[None, :])
+    assert torch.equal(state, plain_state)
+
+
+@requires_triton
+def test_bias_with_silu_triton_matches_reference():
+    lens, channels, width = [5, 0, 3], 20, 4
+    x, weight, bias = torch.randn(sum(lens), channels), torch.randn(channels, width), torch.randn(channels)
+    idx = torch.tensor([2, 0, 1], dtype=torch.int32)
+    has_init = torch.tensor([True, True, False])
+    state = torch.randn(3, channels, width - 1)
+    outs, states = {}, {}
+    for backend in ("torch", "triton"):
+        states[backend] = state.clone()
+        outs[backend] = causal_conv1d_fn(x, weight, states[backend], cu_of(lens), idx, has_init, bias=bias,
+                                         backend=backend)
+    assert_close("out", outs["torch"], outs["triton"], RATIO)
+    assert torch.equal(states["torch"], states["triton"])
