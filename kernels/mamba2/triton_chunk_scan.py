@@ -189,28 +189,32 @@ def ssd_output_kernel(
     # (C_i . B_j) e^{c_i - c_j} dt_j, zero above the diagonal
     b_m = b_m * tl.exp(tl.where(causal, b_cum_i[:, None] - b_cum[None, :], float("-inf"))) * b_dt[None, :]
 
-    b_x = tl.load(x + (t0 + o_t)[:, None] * stride_x_t + i_h * stride_x_h + o_p[None, :],
-                  mask=m_t[:, None] & m_p[None, :], other=0.0).to(tl.float32)            # [BT, BP]
-    b_y = tl.dot(b_m, b_x, input_precision=DOT_PRECISION)                                # [BI, BP]
+    # The start state's part first, e^{c_i} C_i . S_start, as the accumulator of the intra-chunk product.
     p_h = h_buf + (bos // BT + 2 * i_n + i_c) * H * P * N + i_h * P * N
     b_h = tl.load(p_h + o_p[:, None] * N + o_n[None, :], mask=m_p[:, None] & m_n[None, :], other=0.0)
-    b_off = tl.dot(b_c.to(tl.float32), tl.trans(b_h), input_precision=DOT_PRECISION)    # [BI, BP]
+    b_ce = b_c.to(tl.float32) * tl.exp(b_cum_i)[:, None]                                # [BI, BN]
+    b_y = tl.dot(b_ce, tl.trans(b_h), input_precision=DOT_PRECISION)                    # [BI, BP]
+    b_x = tl.load(x + (t0 + o_t)[:, None] * stride_x_t + i_h * stride_x_h + o_p[None, :],
+                  mask=m_t[:, None] & m_p[None, :], other=0.0).to(tl.float32)            # [BT, BP]
+    b_y = tl.dot(b_m, b_x, b_y, input_precision=DOT_PRECISION)                          # [BI, BP]
     m_y = m_i[:, None] & m_p[None, :]
     b_xi = tl.load(x + (t0 + o_i)[:, None] * stride_x_t + i_h * stride_x_h + o_p[None, :],
                    mask=m_y, other=0.0).to(tl.float32)                                   # [BI, BP]
-    b_y += tl.exp(b_cum_i)[:, None] * b_off + tl.load(D + i_h).to(tl.float32) * b_xi
+    b_y += tl.load(D + i_h).to(tl.float32) * b_xi
     tl.store(y + (t0 + o_i)[:, None] * H * P + i_h * P + o_p[None, :], b_y.to(y.dtype.element_ty), mask=m_y)
 
 
 def launch_config(p: int, n: int, chunk_size: int, lowp: bool) -> dict:
-    """Block sizes and warps (shared with kernels/mamba2/compile_cases.py). The state kernel splits N
-    (the update is independent per state column) and the output kernel P, to keep each program's
-    tiles in registers (python -m kernels.compile_check --match mamba2)."""
+    """Block sizes and warps (shared with kernels/mamba2/compile_cases.py). The state kernel splits P
+    and N (the update is independent per state entry), the output kernel P and the chunk's query
+    tokens, to keep each program's tiles in registers: at the released shapes neither spills on
+    sm_80 or sm_90 with 16-bit inputs (python -m kernels.compile_check --match mamba2); wider output
+    tiles made ptxas fall back to a 32-register allocation with kilobytes of stack on sm_80."""
     bn = max(16, triton.next_power_of_2(n))  # tl.dot takes dimensions of 16 and more
     bp = max(16, triton.next_power_of_2(p))
     return {
-        "state": {"BP": min(bp, 64), "BN": min(bn, 32), "num_warps": 4, "num_stages": 2},
-        "output": {"BI": min(chunk_size, 64), "BP": min(bp, 32), "BN": bn, "num_warps": 4, "num_stages": 2},
+        "state": {"BP": min(bp, 32), "BN": 16, "num_warps": 4, "num_stages": 2},
+        "output": {"BI": 16, "BP": min(bp, 32), "BN": bn, "num_warps": 4, "num_stages": 2},
         "DOT_PRECISION": "tf32x3",
         "LOWP_CB": lowp,
     }
