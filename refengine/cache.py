@@ -14,15 +14,13 @@ from __future__ import annotations
 import torch
 
 from refengine.model.cache_specs import PagedKV, RecurrentState
-from refengine.model.config import FULL, ModelConfig
-from refengine.model.mixers import mixer_class
-from refengine.model.qwen3_next import MTP_CACHE_KEY
+from refengine.model.registry import cache_specs
 
 
 class ModelCaches:
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg,  # the model's config view (its family says what each layer caches)
         num_kv_blocks: int,
         block_size: int,
         num_state_slots: int,
@@ -36,17 +34,13 @@ class ModelCaches:
         self.kv: dict = {}  # layer idx | "mtp" -> (k_cache, v_cache), each [blocks, block_size, Hkv, D]
         self.states: dict = {}  # layer idx -> state tensors, each [S, ...] (GDN: conv [S, C, W-1+K],
         #                         ssm fp32)
-        for i, layer_type in enumerate(cfg.layer_types):
-            spec = mixer_class(layer_type).cache_spec(cfg, num_speculative_tokens)
+        for key, spec in cache_specs(cfg, num_speculative_tokens, drafter_kv).items():
             if isinstance(spec, PagedKV):
-                self.kv[i] = spec.allocate(num_kv_blocks + 1, block_size, dtype, device)
+                self.kv[key] = spec.allocate(num_kv_blocks + 1, block_size, dtype, device)
             elif isinstance(spec, RecurrentState):
-                self.states[i] = spec.allocate(num_state_slots, dtype, device)
+                self.states[key] = spec.allocate(num_state_slots, dtype, device)
             else:
-                raise TypeError(f"layer {i} ({layer_type}): unknown cache declaration {type(spec).__name__}")
-        if drafter_kv:
-            spec = mixer_class(FULL).cache_spec(cfg, num_speculative_tokens)
-            self.kv[MTP_CACHE_KEY] = spec.allocate(num_kv_blocks + 1, block_size, dtype, device)
+                raise TypeError(f"cache {key!r}: unknown cache declaration {type(spec).__name__}")
 
     def save_checkpoint(self, slots: list[int], column: int, dst: int) -> None:
         """Copy the state after a step's token ``column`` of the request owning ``slots`` (s_0..s_K) into

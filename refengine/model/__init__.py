@@ -1,4 +1,5 @@
-"""The Qwen3-Next / Qwen3.5 hybrid model, its configuration and its checkpoint loader."""
+"""The model families (registry.py: Qwen3-Next / Qwen3.5, Nemotron-H), their configurations and the
+checkpoint loader."""
 
 from refengine.model.config import ModelConfig
 from refengine.model.loader import CheckpointError, load_model

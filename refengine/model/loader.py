@@ -1,4 +1,9 @@
-"""Load a HF-format safetensors checkpoint (Qwen3-Next or Qwen3.5 layout) into the model."""
+"""Load a HF-format safetensors checkpoint (single file or sharded) into its family's model.
+
+The family (``refengine.model.registry``) is found from config.json's ``model_type``; it supplies the
+config view, the model class and the weight-name mapping. Everything else here (files, shards,
+missing / unexpected / misshapen / non-finite tensors) is the same for every family.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +15,26 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from refengine.model.config import FULL, LINEAR, ModelConfig, layer_types_given
-from refengine.model.qwen3_next import Qwen3NextForCausalLM
+from refengine.model.qwen3_next_weights import (  # noqa: F401 (the Qwen layout helpers' old home)
+    EXPERT_RE,
+    FUSED_EXPERTS,
+    GDN_RE,
+    IGNORED_PREFIXES,
+    LAYER_ATTENTION_RE,
+    MTP_LAYER_RE,
+    WRAPPER_PREFIX,
+    expected_checkpoint_shapes,
+    merge_ba,
+    merge_qkvz,
+    split_ba,
+    split_qkvz,
+)
 from refengine.model.weights_check import CheckpointError, check_finite
 
 CONFIG_NAME = "config.json"
 SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-WRAPPER_PREFIX = "model.language_model."  # Qwen3.5 multimodal wrapper
-IGNORED_PREFIXES = ("model.visual.", "visual.")
-GDN_RE = re.compile(r"^(model\.layers\.\d+\.linear_attn\.)(in_proj_qkvz|in_proj_ba|conv1d)\.weight$")
-MTP_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.")
-LAYER_ATTENTION_RE = re.compile(r"^model\.layers\.(\d+)\.(linear_attn|self_attn)\.")
-# Routed experts on disk: per expert (as transformers writes them) or fused (as it holds them).
-EXPERT_RE = re.compile(r"^(.*\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-FUSED_EXPERTS = ("gate_up_proj", "down_proj")  # [E, 2Ie, H] (rows [gate | up]), [E, H, Ie]
 
 
 # Checkpoint dtype names (config.json "dtype" / "torch_dtype") the engines run in.
@@ -95,29 +103,34 @@ def _first_float_dtype(root: Path) -> str | None:
 def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
     allow_non_finite: bool = False,
-) -> tuple[Qwen3NextForCausalLM, ModelConfig]:
-    """Build the model from ``path/config.json`` and its safetensors weights (single file or sharded).
+) -> tuple[torch.nn.Module, object]:
+    """Build the model of ``path/config.json``'s family from its safetensors weights (single file or
+    sharded). Returns (model, config view).
 
-    Every error names tensors as the file does (a Qwen3.5 wrapper's ``model.language_model.`` prefix
-    included) and the weights are checked for NaN/Inf as read, before any fusing or dtype conversion.
+    Every error names tensors as the file does (a Qwen3.5 wrapper's ``model.language_model.`` or a
+    Nemotron-H ``backbone.`` prefix included) and the weights are checked for NaN/Inf as read, before
+    any fusing or dtype conversion.
     """
+    from refengine.model.registry import family_for
+
     root = Path(path)
     raw = read_config_json(root)
     cfg = parse_config(raw, root / CONFIG_NAME)
-    tensors, file_names = _read_tensors(root)
-    cfg.num_mtp_layers = _count_mtp_layers(tensors)
+    weights = family_for(cfg.model_type).weights
+    tensors, file_names = _read_tensors(root, weights.model_name)
+    weights.prepare(cfg, tensors)
 
     with torch.device("meta"):
-        model = Qwen3NextForCausalLM(cfg)
-    expected = expected_checkpoint_shapes(model, cfg, set(tensors))
-    layer_types_note = "" if layer_types_given(raw) else _derived_layer_types_note(tensors, cfg)
-    _check_names_and_shapes(tensors, expected, cfg, file_names, layer_types_note)
+        model = family_for(cfg.model_type).model_class(cfg)
+    expected = weights.expected_shapes(model, cfg, set(tensors))
+    note = weights.mismatch_note(raw, tensors, cfg)
+    _check_names_and_shapes(tensors, expected, cfg, file_names, weights, note)
     # NaN/Inf weights make every output meaningless; checked by the file's names and dtypes.
     check_finite({file_names[name]: t for name, t in tensors.items()}, dtype, allow_non_finite)
 
     state = {}
-    for name, tensor in _to_model_layout(tensors, cfg).items():
-        state[name] = tensor.to(device=device, dtype=dtype)
+    for name, tensor in weights.to_model_layout(tensors, cfg).items():
+        state[name] = tensor.to(device=device, dtype=torch.float32 if weights.keep_fp32(name) else dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
@@ -127,9 +140,9 @@ def load_model(
     return model.eval(), cfg
 
 
-def read_config(root: Path) -> ModelConfig:
-    """Parse ``config.json`` into a ModelConfig; CheckpointError names the folder or file when it is
-    unusable."""
+def read_config(root: Path):
+    """Parse ``config.json`` into its family's config view; CheckpointError names the folder or file
+    when it is unusable."""
     return parse_config(read_config_json(root), root / CONFIG_NAME)
 
 
@@ -151,10 +164,14 @@ def read_config_json(root: Path) -> dict:
         raise CheckpointError(f"invalid JSON in {file}: {exc}") from exc
 
 
-def parse_config(raw: dict, file: Path) -> ModelConfig:
-    """A ModelConfig from config.json's contents; CheckpointError names ``file`` when they are unusable."""
+def parse_config(raw: dict, file: Path):
+    """The config view of config.json's family; CheckpointError names ``file`` when it is unusable."""
+    from refengine.model.registry import family_for
+
     try:
-        return ModelConfig.from_hf_config(raw)
+        if not isinstance(raw, dict):
+            raise TypeError(f"config: expected a JSON object, got {type(raw).__name__}")
+        return family_for(raw.get("model_type")).config_from_dict(raw)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"invalid {file}: {exc}") from exc
 
@@ -183,8 +200,8 @@ def _weight_files(root: Path) -> list[Path]:
     raise CheckpointError(f"no {SINGLE_NAME} or {INDEX_NAME} in {root}")
 
 
-def _read_tensors(root: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """All tensors as read, by model name (wrapper prefix stripped, vision tower dropped), and each
+def _read_tensors(root: Path, model_name) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """All tensors as read, by model name (``model_name(key)``; None skips the tensor), and each
     model name's tensor name in the file (for error messages)."""
     tensors: dict[str, torch.Tensor] = {}
     file_names: dict[str, str] = {}
@@ -192,9 +209,9 @@ def _read_tensors(root: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         try:
             with safe_open(str(file), framework="pt") as reader:
                 for key in reader.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                    if key.startswith(IGNORED_PREFIXES):
+                    name = model_name(key)
+                    if name is None:
                         continue
-                    name = _model_name(key)
                     if name in tensors:
                         raise CheckpointError(f"tensor {key} appears twice (again in {file.name})")
                     tensors[name], file_names[name] = reader.get_tensor(key), key
@@ -205,88 +222,27 @@ def _read_tensors(root: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, file_names
 
 
-def _model_name(key: str) -> str:
-    """A file's tensor name as the model names it: a Qwen3.5 wrapper's ``model.language_model.`` ->
-    ``model.``."""
-    return "model." + key[len(WRAPPER_PREFIX):] if key.startswith(WRAPPER_PREFIX) else key
-
-
-def _as_in_file(names: list[str], file_names: dict[str, str]) -> list[str]:
-    """Model tensor names as the file names them: its own key where it holds the tensor, else in the
-    file's convention (wrapped when any of its tensors is)."""
-    wrapped = any(key.startswith(WRAPPER_PREFIX) for key in file_names.values())
-
-    def as_in_file(name: str) -> str:
-        if name in file_names:
-            return file_names[name]
-        return WRAPPER_PREFIX + name[len("model."):] if wrapped and name.startswith("model.") else name
-
-    return [as_in_file(name) for name in names]
-
-
-def _count_mtp_layers(tensors: dict[str, torch.Tensor]) -> int:
-    """1 + the highest mtp.layers.{n} index; 1 when only mtp.* non-layer tensors exist (reported missing)."""
-    indices = [int(m.group(1)) for m in map(MTP_LAYER_RE.match, tensors) if m]
-    if indices:
-        return max(indices) + 1
-    return 1 if any(name.startswith("mtp.") for name in tensors) else 0
-
-
-def expected_checkpoint_shapes(
-    model: Qwen3NextForCausalLM, cfg: ModelConfig, names: set[str] | None = None
-) -> dict[str, tuple[int, ...]]:
-    """Names and shapes the checkpoint must hold, in its on-disk layout.
-
-    Routed experts are expected per expert unless ``names`` (the checkpoint's tensor names) holds
-    the fused ``experts.gate_up_proj`` of that layer.
-    """
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    for name in [n for n in shapes if n.endswith(".mlp.experts.gate_up_proj")]:
-        prefix = name[: -len("gate_up_proj")]
-        if names is not None and name in names:
-            continue
-        num_experts, two_i, hidden = shapes.pop(name)
-        del shapes[prefix + "down_proj"]
-        for e in range(num_experts):
-            shapes[f"{prefix}{e}.gate_proj.weight"] = (two_i // 2, hidden)
-            shapes[f"{prefix}{e}.up_proj.weight"] = (two_i // 2, hidden)
-            shapes[f"{prefix}{e}.down_proj.weight"] = (hidden, two_i // 2)
-    if cfg.tie_word_embeddings:
-        del shapes["lm_head.weight"]
-    hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    dk, dv, hidden = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.hidden_size
-    for i in cfg.linear_layer_ids:
-        prefix = f"model.layers.{i}.linear_attn."
-        shapes[prefix + "conv1d.weight"] = (cfg.gdn_conv_dim, 1, cfg.linear_conv_kernel_dim)
-        if cfg.gdn_layout == "qkvz":
-            for part in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
-                del shapes[prefix + part + ".weight"]
-            shapes[prefix + "in_proj_qkvz.weight"] = (2 * hk * dk + 2 * hv * dv, hidden)
-            shapes[prefix + "in_proj_ba.weight"] = (2 * hv, hidden)
-    return shapes
-
-
 def _check_names_and_shapes(
-    tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], cfg: ModelConfig,
-    file_names: dict[str, str], layer_types_note: str = "",
+    tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], cfg,
+    file_names: dict[str, str], weights, layer_types_note: str = "",
 ) -> None:
     """Refuse missing, unexpected, misshaped and non-float tensors, naming them as the file does;
     ``layer_types_note`` is added to missing / unexpected tensor errors."""
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
         # Some tied checkpoints still store the head; accept it only if it is the embedding.
         head = tensors.pop("lm_head.weight")
-        embed = tensors.get("model.embed_tokens.weight")
+        embed = tensors.get(weights.embed_name)
         if embed is None or head.shape != embed.shape or not torch.equal(head, embed):
             raise CheckpointError("unexpected tensor lm_head.weight: tie_word_embeddings is true")
-    missing = _as_in_file(sorted(set(expected) - set(tensors)), file_names)
+    missing = weights.as_in_file(sorted(set(expected) - set(tensors)), file_names)
     if missing:
         raise CheckpointError(f"missing tensor {missing[0]}" + _more(missing) + layer_types_note)
-    unexpected = _as_in_file(sorted(set(tensors) - set(expected)), file_names)
+    unexpected = weights.as_in_file(sorted(set(tensors) - set(expected)), file_names)
     if unexpected:
         raise CheckpointError(f"unexpected tensor {unexpected[0]}" + _more(unexpected) + layer_types_note)
     for name, shape in expected.items():
         got = tuple(tensors[name].shape)
-        conv_2d = name.endswith("conv1d.weight") and got == (shape[0], shape[2])
+        conv_2d = name.endswith("conv1d.weight") and len(shape) == 3 and got == (shape[0], shape[2])
         if got != shape and not conv_2d:
             raise CheckpointError(f"tensor {file_names[name]} has shape {list(got)}, expected {list(shape)}")
         if not tensors[name].is_floating_point():
@@ -295,96 +251,5 @@ def _check_names_and_shapes(
             )
 
 
-def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> str:
-    """For a config.json without ``layer_types`` (transformers then derives them from
-    ``full_attention_interval``): a note naming the first layer whose tensors say otherwise, "" when
-    they agree."""
-    held: dict[int, str] = {}
-    for match in map(LAYER_ATTENTION_RE.match, tensors):
-        if match is not None:
-            held[int(match.group(1))] = LINEAR if match.group(2) == "linear_attn" else FULL
-    for i, derived in enumerate(cfg.layer_types):
-        if held.get(i, derived) != derived:
-            return (
-                f"; config.json has no layer_types, so transformers derived them from "
-                f"full_attention_interval ({derived} for layer {i}), but the tensors make layer {i} "
-                f"{held[i]}: add layer_types to config.json"
-            )
-    return ""
-
-
 def _more(names: list[str]) -> str:
     return f" (and {len(names) - 1} more: {', '.join(names[1:6])})" if len(names) > 1 else ""
-
-
-def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Disk names/layout -> model names/layout (GDN split projections, conv weight [C, W], fused experts)."""
-    out: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}  # "...mlp.experts." -> (e, part) -> weight
-    for name, tensor in tensors.items():
-        m = EXPERT_RE.match(name)
-        if m is not None:
-            prefix, e, part = m.groups()
-            experts.setdefault(prefix, {})[(int(e), part)] = tensor
-            continue
-        m = GDN_RE.match(name)
-        if m is None:
-            out[name] = tensor
-            continue
-        prefix, part = m.groups()
-        if part == "conv1d":
-            out[name] = tensor.reshape(tensor.shape[0], tensor.shape[-1])
-        elif part == "in_proj_qkvz":
-            qkv, z = split_qkvz(tensor, cfg)
-            out[prefix + "in_proj_qkv.weight"], out[prefix + "in_proj_z.weight"] = qkv, z
-        else:
-            b, a = split_ba(tensor, cfg)
-            out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = b, a
-    for prefix, parts in experts.items():
-        count = 1 + max(e for e, _ in parts)
-        gate_up = [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]], dim=0) for e in range(count)]
-        out[prefix + "gate_up_proj"] = torch.stack(gate_up)
-        out[prefix + "down_proj"] = torch.stack([parts[(e, "down_proj")] for e in range(count)])
-    return out
-
-
-def split_qkvz(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-Next in_proj_qkvz [Hk*(2Dk+2rDv), H] (per key-head group: q, k, v_g, z_g)
-    -> in_proj_qkv [2HkDk+HvDv, H] (rows [all q | all k | all v]) and in_proj_z [HvDv, H]."""
-    hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    r = cfg.linear_num_value_heads // hk
-    grouped = weight.reshape(hk, 2 * dk + 2 * r * dv, weight.shape[-1])
-    q, k, v, z = torch.split(grouped, [dk, dk, r * dv, r * dv], dim=1)
-    flat = [t.reshape(-1, weight.shape[-1]) for t in (q, k, v, z)]
-    return torch.cat(flat[:3], dim=0).contiguous(), flat[3].contiguous()
-
-
-def split_ba(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-Next in_proj_ba [2Hv, H] (per key-head group: b_g (r), a_g (r)) -> in_proj_b,
-    in_proj_a [Hv, H]."""
-    hk = cfg.linear_num_key_heads
-    r = cfg.linear_num_value_heads // hk
-    grouped = weight.reshape(hk, 2 * r, weight.shape[-1])
-    b, a = torch.split(grouped, [r, r], dim=1)
-    return b.reshape(-1, weight.shape[-1]).contiguous(), a.reshape(-1, weight.shape[-1]).contiguous()
-
-
-def merge_qkvz(qkv: torch.Tensor, z: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """Inverse of split_qkvz: Qwen3.5 in_proj_qkv / in_proj_z -> Qwen3-Next in_proj_qkvz."""
-    hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    r, hidden = cfg.linear_num_value_heads // hk, qkv.shape[-1]
-    q, k, v = torch.split(qkv, [hk * dk, hk * dk, hk * r * dv], dim=0)
-    parts = [q.reshape(hk, dk, hidden), k.reshape(hk, dk, hidden),
-             v.reshape(hk, r * dv, hidden), z.reshape(hk, r * dv, hidden)]
-    return torch.cat(parts, dim=1).reshape(-1, hidden).contiguous()
-
-
-def merge_ba(b: torch.Tensor, a: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """Inverse of split_ba: in_proj_b / in_proj_a [Hv, H] -> Qwen3-Next in_proj_ba [2Hv, H]."""
-    hk, hidden = cfg.linear_num_key_heads, b.shape[-1]
-    r = cfg.linear_num_value_heads // hk
-    return (
-        torch.cat([b.reshape(hk, r, hidden), a.reshape(hk, r, hidden)], dim=1)
-        .reshape(-1, hidden)
-        .contiguous()
-    )

@@ -51,6 +51,9 @@ def add_mtp_head(src: str | Path, dst: str | Path) -> dict[str, str]:
     head tensor's name -> where it came from (a SRC tensor, or how it was made)."""
     src, dst = Path(src), Path(dst)
     cfg = read_config(src)  # CheckpointError when SRC is not a checkpoint folder
+    if not isinstance(cfg, ModelConfig):
+        raise CheckpointError(f"add-mtp-head makes a Qwen3-Next / Qwen3.5 MTP head; {src} is a "
+                              f"{cfg.model_type} checkpoint")
     files = weight_map(src)
     if any(name.startswith(MTP_PREFIX) for name in files):
         raise CheckpointError(f"{src} already has an MTP head (mtp.* tensors); nothing to add")

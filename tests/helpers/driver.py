@@ -1,6 +1,6 @@
 """A minimal batch driver for model tests: one prefill step, then greedy decode steps.
 
-Each sequence i owns GDN state slot i and KV blocks ``[i*B, (i+1)*B)`` (contiguous assignment).
+Each sequence i owns recurrent state slot i and KV blocks ``[i*B, (i+1)*B)`` (contiguous assignment).
 This is only scaffolding to exercise the model; the real engine lives in refengine/.
 """
 
@@ -9,14 +9,15 @@ from __future__ import annotations
 import torch
 
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
-from refengine.model import MTP_CACHE_KEY, ModelConfig, Qwen3NextForCausalLM
+from refengine.model.cache_specs import PagedKV
+from refengine.model.registry import cache_specs
 
 
 class Driver:
     def __init__(
         self,
-        model: Qwen3NextForCausalLM,
-        cfg: ModelConfig,
+        model,
+        cfg,
         num_seqs: int,
         max_len: int,
         block_size: int = 16,
@@ -28,25 +29,12 @@ class Driver:
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
         num_blocks = num_seqs * self.blocks_per_seq
-        kv_shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = {
-            i: (
-                torch.zeros(kv_shape, dtype=dtype, device=device),
-                torch.zeros(kv_shape, dtype=dtype, device=device),
-            )
-            for i in cfg.full_layer_ids
-        }
-        if model.mtp is not None:
-            self.kv_caches[MTP_CACHE_KEY] = tuple(
-                torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(2)
-            )
-        conv_shape = (num_seqs, cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1 + num_spec)
-        ssm_shape = (num_seqs, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-        self.states = {
-            i: (torch.zeros(conv_shape, dtype=dtype, device=device),
-                torch.zeros(ssm_shape, dtype=torch.float32, device=device))
-            for i in cfg.linear_layer_ids
-        }
+        self.kv_caches, self.states = {}, {}  # as the model's family declares them (the drafter's KV too)
+        for key, spec in cache_specs(cfg, num_spec, drafter_kv=model.mtp is not None).items():
+            if isinstance(spec, PagedKV):
+                self.kv_caches[key] = spec.allocate(num_blocks, block_size, dtype, device)
+            else:
+                self.states[key] = spec.allocate(num_seqs, dtype, device)
         self.device = device
         self.block_table = torch.arange(num_blocks, dtype=torch.int32).view(num_seqs, self.blocks_per_seq)
         self.lengths = [0] * num_seqs  # tokens already in the caches per sequence
@@ -110,7 +98,7 @@ class Driver:
 
 
 def greedy_generate(
-    model: Qwen3NextForCausalLM, cfg: ModelConfig, prompts: list[list[int]], max_new_tokens: int,
+    model, cfg, prompts: list[list[int]], max_new_tokens: int,
     chunked: bool = False,
 ) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
     """Batched greedy decoding: one prefill step, then ``max_new_tokens - 1`` decode steps.

@@ -20,3 +20,18 @@ def tiny_checkpoint(tmp_path_factory):
         return written[preset]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_nemotron(tmp_path_factory):
+    """``tiny_nemotron(preset) -> Path``: a Nemotron-H checkpoint transformers wrote, once per session."""
+    from tests.helpers.nemotron_checkpoints import write_checkpoint as write_nemotron
+
+    written: dict[str, Path] = {}
+
+    def get(preset: str) -> Path:
+        if preset not in written:
+            written[preset] = write_nemotron(tmp_path_factory.mktemp(preset), preset)
+        return written[preset]
+
+    return get

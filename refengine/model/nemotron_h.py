@@ -1,0 +1,217 @@
+"""The Nemotron-H decoder: one pre-norm block per layer, each holding one mixer chosen by its letter.
+
+``M`` Mamba2 (refengine/model/mamba2.py), ``*`` attention (GQA, no RoPE, no q/k norm, no gate),
+``-`` relu² MLP, ``E`` MoE (sigmoid router with a score-correction bias, grouped top-k, routed
+scaling, non-gated relu² experts, optional latent projections, a relu² shared expert). Every block is
+``x + mixer(norm(x))`` with a plain-weight RMSNorm; then ``norm_f`` and an untied ``lm_head``.
+
+Parameter names follow transformers' in-memory names (``model.embeddings``, ``model.layers.{i}.norm``,
+``model.layers.{i}.mixer...``, ``model.norm_f``, ``lm_head``; routed experts stacked as
+``mixer.experts.up_proj [E, Ie, Lt]`` and ``mixer.experts.down_proj [E, Lt, Ie]``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from refengine.forward_context import ForwardContext
+from refengine.model.cache_specs import PagedKV
+from refengine.model.layers import Linear, RMSNorm
+from refengine.model.mamba2 import Mamba2Mixer
+from refengine.model.nemotron_h_config import ATTENTION, MAMBA, MLP, MOE, NemotronHModelConfig
+
+
+class Attention(nn.Module):
+    """Plain GQA over the paged KV cache: no positional encoding, scale D^-0.5.
+
+    Cache: ``ctx.kv_caches[cache_key] = (k_cache, v_cache)``, each [blocks, block_size, Hkv, D].
+    """
+
+    @staticmethod
+    def cache_spec(cfg: NemotronHModelConfig, num_speculative_tokens: int) -> PagedKV:
+        return PagedKV(cfg.num_key_value_heads, cfg.head_dim)
+
+    def __init__(self, cfg: NemotronHModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads  # Hq
+        self.num_kv_heads = cfg.num_key_value_heads  # Hkv
+        self.head_dim = d = cfg.head_dim  # D
+        self.scale = d**-0.5
+        hidden = cfg.hidden_size
+        self.q_proj = Linear(hidden, self.num_heads * d)  # [Hq*D, H]
+        self.k_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
+        self.v_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
+        self.o_proj = Linear(self.num_heads * d, hidden)  # [H, Hq*D]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                cache_key: int | str) -> torch.Tensor:  # x [T, H] -> [T, H]; positions are not used
+        num_tokens, d = x.shape[0], self.head_dim
+        q = self.q_proj(x).view(num_tokens, self.num_heads, d).contiguous()  # [T, Hq, D]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d).contiguous()  # [T, Hkv, D]
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, d).contiguous()  # [T, Hkv, D]
+        attn = ctx.attn
+        k_cache, v_cache = ctx.kv_caches[cache_key]
+        kernels.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        o = kernels.paged_attention(
+            q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_table, scale=self.scale
+        )  # [T, Hq, D]
+        return self.o_proj(o.reshape(num_tokens, self.num_heads * d))
+
+
+class ReluSquaredMLP(nn.Module):
+    """down(relu²(up(x)))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.up_proj = Linear(hidden_size, intermediate_size)  # [I, H]
+        self.down_proj = Linear(intermediate_size, hidden_size)  # [H, I]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.down_proj(kernels.relu2(self.up_proj(x)))
+
+
+class Router(nn.Module):
+    """Sigmoid router: ``weight [E, H]`` and ``e_score_correction_bias [E]``, both float32 (as transformers
+    keeps them); logits are computed in float32."""
+
+    def __init__(self, cfg: NemotronHModelConfig) -> None:
+        super().__init__()
+        experts = cfg.n_routed_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.n_group, self.topk_group = cfg.n_group, cfg.topk_group
+        self.renormalize = cfg.norm_topk_prob
+        self.scaling = cfg.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(experts, cfg.hidden_size))  # [E, H]
+        self.e_score_correction_bias = nn.Parameter(torch.empty(experts))  # [E]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> ([T, K] fp32, int32)
+        logits = kernels.linear(x.float(), self.weight.float())  # [T, E] float32
+        return kernels.moe_route_sigmoid(
+            logits, self.e_score_correction_bias, self.top_k, n_group=self.n_group,
+            topk_group=self.topk_group, renormalize=self.renormalize, routed_scaling_factor=self.scaling,
+        )
+
+
+class Experts(nn.Module):
+    """Non-gated relu² experts, stacked: ``up_proj [E, Ie, Lt]``, ``down_proj [E, Lt, Ie]``."""
+
+    def __init__(self, width: int, num_experts: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate_size, width))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, width, intermediate_size))
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        return kernels.fused_moe(x, self.up_proj, self.down_proj, topk_weights, topk_ids,
+                                 activation="relu2")  # [T, Lt]
+
+
+class MoE(nn.Module):
+    """Routed experts (on the latent projection of x when the model has one) plus the shared expert on x."""
+
+    def __init__(self, cfg: NemotronHModelConfig) -> None:
+        super().__init__()
+        hidden = cfg.hidden_size
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg.experts_width, cfg.n_routed_experts, cfg.moe_intermediate_size)
+        self.shared_experts = ReluSquaredMLP(hidden, cfg.moe_shared_expert_intermediate_size)
+        if cfg.moe_latent_size is not None:
+            self.fc1_latent_proj = Linear(hidden, cfg.moe_latent_size)  # [Lt, H]
+            self.fc2_latent_proj = Linear(cfg.moe_latent_size, hidden)  # [H, Lt]
+        else:
+            self.fc1_latent_proj = self.fc2_latent_proj = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        topk_weights, topk_ids = self.gate(x)
+        h = x if self.fc1_latent_proj is None else self.fc1_latent_proj(x)  # [T, Lt]
+        h = self.experts(h, topk_weights, topk_ids)
+        if self.fc2_latent_proj is not None:
+            h = self.fc2_latent_proj(h)
+        return h + self.shared_experts(x)
+
+
+# block kind -> (mixer class, reads the step's context)
+BLOCKS: dict[str, tuple[type, bool]] = {
+    MAMBA: (Mamba2Mixer, True),
+    ATTENTION: (Attention, True),
+    MLP: (ReluSquaredMLP, False),
+    MOE: (MoE, False),
+}
+
+
+def _make_mixer(cfg: NemotronHModelConfig, kind: str) -> nn.Module:
+    if kind == MLP:
+        return ReluSquaredMLP(cfg.hidden_size, cfg.intermediate_size)
+    return BLOCKS[kind][0](cfg)
+
+
+class Block(nn.Module):
+    """x + mixer(norm(x))."""
+
+    def __init__(self, cfg: NemotronHModelConfig, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.uses_context = BLOCKS[kind][1]
+        self.norm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon, zero_centered=False)  # weight [H]
+        self.mixer = _make_mixer(cfg, kind)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                cache_key: int | str) -> torch.Tensor:  # [T, H] -> [T, H]
+        h = self.norm(x)
+        h = self.mixer(h, positions, ctx, cache_key) if self.uses_context else self.mixer(h)
+        return x + h
+
+
+class NemotronHModel(nn.Module):
+    """Embedding, blocks, final norm (prefix ``model.``)."""
+
+    def __init__(self, cfg: NemotronHModelConfig) -> None:
+        super().__init__()
+        # weight [V, H]; given explicitly so no initialiser runs (the loader assigns real weights).
+        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                       _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(Block(cfg, kind) for kind in cfg.block_kinds)
+        self.norm_f = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon, zero_centered=False)  # weight [H]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:  # [T] int64 -> [T, H] post norm_f
+        x = self.embeddings(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, ctx, i)
+        return self.norm_f(x)
+
+
+class NemotronHForCausalLM(nn.Module):
+    """Top-level model: ``forward`` returns final-norm hidden states, ``compute_logits`` the logits."""
+
+    mtp = None  # no draft head: the family has none here
+
+    def __init__(self, cfg: NemotronHModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = NemotronHModel(cfg)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)  # weight [V, H]
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embeddings.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:  # [T] int64 -> hidden [T, H]
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [M, H] -> [M, V] float32
+        return self.lm_head(hidden).float()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embeddings.weight
+
+
+def cache_specs(cfg: NemotronHModelConfig, num_speculative_tokens: int) -> dict[int, object]:
+    """Layer index -> its mixer's cache declaration; '-' and 'E' blocks have none."""
+    out = {}
+    for i, kind in enumerate(cfg.block_kinds):
+        mixer, uses_context = BLOCKS[kind]
+        if uses_context:
+            out[i] = mixer.cache_spec(cfg, num_speculative_tokens)
+    return out

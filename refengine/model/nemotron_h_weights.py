@@ -1,0 +1,106 @@
+"""How Nemotron-H checkpoints name and lay out their tensors, and how the model holds them.
+
+On disk (the released layout, which transformers' ``save_pretrained`` writes too): ``backbone.*``,
+routed experts per expert (``mixer.experts.{e}.up_proj.weight [Ie, Lt]``, ``down_proj.weight [Lt, Ie]``),
+the conv weight as [C, 1, W]. Also accepted: ``model.*`` names and experts stacked as transformers
+holds them (``mixer.experts.up_proj [E, Ie, Lt]``, ``mixer.experts.down_proj [E, Lt, Ie]``). ``mtp.*``
+tensors are skipped, as transformers skips them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from refengine.model.nemotron_h_config import NemotronHModelConfig
+
+DISK_PREFIX = "backbone."
+MODEL_PREFIX = "model."
+IGNORED_PREFIXES = ("mtp.",)
+EXPERT_RE = re.compile(r"^(.*\.mixer\.experts\.)(\d+)\.(up_proj|down_proj)\.weight$")
+STACKED_EXPERTS = ("up_proj", "down_proj")
+CONV_RE = re.compile(r"\.mixer\.conv1d\.weight$")
+FP32_SUFFIXES = (".mixer.gate.weight", ".mixer.gate.e_score_correction_bias")  # the router stays float32
+
+
+class NemotronHWeights:
+    """The weight-name mapping of the Nemotron-H family (see ``refengine.model.registry``)."""
+
+    embed_name = "model.embeddings.weight"
+
+    @staticmethod
+    def model_name(key: str) -> str | None:
+        if key.startswith(IGNORED_PREFIXES):
+            return None
+        return MODEL_PREFIX + key[len(DISK_PREFIX):] if key.startswith(DISK_PREFIX) else key
+
+    @staticmethod
+    def as_in_file(names: list[str], file_names: dict[str, str]) -> list[str]:
+        """Model names as the file names them: its own key where it holds the tensor, else in the
+        file's convention (``backbone.`` when any of its tensors is named so)."""
+        released = any(key.startswith(DISK_PREFIX) for key in file_names.values())
+
+        def as_in_file(name: str) -> str:
+            if name in file_names:
+                return file_names[name]
+            if released and name.startswith(MODEL_PREFIX):
+                return DISK_PREFIX + name[len(MODEL_PREFIX):]
+            return name
+
+        return [as_in_file(name) for name in names]
+
+    @staticmethod
+    def prepare(cfg: NemotronHModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+        return None
+
+    @staticmethod
+    def expected_shapes(model, cfg: NemotronHModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
+        """Names and shapes the checkpoint must hold: routed experts per expert unless the checkpoint
+        holds that layer's stacked ``experts.up_proj``; the conv weight as [C, 1, W]."""
+        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        for name in [n for n in shapes if n.endswith(".mixer.experts.up_proj")]:
+            prefix = name[: -len("up_proj")]
+            if name in names:
+                continue
+            num_experts, inner, width = shapes.pop(name)
+            del shapes[prefix + "down_proj"]
+            for e in range(num_experts):
+                shapes[f"{prefix}{e}.up_proj.weight"] = (inner, width)
+                shapes[f"{prefix}{e}.down_proj.weight"] = (width, inner)
+        for name in [n for n in shapes if CONV_RE.search(n)]:
+            channels, width = shapes[name]
+            shapes[name] = (channels, 1, width)
+        if cfg.tie_word_embeddings:
+            del shapes["lm_head.weight"]
+        return shapes
+
+    @staticmethod
+    def mismatch_note(raw: dict, tensors: dict[str, torch.Tensor], cfg: NemotronHModelConfig) -> str:
+        return f"; the config's layer pattern is {cfg.pattern!r}"
+
+    @staticmethod
+    def to_model_layout(
+        tensors: dict[str, torch.Tensor], cfg: NemotronHModelConfig
+    ) -> dict[str, torch.Tensor]:
+        """Disk layout -> model layout: conv weight [C, W], per-expert tensors stacked."""
+        out: dict[str, torch.Tensor] = {}
+        experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}  # "...experts." -> (e, part) -> weight
+        for name, tensor in tensors.items():
+            m = EXPERT_RE.match(name)
+            if m is not None:
+                prefix, e, part = m.groups()
+                experts.setdefault(prefix, {})[(int(e), part)] = tensor
+            elif CONV_RE.search(name):
+                out[name] = tensor.reshape(tensor.shape[0], tensor.shape[-1])
+            else:
+                out[name] = tensor
+        for prefix, parts in experts.items():
+            count = 1 + max(e for e, _ in parts)
+            for part in STACKED_EXPERTS:
+                out[prefix + part] = torch.stack([parts[(e, part)] for e in range(count)])
+        return out
+
+    @staticmethod
+    def keep_fp32(name: str) -> bool:
+        return name.endswith(FP32_SUFFIXES)
