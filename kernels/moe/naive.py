@@ -77,7 +77,9 @@ def naive_moe_route_sigmoid(
     """Nemotron-H / DeepSeek-V3 routing, in float32 per token (see the module docstring of moe/)."""
     num_tokens, num_experts = check_moe_route_sigmoid_inputs(
         router_logits, correction_bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor)
-    scores = torch.sigmoid(router_logits.float())  # [T, E]
+    # 1 / (1 + exp(-x)): torch.sigmoid on CPU rounds a tensor's vectorised body and its scalar tail
+    # differently, so a token's routing weights would depend on how many tokens share the call.
+    scores = 1.0 / (1.0 + torch.exp(-router_logits.float()))  # [T, E]
     choice = scores + correction_bias.float()[None, :]  # [T, E], selection only
     per_group = num_experts // n_group
     if n_group > 1:

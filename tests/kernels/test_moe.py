@@ -200,6 +200,17 @@ def test_sigmoid_route_selects_on_the_bias_and_weighs_without_it():
     assert ids.tolist() in ([[2]], [[3]])
 
 
+def test_sigmoid_route_batch_invariance():
+    """A token's routing weights are bitwise the same alone and among 37 others (the batch size moves
+    it between a vectorised body and a scalar tail of the sigmoid)."""
+    gen = torch.Generator().manual_seed(3)
+    logits, bias = torch.randn(37, 24, generator=gen), 0.1 * torch.randn(24, generator=gen)
+    weights, ids = moe_route_sigmoid(logits, bias, 6, routed_scaling_factor=2.5)
+    for t in range(logits.shape[0]):
+        w1, i1 = moe_route_sigmoid(logits[t: t + 1], bias, 6, routed_scaling_factor=2.5)
+        assert torch.equal(i1, ids[t: t + 1]) and torch.equal(w1, weights[t: t + 1]), t
+
+
 def test_sigmoid_route_refuses_bad_groups():
     with pytest.raises(KernelInputError, match="n_group must be a divisor of E = 6"):
         moe_route_sigmoid(torch.randn(2, 6), torch.zeros(6), 2, n_group=4, topk_group=1)
