@@ -3,6 +3,7 @@
   conformance list [--tier T]                   scenario ids, one line each
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
                   [--dtype D] [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
+                  [-x]
                   [--enable-prefix-caching [--mamba-cache-mode align|all]]
   conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH] [--dtype D]
   conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR] [--dtype D]
@@ -94,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a listed expected failure that passes fails its scenario (default: a warning)",
     )
+    run.add_argument("-x", "--exitfirst", action="store_true",
+                     help="stop at the first scenario with a failing check (its other checks still report)")
     run.add_argument("-v", "--verbose", action="store_true", help="print every check, passing ones included")
     rp = sub.add_parser(
         "replay", help="rerun one scenario and print its steps (or one request's) step by step"
@@ -195,7 +198,8 @@ def cmd_run(args, out) -> int:
     sel.expectations()  # ExpectationError for an unreadable file
     return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
                      strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
-                     report_json=args.report_json, verbose=args.verbose, model_label=facts.label,
+                     report_json=args.report_json, exitfirst=args.exitfirst, verbose=args.verbose,
+                     model_label=facts.label,
                      dtype=run_dtype(sel.dtype, facts))
 
 

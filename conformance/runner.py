@@ -40,6 +40,7 @@ def suite_args(
     threads: int = 1,
     junit_xml: str | None = None,
     report_json: str | None = None,
+    exitfirst: bool = False,
 ) -> list[str]:
     """The pytest command line of a ``conformance run`` (what ``pytest`` would be given by hand)."""
     root = Path(conformance.__file__).resolve().parent
@@ -87,6 +88,8 @@ def suite_args(
         args += ["--junitxml", str(junit_xml)]
     if report_json:
         args += ["--conformance-report-json", str(report_json)]
+    if exitfirst:
+        args.append("--exitfirst")  # pytest's own: the run ends after the first failing scenario
     return args
 
 

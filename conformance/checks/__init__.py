@@ -83,6 +83,9 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
+# The checks that read the "plain" or the "cached" run: a fail-fast evaluation runs the others first, and
+# those two runs only when none of them failed.
+LATE = frozenset({"aborts", "spec-lossless", "cache-lossless", "workload-triggers"})
 
 # The StepRecord / RowRecord fields (and optional RequestOutput ones) a check reads from the engine under
 # test: when its records lack one (an adapter of another engine), the check is n/a, never a pass over what
@@ -122,6 +125,7 @@ __all__ = [
     "CACHE_TRIGGERS",
     "CHECKS",
     "CHECK_NAMES",
+    "LATE",
     "NEEDS",
     "TRIGGERS",
     "CheckInputs",
