@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conformance.checks.aborts import check_aborts
+from conformance.checks.cache_floor import check_cache_floor
 from conformance.checks.compare import (
     acceptance_history,
     check_acceptance,
@@ -70,6 +71,7 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ),
     ("cache-lossless", lambda c: check_cache_lossless(c.scenario, c.ref, c.cached)),
     ("cached-tokens", lambda c: check_cached_tokens(c.scenario, c.test)),
+    ("cache-floor", lambda c: check_cache_floor(c.scenario, c.test)),
     ("restored-state", lambda c: check_restored_state(c.scenario, c.ref, c.test, c.batch_invariant)),
     ("full-graph-metadata", lambda c: check_full_graph_metadata(c.test)),
     ("new-prompt-prefill", lambda c: check_new_prompt_prefill(c.test)),
@@ -106,6 +108,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "id-range": ("rows", "input_ids", "drafter_input_ids", "draft_token_ids", "next_draft_token_ids"),
     "state-slots": ("rows", "state_slot_read"),
     "cached-tokens": ("num_cached_tokens",),
+    "cache-floor": ("num_cached_tokens", "rows", "num_computed_tokens", "query_len"),
     "restored-state": (
         "num_cached_tokens",
         "rows",
@@ -132,6 +135,7 @@ __all__ = [
     "acceptance_history",
     "check_aborts",
     "check_acceptance",
+    "check_cache_floor",
     "check_cache_lossless",
     "check_cached_tokens",
     "check_degenerate_run",

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from conformance.checks.prefix_cache import Timeline, bounds, tokens_of
+from conformance.checks.cache_floor import floor
+from conformance.checks.prefix_cache import Timeline, bounds, no_eviction_before, tokens_of
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 from conformance.workloads import Scenario
@@ -126,6 +127,20 @@ def _eviction(sc: Scenario, t: Trace) -> bool:
                for rid, r in t.requests.items())
 
 
+def _floor_under_pressure(sc: Scenario, t: Trace) -> bool:
+    """A request the pool may have evicted blocks for still had a floor above 0 ("cache-floor"): the
+    scenario holds a cache under pressure to what it must have kept."""
+    if not sc.caching or sc.settings.num_kv_blocks is None:
+        return False
+    timeline = Timeline(t)
+    for rid in t.requests:
+        if rid in sc.aborted or timeline.first_step(rid) is None:
+            continue
+        if not no_eviction_before(rid, sc, t, timeline) and floor(rid, sc, t, timeline).lower > 0:
+            return True
+    return False
+
+
 def _shared_preemption(sc: Scenario, t: Trace) -> bool:
     """A request was preempted while another live request shared its first cached block."""
     hits, n = _hits(t), sc.settings.block_size + 1
@@ -185,6 +200,10 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
             "a request was preempted while another request shared its cached prefix",
             _shared_preemption,
         ),
+        "floor-under-pressure": (
+            "a request admitted after the pool may have evicted blocks still had a cache floor above 0",
+            _floor_under_pressure,
+        ),
     }
 )
 # Judged on the reference engine's run with the scenario's prefix caching.
@@ -197,6 +216,7 @@ CACHE_TRIGGERS = frozenset(
         "concurrent-hits",
         "eviction",
         "shared-preemption",
+        "floor-under-pressure",
     }
 )
 

@@ -484,6 +484,31 @@ def _conv_window_unshifted(engine) -> None:
     caches.save_checkpoints = save_unshifted
 
 
+def _evict_newest(engine) -> None:
+    """Prefix caching: when the KV pool has no never-used block left it evicts the most recently released
+    cached block instead of the least recently released one, so the prefix a request just left goes
+    first and the next request that shares it hits less (never wrongly: every hit is still correct)."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
+    pool = engine.core.scheduler.kv_pool
+
+    def allocate_evicting_newest(n):
+        if n > pool.num_free:
+            return None
+        ids = []
+        for _ in range(n):
+            if pool._free:
+                block = pool._free.pop()
+            else:
+                block, _ = pool._evictable.popitem(last=True)
+                del pool._block_of[pool._key_of.pop(block)]
+            pool._refs[block] = 1
+            ids.append(block)
+        return ids
+
+    pool.allocate = allocate_evicting_newest
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-accepted-counts",
@@ -675,6 +700,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "a verify step's checkpoint takes the conv window of its first token, not of the boundary's token",
         _conv_window_unshifted,
         scenarios=("pc-preemption-k3",),
+    ),
+)
+
+
+MUTANTS += (
+    Mutant(
+        "pc-evict-newest",
+        "own (prefix caching; under-hit)",
+        "contract 9: a cache that silently stops hitting is a failure",
+        "a KV pool out of never-used blocks evicts the most recently released cached block, not the least",
+        _evict_newest,
+        scenarios=("prefix-eviction-order-k0",),
     ),
 )
 

@@ -371,6 +371,36 @@ def _eviction(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
     )
 
 
+def _eviction_order(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        # One request at a time. Three old prompts fill the pool with cached blocks, a fourth is the one a
+        # later prompt continues, and a long filler then takes more blocks than the pool has never used:
+        # the pool must evict the old prompts' blocks (released first), never the fourth's, so the last
+        # request's floor ("cache-floor") is the fourth's whole prompt.
+        old = [b.prompt(3 * bs + 1) for _ in range(3)]
+        for prompt in old:
+            b.add_ids(prompt, 3)
+        kept = b.prompt(3 * bs + 1)
+        b.add_ids(kept, 3)
+        b.add(5 * bs + 1, 3)
+        b.add_ids(kept + b.prompt(2), 4, arrival=LATER)
+        b.add_ids(old[0] + b.prompt(2), 4, arrival=LATER)  # the oldest prompt was evicted: it hits less
+
+    return _cache_def(
+        "eviction-order",
+        k,
+        mode,
+        "a pool of 16 KV blocks under pressure, one request at a time: the least recently released blocks "
+        "go first, so the last prompt still finds the newest source whole",
+        _cache_settings(k, mode, num_kv_blocks=16, max_model_len=40, max_num_seqs=1),
+        build,
+        ("eviction", "floor-under-pressure"),
+        tiers,
+    )
+
+
 def _shared_preemption(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
     def build(b):
         system = b.prompt(4 * 4)
@@ -404,6 +434,8 @@ def _prefix_caching() -> list[ScenarioDef]:
         _short_tail(1, "align", NIGHTLY),
         _eviction(0, "all"),
         _eviction(3, "align", NIGHTLY),
+        _eviction_order(0, "all"),
+        _eviction_order(3, "align", NIGHTLY),
         _shared_preemption(3, "align"),
     ]
 
