@@ -18,6 +18,7 @@ from conformance.checks.compare import (
     first_difference,
     token_window,
 )
+from conformance.checks.drafts import check_drafts
 from conformance.checks.invariants import (
     check_full_graph_metadata,
     check_id_range,
@@ -62,6 +63,7 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ("runs", lambda c: check_runs(c.test, [r.request_id for r in c.scenario.requests])),
     ("tokens", lambda c: check_tokens(c.ref, c.test, skip=c.aborted)),
     ("acceptance", lambda c: check_acceptance(c.ref, c.test, aborted=c.aborted)),
+    ("drafts", lambda c: check_drafts(c.ref, c.test, c.scenario.k, aborted=c.aborted)),
     ("request-outputs", lambda c: check_request_outputs(c.ref, c.test, c.scenario.k)),
     ("aborts", lambda c: check_aborts(c.scenario, c.ref, c.test, c.plain)),
     ("logits-digests", _logits_digests),
@@ -94,6 +96,8 @@ LATE = frozenset({"aborts", "spec-lossless", "cache-lossless", "workload-trigger
 # happens to be there.
 NEEDS: dict[str, tuple[str, ...]] = {
     "acceptance": ("rows", "kind", "draft_token_ids", "output_token_ids", "num_accepted"),
+    "drafts": ("rows", "kind", "num_computed_tokens", "query_len", "output_token_ids", "drafter_input_ids",
+               "next_draft_token_ids"),
     "logits-digests": ("rows", "logits_digest"),
     "full-graph-metadata": ("rows", "graph_mode", "num_reqs_padded", "gdn_metadata_shapes"),
     "new-prompt-prefill": (
@@ -139,6 +143,7 @@ __all__ = [
     "check_cache_lossless",
     "check_cached_tokens",
     "check_degenerate_run",
+    "check_drafts",
     "check_full_graph_metadata",
     "check_id_range",
     "check_logits_digests",

@@ -509,6 +509,29 @@ def _evict_newest(engine) -> None:
     pool.allocate = allocate_evicting_newest
 
 
+def _chunk_end_pairs_own_token(engine) -> None:
+    """Contract 5: the drafter's entry at the last position of a prompt chunk that ends inside a KV block
+    is paired with that position's own token instead of the prompt token after it (the host-staged
+    backup token). The drafter's cache holds one wrong pair per such chunk, which the drafts read only
+    through attention: they seldom change."""
+    proposer = engine.runner.proposer
+    if proposer is None or not hasattr(proposer, "next_token_ids"):
+        return
+    original = proposer.next_token_ids
+    block_size = engine.config.cache.block_size
+
+    def next_token_ids(d):
+        ids = original(d)
+        last = d.last_kept()
+        chunk = (~d.is_sampling) & (last < d.num_tokens_padded)
+        last = last[chunk]
+        last = last[(d.positions[last] + 1) % block_size != 0]
+        ids[last] = d.input_ids[last]
+        return ids
+
+    proposer.next_token_ids = next_token_ids
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-accepted-counts",
@@ -712,6 +735,15 @@ MUTANTS += (
         "a KV pool out of never-used blocks evicts the most recently released cached block, not the least",
         _evict_newest,
         scenarios=("prefix-eviction-order-k0",),
+    ),
+    Mutant(
+        "chunk-end-drafter-token",
+        "own (drafter inputs)",
+        "contract 5: drafter inputs are committed tokens",
+        "the drafter pairs the last position of a prompt chunk ending inside a block with its own token, "
+        "not the prompt token after it",
+        _chunk_end_pairs_own_token,
+        scenarios=("chunk-tails-k3",),
     ),
 )
 
