@@ -17,7 +17,7 @@ import torch
 from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, RunSpec
 from kernels import PAD_SLOT_ID
 from refengine.async_engine.stream import HostBuffer
-from refengine.prefix_cache import Hit
+from refengine.prefix_cache import ROOT_KEY, Hit, next_key
 
 
 @dataclass(frozen=True)
@@ -532,6 +532,25 @@ def _chunk_end_pairs_own_token(engine) -> None:
     proposer.next_token_ids = next_token_ids
 
 
+def _keys_without_parent(engine) -> None:
+    """Prefix caching: a block's key covers its own tokens (and the lookahead) but not the key of the block
+    before it, so equal blocks at different offsets, or after different prefixes, share one key: a prompt
+    finds another prompt's block, with its KV and its checkpoint, where only the block's tokens match."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
+    prefix = engine.core.scheduler.prefix
+    bs, lookahead = prefix.block_size, prefix.lookahead
+
+    def keys_of_blocks_alone(req):
+        keys, tokens = req.block_keys, req.all_token_ids
+        while (len(keys) + 1) * bs + lookahead <= len(tokens):
+            i = len(keys)
+            keys.append(next_key(ROOT_KEY, tokens[i * bs: (i + 1) * bs + lookahead]))
+        return keys
+
+    prefix.keys = keys_of_blocks_alone
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-accepted-counts",
@@ -744,6 +763,14 @@ MUTANTS += (
         "not the prompt token after it",
         _chunk_end_pairs_own_token,
         scenarios=("chunk-tails-k3",),
+    ),
+    Mutant(
+        "pc-keys-without-parent",
+        "own (prefix caching; block geometry)",
+        "contract 9: a hit is a prefix",
+        "a block's key covers its own tokens but not the block before it: equal blocks at other offsets hit",
+        _keys_without_parent,
+        scenarios=("prefix-offset-blocks-k0",),
     ),
 )
 
