@@ -9,9 +9,10 @@ be rejected anyway, or a prompt chunk whose drafter cache entry pairs the wrong 
 check. Here the rows of both engines are matched by request, kind, first position and length (prompt
 chunks included: MTP's first pass runs over them), and both lists must be equal wherever both ran.
 
-Not compared: the row in which a request finishes (the reference engine drafts nothing for a request that
-is done, an engine a step ahead may not know it is), and the rows of an aborted request from the first
-step after its abort could have reached either engine.
+Not compared: each request's last row that samples, where it may have finished (the reference engine
+drafts nothing for a request that is done, an engine a step ahead may not know it is; an aborted request
+may have finished before its abort came), and the rows of an aborted request from the first step its
+abort could have reached in either engine.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from conformance.trace import RowTrace, Trace
 FIELDS = ("drafter_input_ids", "next_draft_token_ids")
 
 
-def _rows(trace: Trace, aborted: set[str]) -> dict[tuple, RowTrace]:
-    """Rows by (request, kind, first position, query length), without each request's finishing row."""
+def _rows(trace: Trace) -> dict[tuple, RowTrace]:
+    """Rows by (request, kind, first position, query length), without each request's last sampling row."""
     last: dict[str, tuple] = {}
     out: dict[tuple, RowTrace] = {}
     for step in trace.steps:
@@ -32,10 +33,8 @@ def _rows(trace: Trace, aborted: set[str]) -> dict[tuple, RowTrace]:
             if row.output_token_ids is not None:
                 last[row.request_id] = key
             out[key] = row
-    for rid, key in last.items():
-        req = trace.requests.get(rid)
-        if req is not None and rid not in aborted and req.finish_reason not in (None, "abort"):
-            out.pop(key, None)
+    for key in last.values():  # it may have finished there (an aborted request too, before the abort came)
+        out.pop(key, None)
     return out
 
 
@@ -51,7 +50,7 @@ def check_drafts(reference: Trace, test: Trace, k: int, aborted: set[str] | froz
     name = "drafts"
     if not k:
         return not_applicable(name, "no drafter (K=0)")
-    ref_rows, test_rows = _rows(reference, set(aborted)), _rows(test, set(aborted))
+    ref_rows, test_rows = _rows(reference), _rows(test)
     compared = ids = 0
     for key in sorted(ref_rows.keys() & test_rows.keys()):
         rid = key[0]
