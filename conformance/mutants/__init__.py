@@ -551,6 +551,22 @@ def _keys_without_parent(engine) -> None:
     prefix.keys = keys_of_blocks_alone
 
 
+def _staging_for_one_step(engine) -> None:
+    """Prefix caching: checkpoint staging slots are held for one step in flight only: while a step that
+    holds some is in flight, the next step's rows get none, so the boundaries they reach go unpublished
+    (their copies land in the sink) and later requests hit less, never wrongly."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
+    cache = engine.prefix
+    checkpoints = cache.prefix.checkpoints
+    hold = checkpoints.hold
+
+    def hold_while_no_step_holds():
+        return None if any(cache._held.values()) else hold()
+
+    checkpoints.hold = hold_while_no_step_holds
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-accepted-counts",
@@ -771,6 +787,14 @@ MUTANTS += (
         "a block's key covers its own tokens but not the block before it: equal blocks at other offsets hit",
         _keys_without_parent,
         scenarios=("prefix-offset-blocks-k0",),
+    ),
+    Mutant(
+        "pc-staging-one-step",
+        "own (prefix caching; under-hit)",
+        "contract 9: a cache that silently stops hitting is a failure",
+        "checkpoint staging slots are held for one step in flight: the next step's boundaries go unpublished",
+        _staging_for_one_step,
+        scenarios=("prefix-eviction-order-k0",),
     ),
 )
 
