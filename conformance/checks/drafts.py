@@ -6,8 +6,9 @@ what the reference engine's does.
 passes' tokens; for the host drafters the token they extend) and what it proposed (``next_draft_token_ids``)
 reach the outputs only through the drafts' acceptance, so a drafter fed a wrong token whose drafts happen to
 be rejected anyway, or a prompt chunk whose drafter cache entry pairs the wrong token, passes every other
-check. Here the rows of both engines are matched by request, kind, first position and length (prompt
-chunks included: MTP's first pass runs over them), and both lists must be equal wherever both ran.
+check. Here the rows of both engines are matched by request, kind, first position, length and whether
+the row sampled (prompt chunks included: MTP's first pass runs over them), and both lists must be equal
+wherever both ran.
 
 Not compared: each request's last row that samples, where it may have finished (the reference engine
 drafts nothing for a request that is done, an engine a step ahead may not know it is; an aborted request
@@ -24,12 +25,14 @@ FIELDS = ("drafter_input_ids", "next_draft_token_ids")
 
 
 def _rows(trace: Trace) -> dict[tuple, RowTrace]:
-    """Rows by (request, kind, first position, query length), without each request's last sampling row."""
+    """Rows by (request, kind, first position, query length, whether it sampled), without each request's
+    last sampling row (a recompute's chunk may cover a prompt the other run sampled at its end)."""
     last: dict[str, tuple] = {}
     out: dict[tuple, RowTrace] = {}
     for step in trace.steps:
         for row in step.rows:
-            key = (row.request_id, row.kind, row.num_computed_tokens, row.query_len)
+            key = (row.request_id, row.kind, row.num_computed_tokens, row.query_len,
+                   row.output_token_ids is not None)
             if row.output_token_ids is not None:
                 last[row.request_id] = key
             out[key] = row
@@ -65,7 +68,7 @@ def check_drafts(reference: Trace, test: Trace, k: int, aborted: set[str] | froz
             x, y = getattr(a, field), getattr(b, field)
             ids += len(x)
             if x != y:
-                _, kind, start, qlen = key
+                _, kind, start, qlen, _ = key
                 what = "drafter inputs" if field == "drafter_input_ids" else "next drafts"
                 where = f"the {kind} row of positions {start}..{start + qlen - 1}"
                 return failed(
