@@ -439,8 +439,8 @@ def _eviction_order(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
         kept = b.prompt(3 * bs + 1)
         b.add_ids(kept, 3)
         b.add(5 * bs + 1, 3)
-        b.add_ids(kept + b.prompt(2), 4, arrival=LATER)
-        b.add_ids(old[0] + b.prompt(2), 4, arrival=LATER)  # the oldest prompt was evicted: it hits less
+        b.add_ids(kept + b.prompt(2), b.size(4, 8), arrival=LATER)
+        b.add_ids(old[0] + b.prompt(2), b.size(4, 8), arrival=LATER)  # the oldest was evicted: it hits less
 
     return _cache_def(
         "eviction-order",
