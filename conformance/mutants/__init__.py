@@ -3,7 +3,7 @@
 Each mutant patches one engine *instance* after it is built (never a module or class), so two
 engines in one process stay independent and the async engine's source is untouched. A mutant is
 caught when any check of any scenario fails on it; ``run_mutants`` stops a mutant at its first
-failing scenario and reports how long that took.
+failing check and reports how long that took.
 """
 
 from __future__ import annotations
