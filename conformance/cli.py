@@ -4,7 +4,7 @@
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
                   [--dtype D] [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
                   [--enable-prefix-caching [--mamba-cache-mode align|all]] [--step-timeout S]
-                  [--fail-on-skip] [--min-scenarios N] [--require-feature F ...]
+                  [--fail-on-skip] [--min-scenarios N] [--require-feature F ...] [-x]
   conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH] [--dtype D]
   conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR] [--dtype D]
   conformance mutate [--mutant ID ...] [--dtype D]
@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a listed expected failure that passes fails its scenario (default: a warning)",
     )
+    run.add_argument("-x", "--exitfirst", action="store_true",
+                     help="stop at the first scenario with a failing check (its other checks still report)")
     run.add_argument("-v", "--verbose", action="store_true", help="print every check, passing ones included")
     gate = run.add_argument_group("gate", "what else fails the run (a CI gate that skips is not green)")
     gate.add_argument("--fail-on-skip", action="store_true", help="a skipped scenario fails the run (as a "
@@ -231,7 +233,8 @@ def cmd_run(args, out) -> int:
         return 1
     return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
                      strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
-                     report_json=args.report_json, verbose=args.verbose, model_label=facts.label,
+                     report_json=args.report_json, exitfirst=args.exitfirst, verbose=args.verbose,
+                     model_label=facts.label,
                      dtype=run_dtype(sel.dtype, facts), fail_on_skip=args.fail_on_skip,
                      min_scenarios=args.min_scenarios, require_features=args.require_feature,
                      features=_features(adapter))

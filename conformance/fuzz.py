@@ -227,6 +227,7 @@ def fuzz(
         scripted=case.adapter.supports("scripted_drafter"),
         aborts=aborts,
         caching=caching,
+        ngram=case.adapter.supports("ngram_drafter"),
         name=name,
     )
 

@@ -267,8 +267,8 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
     return None
 
 
-def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None = None,
-                 ) -> tuple[ScenarioResult, dict[str, Trace]]:
+def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None = None, *,
+                 fail_fast: bool = False) -> tuple[ScenarioResult, dict[str, Trace]]:
     """Run one scenario (an id of the corpus, or a materialised Scenario); returns its result and the
     traces ("reference", "test", "plain" when the scenario speculates or aborts, "cached" when it caches).
 
@@ -276,6 +276,10 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
     speculation must not change, and the continuation an aborted request's output is a prefix of.
     "cached" is the reference engine with the scenario's prefix caching: the oracle runs without a
     cache, and the reference engine's own cache must change nothing either ("cache-lossless").
+
+    ``fail_fast``: stop at the first failing check. The checks that read only the reference and the
+    engine under test run first, the plain and cached runs only when none of those failed; the result
+    then holds the checks up to the failing one.
     """
     start = time.perf_counter()
     if isinstance(scenario, str):
@@ -296,19 +300,32 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
     result.skipped = skip_reason(scenario, case)
     if result.skipped is None:
         try:
-            traces = run_traces(scenario, case)
+            traces = run_traces(scenario, case, fail_fast=fail_fast)
         except AbortsUnsupported as e:
             result.skipped = f"aborts cannot run: {e}"
     if result.skipped is None:
-        if traces["reference"].error is not None:
-            result.error = "the reference engine failed on this workload:\n" + traces["reference"].error
-        elif "plain" in traces and traces["plain"].error is not None:
-            result.error = "the reference engine failed on the plain (K=0, no aborts) workload:\n" + \
-                traces["plain"].error
+        if _infrastructure_error(result, traces):
+            pass
+        elif fail_fast:
+            result.checks = evaluate(scenario, traces, case, scenario_file, fail_fast=True, early=True)
+            if not any(c.failed for c in result.checks):
+                traces.update(late_traces(scenario, case, traces))
+                if not _infrastructure_error(result, traces):
+                    result.checks = evaluate(scenario, traces, case, scenario_file, fail_fast=True)
         else:
             result.checks = evaluate(scenario, traces, case, scenario_file)
     result.duration_s = time.perf_counter() - start
     return result, traces
+
+
+def _infrastructure_error(result: ScenarioResult, traces: dict[str, Trace]) -> bool:
+    """Record (in ``result.error``) a reference run that broke: no verdict on the engine under test."""
+    if traces["reference"].error is not None:
+        result.error = "the reference engine failed on this workload:\n" + traces["reference"].error
+    elif "plain" in traces and traces["plain"].error is not None:
+        result.error = "the reference engine failed on the plain (K=0, no aborts) workload:\n" + \
+            traces["plain"].error
+    return result.error is not None
 
 
 def describe_settings(scenario: Scenario) -> str:
@@ -320,11 +337,12 @@ def describe_settings(scenario: Scenario) -> str:
     return text
 
 
-def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
+def run_traces(scenario: Scenario, case: Case, fail_fast: bool = False) -> dict[str, Trace]:
     """The traces of ``run_scenario``: "reference", "test", "plain" when the scenario speculates or aborts,
     "test-plain" (the engine under test on the plain workload) when it speculates and its output differs
     from plain greedy output, and "cached" (the reference engine with the scenario's prefix caching) when
-    it caches; when the engine under test is the reference engine itself, its trace is that run."""
+    it caches; when the engine under test is the reference engine itself, its trace is that run.
+    ``fail_fast``: only the first two (``late_traces`` gives the others)."""
     ref_side = reference_adapter()
     where = {"device": case.device, "dtype": case.dtype, "step_timeout": case.step_timeout}
     traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, **where)}
@@ -332,6 +350,17 @@ def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
         return traces
     label = "reference (under test)" if case.engine == "reference" else case.engine
     traces["test"] = run_workload(case.adapter_for(scenario), scenario, case.facts, label=label, **where)
+    if not fail_fast:
+        traces.update(late_traces(scenario, case, traces))
+    return traces
+
+
+def late_traces(scenario: Scenario, case: Case, traces: dict[str, Trace]) -> dict[str, Trace]:
+    """The "plain", "test-plain" and "cached" runs of ``run_traces``, given its first two."""
+    ref_side = reference_adapter()
+    where = {"device": case.device, "dtype": case.dtype, "step_timeout": case.step_timeout}
+    label = "reference (under test)" if case.engine == "reference" else case.engine
+    traces = dict(traces)
     if scenario.k or scenario.aborted:
         traces["plain"] = run_workload(ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
                                        settings=scenario.settings.plain(), **where)
@@ -343,7 +372,7 @@ def run_traces(scenario: Scenario, case: Case) -> dict[str, Trace]:
     if scenario.caching:
         traces["cached"] = traces["test"] if case.engine == "reference" else run_workload(
             cached_reference_adapter(), scenario, case.facts, label=CACHED_LABEL, **where)
-    return traces
+    return {k: v for k, v in traces.items() if k in ("plain", "test-plain", "cached")}
 
 
 def _differs(plain: Trace, test: Trace, aborted) -> bool:
@@ -359,7 +388,10 @@ def _differs(plain: Trace, test: Trace, aborted) -> bool:
 
 
 def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
-             scenario_file: str | None = None) -> list[CheckResult]:
+             scenario_file: str | None = None, fail_fast: bool = False, early: bool = False,
+             ) -> list[CheckResult]:
+    """Every check over ``traces``. ``fail_fast``: up to the first failing one; ``early``: only the checks
+    that read neither the "plain" nor the "cached" run (``checks.LATE`` names those that do)."""
     inputs = checks.CheckInputs(
         scenario,
         traces["reference"],
@@ -374,6 +406,8 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
     test = inputs.test
     results = []
     for name, check in checks.CHECKS:
+        if early and name in checks.LATE:
+            continue
         if test.error is not None and name not in OWN_TRACE_FREE:
             results.append(CheckResult(name, NA, "the engine under test did not finish the workload"))
             continue
@@ -385,4 +419,6 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         if result.failed and result.request_id is not None and name != "workload-triggers":
             result.details["replay"] = case.replay_command(scenario.id, result.request_id, scenario_file)
         results.append(result)
+        if fail_fast and result.failed:
+            break
     return results

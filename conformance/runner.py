@@ -43,6 +43,7 @@ def suite_args(
     fail_on_skip: bool = False,
     min_scenarios: int = 0,
     require_features=(),
+    exitfirst: bool = False,
 ) -> list[str]:
     """The pytest command line of a ``conformance run`` (what ``pytest`` would be given by hand)."""
     root = Path(conformance.__file__).resolve().parent
@@ -98,6 +99,8 @@ def suite_args(
         args += ["--junitxml", str(junit_xml)]
     if report_json:
         args += ["--conformance-report-json", str(report_json)]
+    if exitfirst:
+        args.append("--exitfirst")  # pytest's own: the run ends after the first failing scenario
     return args
 
 

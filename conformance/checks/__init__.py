@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conformance.checks.aborts import check_aborts
+from conformance.checks.cache_floor import check_cache_floor
 from conformance.checks.compare import (
     acceptance_history,
     check_acceptance,
@@ -17,6 +18,7 @@ from conformance.checks.compare import (
     first_difference,
     token_window,
 )
+from conformance.checks.drafts import check_drafts
 from conformance.checks.invariants import (
     check_full_graph_metadata,
     check_id_range,
@@ -63,6 +65,7 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ("tokens", lambda c: check_tokens(c.ref, c.test, skip=c.aborted)),
     ("output-records", lambda c: check_output_records(c.test)),
     ("acceptance", lambda c: check_acceptance(c.ref, c.test, aborted=c.aborted)),
+    ("drafts", lambda c: check_drafts(c.ref, c.test, c.scenario.k, aborted=c.aborted)),
     ("request-outputs", lambda c: check_request_outputs(c.ref, c.test, c.scenario.k)),
     ("aborts", lambda c: check_aborts(c.scenario, c.ref, c.test, c.plain)),
     ("logits-digests", _logits_digests),
@@ -73,6 +76,7 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ),
     ("cache-lossless", lambda c: check_cache_lossless(c.scenario, c.ref, c.cached)),
     ("cached-tokens", lambda c: check_cached_tokens(c.scenario, c.test)),
+    ("cache-floor", lambda c: check_cache_floor(c.scenario, c.test)),
     ("restored-state", lambda c: check_restored_state(c.scenario, c.ref, c.test, c.batch_invariant)),
     ("full-graph-metadata", lambda c: check_full_graph_metadata(c.test)),
     ("new-prompt-prefill", lambda c: check_new_prompt_prefill(c.test)),
@@ -86,12 +90,17 @@ CHECKS: tuple[tuple[str, Callable[[CheckInputs], CheckResult]], ...] = (
     ),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
+# The checks that read the "plain" or the "cached" run: a fail-fast evaluation runs the others first, and
+# those two runs only when none of them failed.
+LATE = frozenset({"aborts", "spec-lossless", "cache-lossless", "workload-triggers"})
 
 # The StepRecord / RowRecord fields (and optional RequestOutput ones) a check reads from the engine under
 # test: when its records lack one (an adapter of another engine), the check is n/a, never a pass over what
 # happens to be there.
 NEEDS: dict[str, tuple[str, ...]] = {
     "acceptance": ("rows", "kind", "draft_token_ids", "output_token_ids", "num_accepted"),
+    "drafts": ("rows", "kind", "num_computed_tokens", "query_len", "output_token_ids", "drafter_input_ids",
+               "next_draft_token_ids"),
     "logits-digests": ("rows", "logits_digest"),
     "full-graph-metadata": ("rows", "graph_mode", "num_reqs_padded", "gdn_metadata_shapes"),
     "new-prompt-prefill": (
@@ -107,6 +116,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "state-slots": ("rows", "state_slot_read"),
     "output-records": ("rows", "output_token_ids"),
     "cached-tokens": ("num_cached_tokens",),
+    "cache-floor": ("num_cached_tokens", "rows", "num_computed_tokens", "query_len"),
     "restored-state": (
         "num_cached_tokens",
         "rows",
@@ -126,15 +136,18 @@ __all__ = [
     "CACHE_TRIGGERS",
     "CHECKS",
     "CHECK_NAMES",
+    "LATE",
     "NEEDS",
     "TRIGGERS",
     "CheckInputs",
     "acceptance_history",
     "check_aborts",
     "check_acceptance",
+    "check_cache_floor",
     "check_cache_lossless",
     "check_cached_tokens",
     "check_degenerate_run",
+    "check_drafts",
     "check_full_graph_metadata",
     "check_id_range",
     "check_logits_digests",

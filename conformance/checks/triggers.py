@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from conformance.checks.prefix_cache import Timeline, bounds, tokens_of
+from conformance.checks.cache_floor import floor
+from conformance.checks.prefix_cache import Timeline, bounds, no_eviction_before, tokens_of
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 from conformance.workloads import Scenario
@@ -126,6 +127,118 @@ def _eviction(sc: Scenario, t: Trace) -> bool:
                for rid, r in t.requests.items())
 
 
+def _floor_under_pressure(sc: Scenario, t: Trace) -> bool:
+    """A request the pool may have evicted blocks for still had a floor above 0 ("cache-floor"): the
+    scenario holds a cache under pressure to what it must have kept."""
+    if not sc.caching or sc.settings.num_kv_blocks is None:
+        return False
+    timeline = Timeline(t)
+    for rid in t.requests:
+        if rid in sc.aborted or timeline.first_step(rid) is None:
+            continue
+        if not no_eviction_before(rid, sc, t, timeline) and floor(rid, sc, t, timeline).lower > 0:
+            return True
+    return False
+
+
+def _kept_span(row) -> tuple[int, int] | None:
+    """A verify row's committed tokens (start, end]: the positions it kept, None for other rows."""
+    if row.kind != "decode" or not row.output_token_ids:
+        return None
+    return row.num_computed_tokens, row.num_computed_tokens + len(row.output_token_ids)
+
+
+def _boundaries_in_one_step(sc: Scenario, t: Trace) -> bool:
+    """A verify step's kept tokens passed two block boundaries or more (block size <= K)."""
+    bs = sc.settings.block_size
+    for s in t.steps:
+        for r in s.rows:
+            span = _kept_span(r)
+            if span is not None and span[1] // bs - span[0] // bs >= 2:
+                return True
+    return False
+
+
+def _checkpoint_inside_step(sc: Scenario, t: Trace) -> bool:
+    """A hit ended at a block boundary that a verify step of another request passed inside its kept tokens
+    (not at its last kept token): the checkpoint came from a column inside the step."""
+    bs, hits = sc.settings.block_size, _hits(t)
+    inside: dict[str, set[int]] = {}
+    for s in t.steps:
+        for r in s.rows:
+            span = _kept_span(r)
+            if span is not None:
+                inside.setdefault(r.request_id, set()).update(
+                    b for b in range((span[0] // bs + 1) * bs, span[1], bs))
+    for rid, h in hits.items():
+        prompt = tuple(t.requests[rid].prompt_token_ids[:h])
+        if any(oid != rid and h in marks and tokens_of(t.requests[oid])[:h] == prompt
+               for oid, marks in inside.items() if oid in t.requests):
+            return True
+    return False
+
+
+def _blocks_at_offsets(sc: Scenario, t: Trace) -> bool:
+    """Two prompts hold the same token block at different block offsets."""
+    bs = sc.settings.block_size
+    where: dict[tuple[int, ...], set[int]] = {}
+    for req in t.requests.values():
+        p = req.prompt_token_ids
+        for i in range(len(p) // bs):
+            where.setdefault(tuple(p[i * bs: (i + 1) * bs]), set()).add(i)
+    return any(len(offsets) > 1 for offsets in where.values())
+
+
+def _off_grid_chunk_before_hit(sc: Scenario, t: Trace) -> bool:
+    """A prompt chunk started off the block grid, and a later request hit blocks of that prompt past it."""
+    bs, hits = sc.settings.block_size, _hits(t)
+    for s in t.steps:
+        for r in s.rows:
+            start = r.num_computed_tokens
+            if r.kind != "prefill" or start % bs == 0 or r.request_id not in t.requests:
+                continue
+            source = tokens_of(t.requests[r.request_id])
+            if any(oid != r.request_id and h > start
+                   and tuple(t.requests[oid].prompt_token_ids[:h]) == source[:h]
+                   and min(o.step for o in t.rows_of(oid)) > s.index for oid, h in hits.items()):
+                return True
+    return False
+
+
+def _at_max_len(sc: Scenario, t: Trace) -> list[str]:
+    mml = sc.settings.max_model_len
+    if mml is None:
+        return []
+    return [rid for rid, r in t.requests.items()
+            if r.finish_reason == "length" and len(r.prompt_token_ids) + len(r.token_ids) == mml]
+
+
+def _length_stop_at_max_len(sc: Scenario, t: Trace) -> bool:
+    """Under speculation a request ran into max_model_len after verify steps (its length stop came from the
+    model's limit, not from max_tokens)."""
+    return bool(sc.k) and any(t.requests[rid].acceptance for rid in _at_max_len(sc, t))
+
+
+def _ngram_max_model_len(sc: Scenario, t: Trace) -> bool:
+    return sc.settings.drafter == "ngram" and _length_stop_at_max_len(sc, t)
+
+
+def _chunk_ahead_of_sampling(sc: Scenario, t: Trace) -> bool:
+    """With MTP and K >= 2, a prompt chunk that does not sample ran in one step with a row of
+    a new prompt that samples: a batch laid out by row category (decodes,
+    extends, first chunks; the async engine's) puts the chunk ahead of that prompt, and the drafter's
+    chained passes must skip it. The reference engine orders its rows otherwise, so the trigger asks for
+    the company the chunk keeps, not for its place."""
+    if sc.k < 2 or sc.settings.drafter != "mtp":
+        return False
+    for s in t.steps:
+        chunks = [r for r in s.rows if r.kind == "prefill" and r.output_token_ids is None]
+        sampling = [r for r in s.rows if r.output_token_ids is not None]
+        if chunks and any(r.kind == "prefill" and r.num_computed_tokens == 0 for r in sampling):
+            return True
+    return False
+
+
 def _shared_preemption(sc: Scenario, t: Trace) -> bool:
     """A request was preempted while another live request shared its first cached block."""
     hits, n = _hits(t), sc.settings.block_size + 1
@@ -185,6 +298,30 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
             "a request was preempted while another request shared its cached prefix",
             _shared_preemption,
         ),
+        "boundaries-in-one-step": (
+            "a verify step's kept tokens passed two block boundaries or more", _boundaries_in_one_step),
+        "checkpoint-inside-step": (
+            "a hit ended at a boundary another request's verify step passed inside its kept tokens",
+            _checkpoint_inside_step,
+        ),
+        "blocks-at-offsets": (
+            "two prompts held the same token block at different offsets", _blocks_at_offsets),
+        "off-grid-chunk-before-hit": (
+            "a prompt chunk started off the block grid, and a later request hit that prompt's blocks past it",
+            _off_grid_chunk_before_hit,
+        ),
+        "length-stop-at-max-len": (
+            "a request that verified drafts ran into max_model_len", _length_stop_at_max_len),
+        "ngram-max-model-len": (
+            "an n-gram request that verified drafts ran into max_model_len", _ngram_max_model_len),
+        "chunk-ahead-of-sampling": (
+            "MTP, K >= 2: a prompt chunk that does not sample shared a step with a new prompt that samples",
+            _chunk_ahead_of_sampling,
+        ),
+        "floor-under-pressure": (
+            "a request admitted after the pool may have evicted blocks still had a cache floor above 0",
+            _floor_under_pressure,
+        ),
     }
 )
 # Judged on the reference engine's run with the scenario's prefix caching.
@@ -197,6 +334,11 @@ CACHE_TRIGGERS = frozenset(
         "concurrent-hits",
         "eviction",
         "shared-preemption",
+        "floor-under-pressure",
+        "boundaries-in-one-step",
+        "checkpoint-inside-step",
+        "blocks-at-offsets",
+        "off-grid-chunk-before-hit",
     }
 )
 

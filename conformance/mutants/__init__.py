@@ -3,7 +3,7 @@
 Each mutant patches one engine *instance* after it is built (never a module or class), so two
 engines in one process stay independent and the async engine's source is untouched. A mutant is
 caught when any check of any scenario fails on it; ``run_mutants`` stops a mutant at its first
-failing scenario and reports how long that took.
+failing check and reports how long that took.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, RunSpec
 from kernels import PAD_SLOT_ID
 from refengine.async_engine.stream import HostBuffer
-from refengine.prefix_cache import Hit
+from refengine.prefix_cache import ROOT_KEY, Hit, next_key
 
 
 @dataclass(frozen=True)
@@ -484,6 +484,89 @@ def _conv_window_unshifted(engine) -> None:
     caches.save_checkpoints = save_unshifted
 
 
+def _evict_newest(engine) -> None:
+    """Prefix caching: when the KV pool has no never-used block left it evicts the most recently released
+    cached block instead of the least recently released one, so the prefix a request just left goes
+    first and the next request that shares it hits less (never wrongly: every hit is still correct)."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
+    pool = engine.core.scheduler.kv_pool
+
+    def allocate_evicting_newest(n):
+        if n > pool.num_free:
+            return None
+        ids = []
+        for _ in range(n):
+            if pool._free:
+                block = pool._free.pop()
+            else:
+                block, _ = pool._evictable.popitem(last=True)
+                del pool._block_of[pool._key_of.pop(block)]
+            pool._refs[block] = 1
+            ids.append(block)
+        return ids
+
+    pool.allocate = allocate_evicting_newest
+
+
+def _chunk_end_pairs_own_token(engine) -> None:
+    """Contract 5: the drafter's entry at the last position of a prompt chunk that ends inside a KV block
+    is paired with that position's own token instead of the prompt token after it (the host-staged
+    backup token). The drafter's cache holds one wrong pair per such chunk, which the drafts read only
+    through attention: they seldom change."""
+    proposer = engine.runner.proposer
+    if proposer is None or not hasattr(proposer, "next_token_ids"):
+        return
+    original = proposer.next_token_ids
+    block_size = engine.config.cache.block_size
+
+    def next_token_ids(d):
+        ids = original(d)
+        last = d.last_kept()
+        chunk = (~d.is_sampling) & (last < d.num_tokens_padded)
+        last = last[chunk]
+        last = last[(d.positions[last] + 1) % block_size != 0]
+        ids[last] = d.input_ids[last]
+        return ids
+
+    proposer.next_token_ids = next_token_ids
+
+
+def _keys_without_parent(engine) -> None:
+    """Prefix caching: a block's key covers its own tokens (and the lookahead) but not the key of the block
+    before it, so equal blocks at different offsets, or after different prefixes, share one key: a prompt
+    finds another prompt's block, with its KV and its checkpoint, where only the block's tokens match."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
+    prefix = engine.core.scheduler.prefix
+    bs, lookahead = prefix.block_size, prefix.lookahead
+
+    def keys_of_blocks_alone(req):
+        keys, tokens = req.block_keys, req.all_token_ids
+        while (len(keys) + 1) * bs + lookahead <= len(tokens):
+            i = len(keys)
+            keys.append(next_key(ROOT_KEY, tokens[i * bs: (i + 1) * bs + lookahead]))
+        return keys
+
+    prefix.keys = keys_of_blocks_alone
+
+
+def _staging_for_one_step(engine) -> None:
+    """Prefix caching: checkpoint staging slots are held for one step in flight only: while a step that
+    holds some is in flight, the next step's rows get none, so the boundaries they reach go unpublished
+    (their copies land in the sink) and later requests hit less, never wrongly."""
+    if engine.prefix is None:  # caching is off: nothing to break
+        return
+    cache = engine.prefix
+    checkpoints = cache.prefix.checkpoints
+    hold = checkpoints.hold
+
+    def hold_while_no_step_holds():
+        return None if any(cache._held.values()) else hold()
+
+    checkpoints.hold = hold_while_no_step_holds
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stale-accepted-counts",
@@ -675,6 +758,43 @@ MUTANTS: tuple[Mutant, ...] = (
         "a verify step's checkpoint takes the conv window of its first token, not of the boundary's token",
         _conv_window_unshifted,
         scenarios=("pc-preemption-k3",),
+    ),
+)
+
+
+MUTANTS += (
+    Mutant(
+        "pc-evict-newest",
+        "own (prefix caching; under-hit)",
+        "contract 9: a cache that silently stops hitting is a failure",
+        "a KV pool out of never-used blocks evicts the most recently released cached block, not the least",
+        _evict_newest,
+        scenarios=("prefix-eviction-order-k0",),
+    ),
+    Mutant(
+        "chunk-end-drafter-token",
+        "own (drafter inputs)",
+        "contract 5: drafter inputs are committed tokens",
+        "the drafter pairs the last position of a prompt chunk ending inside a block with its own token, "
+        "not the prompt token after it",
+        _chunk_end_pairs_own_token,
+        scenarios=("chunk-tails-k3",),
+    ),
+    Mutant(
+        "pc-keys-without-parent",
+        "own (prefix caching; block geometry)",
+        "contract 9: a hit is a prefix",
+        "a block's key covers its own tokens but not the block before it: equal blocks at other offsets hit",
+        _keys_without_parent,
+        scenarios=("prefix-offset-blocks-k0",),
+    ),
+    Mutant(
+        "pc-staging-one-step",
+        "own (prefix caching; under-hit)",
+        "contract 9: a cache that silently stops hitting is a failure",
+        "checkpoint staging slots are held for one step in flight: the next step's boundaries go unpublished",
+        _staging_for_one_step,
+        scenarios=("prefix-eviction-order-k0",),
     ),
 )
 

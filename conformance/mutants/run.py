@@ -35,7 +35,7 @@ def scenario_order(mutant: Mutant, tier: str) -> list[str]:
 
 def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device: str = "cpu",
                preferred_only: bool = False, dtype: str = "float32") -> MutantResult:
-    """Run scenarios (the mutant's preferred ones first) until one fails."""
+    """Run scenarios (the mutant's preferred ones first) until a check fails (the scenario stops there)."""
     facts = preflight(model, device, dtype)
     case = Case(
         f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device, run_dtype(dtype, facts)
@@ -46,7 +46,7 @@ def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device:
         order = [s for s in order if s in mutant.scenarios]
     skipped: dict[str, str] = {}
     for sid in order:
-        result, _ = run_scenario(sid, case)
+        result, _ = run_scenario(sid, case, fail_fast=True)
         if result.error is not None:
             raise RuntimeError(f"mutant {mutant.id}: scenario {sid} could not run: {result.error}")
         if result.skipped:

@@ -195,6 +195,60 @@ def _ngram(k: int, lookup: tuple[int, int]) -> ScenarioDef:
     )
 
 
+def _ngram_max_len(k: int, tiers=NIGHTLY) -> ScenarioDef:
+    def build(b):
+        # Repeated phrases keep the lookup proposing drafts up to the last position the model allows.
+        for i in range(b.size(4, 8)):
+            b.add(b.rng.randint(4, 20), 64, arrival=i // 2, repeat=1 + i % 3)
+
+    return ScenarioDef(
+        f"ngram-max-len-k{k}",
+        f"n-gram prompt lookup runs requests into max_model_len 40, drafting to the very end (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="ngram", prompt_lookup_min=1, prompt_lookup_max=3,
+                       max_model_len=40),
+        build,
+        ("spec-verify", "ngram-max-model-len", "length-stop-at-max-len"),
+        tiers,
+    )
+
+
+def _spec_max_len(k: int, tiers=NIGHTLY) -> ScenarioDef:
+    def build(b):
+        # Prompts of every length near the limit, each with room for more tokens than the model allows.
+        for n in (1, 5, 20, 33, 35, 36, 37, 38, 39):
+            b.add(n, 48, arrival=n % 3)
+
+    return ScenarioDef(
+        f"spec-max-len-k{k}",
+        f"MTP speculation up to max_model_len 40: length stops where the last verify step could keep more "
+        f"than the model allows (K={k})",
+        EngineSettings(num_speculative_tokens=k, max_model_len=40),
+        build,
+        ("spec-verify", "length-stop-at-max-len"),
+        tiers,
+    )
+
+
+def _chunk_ahead(k: int, tiers=NIGHTLY) -> ScenarioDef:
+    def build(b):
+        # Mode "all" ends every prompt chunk at the next block boundary, so a long prompt's chunk leaves
+        # budget for the short prompts arriving one per step: they sample in the same step, after the chunk.
+        # Without the cache's clipping a budget cut chunk takes the rest of the budget and runs last.
+        b.add(b.size(30, 60), 4)
+        for i in range(b.size(6, 12)):
+            b.add(2 + i % 4, 3, arrival=1 + i)
+
+    return ScenarioDef(
+        f"chunk-ahead-k{k}",
+        f"prompt chunks that do not sample placed ahead of short prompts that do, MTP drafts chained past "
+        f"them (K={k}; mode 'all' clips the chunks, the prefix cache is not what is tested)",
+        _cache_settings(k, "all", max_num_batched_tokens=16),
+        build,
+        ("chunk-ahead-of-sampling",),
+        tiers,
+    )
+
+
 def _soak(k: int) -> ScenarioDef:
     def build(b):
         for i in range(60):
@@ -371,6 +425,36 @@ def _eviction(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
     )
 
 
+def _eviction_order(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        # One request at a time. Three old prompts fill the pool with cached blocks, a fourth is the one a
+        # later prompt continues, and a long filler then takes more blocks than the pool has never used:
+        # the pool must evict the old prompts' blocks (released first), never the fourth's, so the last
+        # request's floor ("cache-floor") is the fourth's whole prompt.
+        old = [b.prompt(3 * bs + 1) for _ in range(3)]
+        for prompt in old:
+            b.add_ids(prompt, 3)
+        kept = b.prompt(3 * bs + 1)
+        b.add_ids(kept, 3)
+        b.add(5 * bs + 1, 3)
+        b.add_ids(kept + b.prompt(2), b.size(4, 8), arrival=LATER)
+        b.add_ids(old[0] + b.prompt(2), b.size(4, 8), arrival=LATER)  # the oldest was evicted: it hits less
+
+    return _cache_def(
+        "eviction-order",
+        k,
+        mode,
+        "a pool of 16 KV blocks under pressure, one request at a time: the least recently released blocks "
+        "go first, so the last prompt still finds the newest source whole",
+        _cache_settings(k, mode, num_kv_blocks=16, max_model_len=40, max_num_seqs=1),
+        build,
+        ("eviction", "floor-under-pressure"),
+        tiers,
+    )
+
+
 def _shared_preemption(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
     def build(b):
         system = b.prompt(4 * 4)
@@ -391,6 +475,80 @@ def _shared_preemption(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
     )
 
 
+def _offset_blocks(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        # Identical token blocks at different offsets: equal blocks, but not equal prefixes, so a block's key
+        # must cover everything before it. Only the last request shares a real prefix with the first.
+        a, c, d = b.prompt(bs), b.prompt(bs), b.prompt(bs)
+        first = a + c + d + b.prompt(1)
+        b.add_ids(first, b.size(4, 12))
+        b.add_ids(c + d + a + b.prompt(2), b.size(4, 12), arrival=LATER)  # each block one place earlier
+        b.add_ids(a + a + c + b.prompt(1), b.size(4, 12), arrival=LATER)  # a block repeated in one prompt
+        b.add_ids(first + b.prompt(2), b.size(4, 12), arrival=LATER + 1)
+
+    return _cache_def(
+        "offset-blocks",
+        k,
+        mode,
+        "prompts holding the same token blocks at different offsets: no hit unless the whole prefix matches",
+        _cache_settings(k, mode),
+        build,
+        ("blocks-at-offsets",),
+        tiers,
+    )
+
+
+def _small_blocks(k: int, mode: str, drafter: str = "mtp", tiers=NIGHTLY) -> ScenarioDef:
+    bs = 2
+
+    def build(b):
+        # Blocks of 2 tokens with K=3: one verify step keeps up to 4 tokens and so passes up to two block
+        # boundaries, the first inside its kept tokens; next turns hit the checkpoints it left there.
+        for chat in range(b.size(2, 3)):
+            turn = b.add(5 + 2 * chat, b.size(8, 16), arrival=chat)
+            for _ in range(b.size(2, 3)):
+                turn = b.extend(turn, b.rng.randint(0, 2), b.size(8, 14))
+
+    return _cache_def(
+        f"small-blocks-{mode}",
+        k,
+        mode,
+        f"blocks of {bs} tokens, no longer than K: a verify step passes several block boundaries, and hits "
+        "land on boundaries inside a step's kept tokens",
+        _cache_settings(k, mode, drafter, block_size=bs, num_kv_blocks=4 * ROOMY),
+        build,
+        ("hit-on-output", "boundaries-in-one-step", "checkpoint-inside-step"),
+        tiers,
+    )
+
+
+def _off_grid_chunk(k: int, tiers=NIGHTLY) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        # Two prompts arrive together under a budget of 6: the second's first chunk is cut 2 tokens into a
+        # block, so its next chunk starts off the grid (mode all still ends it on the grid); later prompts
+        # continue both and hit the blocks those chunks left.
+        first, second = b.prompt(3 * bs + 1), b.prompt(3 * bs + 1)
+        b.add_ids(first, b.size(4, 10))
+        b.add_ids(second, b.size(4, 10))
+        b.add_ids(second + b.prompt(2), b.size(4, 10), arrival=LATER)
+        b.add_ids(first + b.prompt(1), b.size(4, 10), arrival=LATER)
+
+    return _cache_def(
+        "off-grid-chunk",
+        k,
+        "all",
+        "a budget cut starts an 'all' prompt chunk off the block grid before a later request hits its blocks",
+        _cache_settings(k, "all", max_num_batched_tokens=6),
+        build,
+        ("off-grid-chunk-before-hit",),
+        tiers,
+    )
+
+
 def _prefix_caching() -> list[ScenarioDef]:
     return [
         _system_prompt(0, "all"),
@@ -404,6 +562,13 @@ def _prefix_caching() -> list[ScenarioDef]:
         _short_tail(1, "align", NIGHTLY),
         _eviction(0, "all"),
         _eviction(3, "align", NIGHTLY),
+        _eviction_order(0, "all"),
+        _eviction_order(3, "align", NIGHTLY),
+        _offset_blocks(0, "all"),
+        _offset_blocks(3, "align", NIGHTLY),
+        _small_blocks(3, "align"),
+        _small_blocks(3, "all", "scripted"),
+        _off_grid_chunk(1),
         _shared_preemption(3, "align"),
     ]
 
@@ -479,6 +644,9 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         _ngram(1, (2, 4)),
         _ngram(3, (1, 3)),
         _stop_tokens(3),
+        _ngram_max_len(3),
+        _spec_max_len(3),
+        _chunk_ahead(3),
         *(_soak(k) for k in (0, 3)),
         _long_prompts(3),
         *_prefix_caching(),

@@ -22,7 +22,9 @@ and its mode (align, all); up to two shared prefixes (lengths weighted to block 
 that requests start with; and requests that extend an earlier one (its prompt and reply, then a few
 tokens: a chat's next turn). A caching workload without KV pressure gets a pool that holds everything
 it can allocate, so the cached-token counts of the requests that arrive after others finished are
-pinned to their ceiling.
+pinned to their ceiling. Last (``_geometry``): the n-gram drafter in place of the drafted one (with
+``ngram``), and with caching a block size of 2..K (several boundaries in one verify step) and a prompt
+that holds another's first block one block in (equal blocks at different offsets).
 
 Prompt contents come from a per-request seed, so shrinking works on a handful of numbers: fewer
 requests, shorter prompts, earlier arrivals, fewer tokens, fewer aborts, smaller K, no sharing.
@@ -142,10 +144,11 @@ def scenarios(
     scripted: bool = True,
     aborts: bool = True,
     caching: bool = False,
+    ngram: bool = False,
     name: str = "generated",
 ) -> Scenario:
     """A whole workload: engine settings, graph mode, and 1..limits.max_requests requests (``caching``: prefix
-    caching, shared prefixes and multi-turn requests drawn too)."""
+    caching, shared prefixes and multi-turn requests drawn too; ``ngram``: the n-gram drafter too)."""
     settings, model_len = _settings(draw, limits, has_mtp, scripted)
     k, budget = settings.k, settings.max_num_batched_tokens
     graph_mode = draw(st.sampled_from(GRAPH_MODES))
@@ -186,8 +189,31 @@ def scenarios(
                 extends,
             )
         )
+    settings, requests = _geometry(draw, settings, requests, max_prompt, caching=caching, ngram=ngram)
     return _finish(Scenario(name, _describe(requests, prefixes), "default", settings, tuple(requests), (),
                             graph_mode))
+
+
+def _geometry(draw, settings: EngineSettings, requests: list[RequestSpec], max_prompt: int, *, caching: bool,
+              ngram: bool) -> tuple[EngineSettings, list[RequestSpec]]:
+    """Drawn last, so the draws before it (and the workloads of earlier seeds) keep their meaning: the
+    n-gram drafter instead of the drafted one; with caching, blocks no longer than K (one verify step passes
+    several boundaries) and one prompt holding another's first block one block in (equal blocks at
+    different offsets)."""
+    if ngram and settings.k and draw(st.booleans()):
+        settings = replace(settings, drafter="ngram", pattern="hash", prompt_lookup_min=1,
+                           prompt_lookup_max=3)
+    if not (caching and settings.enable_prefix_caching):
+        return settings, requests
+    if settings.k >= 2 and settings.num_kv_blocks is None and draw(st.booleans()):
+        settings = replace(settings, block_size=draw(st.integers(2, settings.k)))
+    bs = settings.block_size
+    own = [i for i, r in enumerate(requests) if r.extends is None and len(r.prompt) >= bs]
+    if len(own) >= 2 and draw(st.booleans()):
+        i, j = draw(st.sampled_from([(i, j) for i in own for j in own if i != j]))
+        moved = (requests[j].prompt[:bs] + requests[i].prompt)[:max_prompt]
+        requests = [replace(r, prompt=moved) if n == j else r for n, r in enumerate(requests)]
+    return settings, requests
 
 
 def _finish(scenario: Scenario) -> Scenario:

@@ -11,7 +11,7 @@ from conformance.results import FAIL, NA, PASS
 from conformance.workloads import get_def
 
 SCENARIO = "short-prompts-mixed-k3"  # new short prompts next to running decodes, K=3 verify steps
-CACHING_ONLY = {"cache-lossless", "restored-state"}  # n/a without prefix caching
+CACHING_ONLY = {"cache-lossless", "restored-state", "cache-floor"}  # n/a without prefix caching
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +304,7 @@ class _SparseRecords:
 
 
 @pytest.mark.parametrize("dropped, na", [
-    (("drafter_input_ids", "next_draft_token_ids"), {"id-range"}),
+    (("drafter_input_ids", "next_draft_token_ids"), {"id-range", "drafts"}),
     (("state_slot_read",), {"state-slots", "new-prompt-prefill"}),
 ])
 def test_checks_needing_a_field_the_records_lack_are_not_applicable(small_case, dropped, na):

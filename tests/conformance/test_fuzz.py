@@ -102,6 +102,26 @@ def test_generated_workloads_cover_the_triggers():
     assert not any(r.abort_step is not None for sc in _generated(0, 50, aborts=False) for r in sc.requests)
 
 
+def test_generated_workloads_cover_the_cache_and_drafter_geometries():
+    """Blocks no longer than K, equal blocks at different offsets, and n-gram requests into max_model_len."""
+    seen = _generated(0, 250, caching=True, ngram=True)
+    cached = [sc for sc in seen if sc.settings.enable_prefix_caching]
+    assert any(2 <= sc.settings.block_size <= sc.k for sc in cached)
+    assert not any(sc.settings.block_size < 4 for sc in seen if not sc.settings.enable_prefix_caching)
+
+    def at_offsets(sc):
+        bs, where = sc.settings.block_size, {}
+        for r in sc.requests:
+            for i in range(len(r.prompt) // bs):
+                where.setdefault(tuple(r.prompt[i * bs: (i + 1) * bs]), set()).add(i)
+        return any(len(v) > 1 for v in where.values())
+
+    assert any(at_offsets(sc) for sc in cached)
+    assert any(sc.settings.drafter == "ngram" and sc.settings.max_model_len and any(
+        len(r.prompt) + r.max_tokens >= sc.settings.max_model_len for r in sc.requests) for sc in seen)
+    assert not any(sc.settings.drafter == "ngram" for sc in _generated(0, 50))
+
+
 def test_default_fuzz_budget_passes_on_the_async_engine(tmp_path):
     """The default tier's fuzz run: a fixed seed and budget, every graph mode drawn, aborts included."""
     report = fuzz(
