@@ -8,10 +8,11 @@ import os
 import random
 
 import pytest
+import torch
 
 from refengine import LLM, SamplingParams
 from refengine.config import CacheConfig, ConfigError, EngineConfig
-from refengine.prefix_cache import BlockPool, CheckpointPool, PrefixCache, state_column
+from refengine.prefix_cache import BlockPool, CheckpointPool, PrefixCache, geometry
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -81,11 +82,25 @@ def test_chunk_clipping(mode, nc, num_new, total, want):
     assert _cache(mode).clip(nc, num_new, total) == want
 
 
-def test_state_column():
-    assert state_column(8, 4, 4, is_prefill=True) == 0
-    assert state_column(8, 4, 6, is_prefill=True) is None  # the chunk went past: its state is gone
-    assert state_column(8, 6, 4, is_prefill=False) == 1  # verify row over positions 6..9: after token 7
-    assert state_column(8, 8, 4, is_prefill=False) is None
+def test_geometry_reached_boundaries_and_their_columns():
+    assert geometry.reached(4, 4, 4, True, 4) == [(8, 0)]  # a chunk ending on the grid holds its end
+    assert geometry.reached(4, 6, 6, True, 4) == []  # the chunk went past: its state is gone
+    assert geometry.reached(6, 4, 2, False, 4) == [(8, 1)]  # verify row over 6..9 kept 2: after token 7
+    assert geometry.reached(6, 4, 1, False, 4) == []  # kept 1: the boundary's token was rejected
+    assert geometry.reached(7, 6, 6, False, 4) == [(8, 0), (12, 4)]  # two boundaries in one verify step
+    assert geometry.reached(8, 4, 4, False, 4) == [(12, 3)]
+
+
+def test_geometry_column_table_is_the_column_rule():
+    """The device copy's table gives, for a start's offset in its block, the column of each boundary:
+    the same columns ``reached`` gives on the host."""
+    for bs in (1, 2, 4, 8):
+        table = geometry.column_table(bs, 3)
+        for start in range(3 * bs):
+            kept = 3 * bs
+            want = [c for _, c in geometry.reached(start, kept, kept, False, bs)][:3]
+            assert table[start % bs] == want
+    assert geometry.num_boundaries(3, 8, 4) == 2 and geometry.num_boundaries(4, 7, 4) == 0
 
 
 def test_settings_are_validated():
@@ -299,3 +314,47 @@ def test_conformance_settings_reach_the_engine_under_test_only():
     assert not reference_adapter().build(spec).config.cache.enable_prefix_caching
     with pytest.raises(ValueError, match="mamba_cache_mode must be one of .* got 'bogus'"):
         EngineSettings(enable_prefix_caching=True, mamba_cache_mode="bogus")
+
+
+def _caches_with(specs, num_slots, k):
+    """A ``ModelCaches`` holding the state tensors ``specs`` (layer -> RecurrentState) declare, the way a
+    model whose layers declared them would (no model needed)."""
+    from refengine.cache import ModelCaches
+
+    caches = ModelCaches.__new__(ModelCaches)
+    caches.num_speculative_tokens, caches.kv = k, {}
+    caches.states = {i: s.allocate(num_slots, torch.float32, "cpu") for i, s in specs.items()}
+    caches.checkpoint_kinds = {i: s.checkpoint for i, s in specs.items()}
+    for tensors in caches.states.values():
+        for t in tensors:
+            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(t.numel())))
+    return caches
+
+
+def test_checkpoints_follow_each_state_tensors_declared_kind():
+    """A second recurrent mixer (Mamba2: a conv window [C, W-1+K] and a per-slot state [H, P, N]) declares
+    its state and is checkpointed through the same path as GDN's, on the host and on the device alike."""
+    from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
+
+    k, w1 = 2, 3  # K, W-1
+    specs = {0: RecurrentState(((5, w1 + k), (2, 3, 4)), (False, True), (WINDOW, SLOT)),  # GDN-like
+             1: RecurrentState(((2, 3, 4), (6, w1 + k)), (True, False), (SLOT, WINDOW))}  # another order
+    host, device = _caches_with(specs, 12, k), _caches_with(specs, 12, k)
+    slots = [1, 2, 3]  # s_0..s_K of one request
+    copies = [(column, 6 + column) for column in range(k + 1)]  # (column, checkpoint slot)
+    for column, dst in copies:
+        host.save_checkpoint(slots, column, dst)
+    col = torch.tensor([c for c, _ in copies])
+    device.save_checkpoints(torch.full_like(col, slots[0]), col, torch.tensor([slots[c] for c, _ in copies]),
+                            torch.tensor([d for _, d in copies]))
+    for layer, tensors in host.states.items():
+        for t, kind, other in zip(tensors, specs[layer].checkpoint, device.states[layer]):
+            for column, dst in copies:
+                want = t[slots[0], ..., column: column + w1] if kind == WINDOW else t[slots[column]]
+                got = t[dst, ..., :w1] if kind == WINDOW else t[dst]
+                assert torch.equal(got, want), f"layer {layer} {kind}: column {column}"
+                assert torch.equal(other[dst], t[dst]), "the device copy differs from the host copy"
+    host.restore_checkpoint(7, 9)
+    assert all(torch.equal(t[9], t[7]) for ts in host.states.values() for t in ts)
+    with pytest.raises(ValueError, match="checkpoint kind 'conv'"):
+        RecurrentState(((5, 4),), (False,), ("conv",))
