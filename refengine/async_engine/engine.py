@@ -106,7 +106,6 @@ class AsyncEngine(Engine):
         caching = c.cache.enable_prefix_caching
         num_slots = c.num_state_slots + c.num_state_checkpoints + c.num_staged_checkpoints + int(caching)
         sink_checkpoint = num_slots - 1 if caching else None
-        self.drafter_kv = drafter_kv
         self.prefix = AsyncPrefixCache(self.core.scheduler.prefix, c.num_checkpoint_columns,
                                        sink_checkpoint) if caching else None
         self.caches = ModelCaches(model_config, c.num_kv_blocks, c.cache.block_size, num_slots, k,
@@ -299,10 +298,7 @@ class AsyncEngine(Engine):
         try:
             finished = self._commit(plan, tokens, drafted, discarded)
             if cache is not None:
-                published = spans
-                if self.drafter_kv:  # as the reference engine: a finished request's last step publishes none
-                    published = [s for s in spans if not s.request.is_finished]
-                self.prefix.keep(plan.index, cache.publish(published))
+                self.prefix.keep(plan.index, cache.publish(spans))
         finally:
             if cache is not None:
                 cache.release(spans)

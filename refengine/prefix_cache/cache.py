@@ -114,22 +114,26 @@ class PrefixCache:
         self.num_hit_tokens += hit.num_tokens
 
     def clip(self, num_computed: int, num_new: int, total: int, shared: int = 0) -> int:
-        """A prefill chunk's length, clipped so that its end is a checkpoint the mode asks for.
+        """A prefill chunk's length, stopped where the mode wants a checkpoint.
 
         ``all``: a chunk never crosses a block boundary, so every full block's state is a chunk end.
-        ``align``: a chunk that stops short of the last block boundary of the prompt ends on the grid;
-        the chunk that would cross that boundary stops at it; the tail after it runs unclipped.
+        ``align`` (vLLM 0.32+ ``_mamba_block_aligned_split``): a chunk that stops short of the prompt's
+        end ends on the grid (unless that leaves it nothing); then it stops at the first of these inside
+        it: the next boundary when it starts off the grid, the prompt's last checkpoint
+        (``geometry.last_checkpoint``, the longest hit a request with the same prompt can get), and
+        ``shared``, where the request stops sharing the cache's blocks (so a later request with the same
+        prefix hits there).
         """
         bs, end = self.block_size, num_computed + num_new
         if self.mode == "all":
             return min(end, (num_computed // bs + 1) * bs) - num_computed
-        last = total - total % bs
-        if end < last:
-            aligned = end - end % bs
-            return aligned - num_computed if aligned > num_computed else num_new
-        if num_computed < last < end:
-            return last - num_computed
-        return num_new
+        if end < total and end - end % bs > num_computed:
+            end -= end % bs
+        stops = [geometry.last_checkpoint(total, bs, self.lookahead), shared - shared % bs]
+        if num_computed % bs:
+            stops.append((num_computed // bs + 1) * bs)
+        inside = [s for s in stops if num_computed < s < end]
+        return (min(inside) if inside else end) - num_computed
 
     # ---- the step protocol ---------------------------------------------------------------------------
     def hold(self, spans: list[Span]) -> None:

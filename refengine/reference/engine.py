@@ -84,8 +84,6 @@ class ReferenceEngine(Engine):
 
     def _publish(self, prefix, spans: list[Span]) -> None:
         """Publish what the step committed; copy the state at each boundary it reached into a checkpoint."""
-        if self.drafter_kv:  # the drafter wrote no KV at a finished request's last positions
-            spans = [s for s in spans if not s.request.is_finished]
         for c in prefix.publish(spans):
             slot = prefix.checkpoints.reserve(c.key)
             if slot is not None:

@@ -52,12 +52,16 @@ def test_a_finished_request_leaves_states_where_its_mode_keeps_them():
     src = _finished(range(10), range(100, 107))  # 17 tokens, 16 committed
     everywhere = settled(src, Geometry(4, "all", 0))
     assert everywhere.kv == everywhere.states == {4, 8, 12, 16}
-    aligned = settled(src, Geometry(4, "align", 0))  # the prompt's last boundary (8), then decode boundaries
+    aligned = settled(src, Geometry(4, "align", 0))  # its prompt's last checkpoint (8), then decode ones
     assert aligned.kv == {4, 8, 12, 16} and aligned.states == {8, 12, 16}
     mtp = settled(
         _finished(range(10), range(100, 107), [(1, 1), (1, 0), (1, 1), (1, 1)]), Geometry(4, "all", 1)
     )
-    assert mtp.states == {4, 8, 12}  # before the last verify step: 10 + 2 + 1 + 2 = 15 committed
+    assert mtp.states == {4, 8, 12, 16}  # the last verify step's blocks too: the drafter wrote their KV
+    on_grid = settled(_finished(range(12), range(100, 103)), Geometry(4, "align", 0))
+    assert on_grid.states == {8, 12}  # a prompt on the grid: its prefill stops at (12 - 1) // 4 * 4 and 12
+    on_grid_mtp = settled(_finished(range(13), range(100, 103)), Geometry(4, "align", 1))
+    assert on_grid_mtp.kv == {4, 8, 12} and on_grid_mtp.states == {12}  # (13 - 1) // 4 * 4
 
 
 @pytest.mark.parametrize("length,want", [(11, 8), (12, 8), (13, 12), (17, 16), (18, 16), (3, 0)])

@@ -76,10 +76,33 @@ def _cache(mode):
     ("align", 8, 2, 10, 2),  # the tail after it runs unclipped
     ("align", 0, 7, 30, 4),  # a budget-limited chunk ends on the grid
     ("align", 0, 3, 30, 3),  # shorter than a block: left as it is
-    ("align", 0, 12, 12, 12),  # a prompt on the grid runs whole
+    ("align", 0, 12, 12, 8),  # a prompt on the grid stops a block early: (L - 1) // B * B, the longest hit
+    ("align", 8, 4, 12, 4),  # then its last block runs (its end is a chunk end on the grid)
+    ("align", 0, 11, 11, 8),
+    ("align", 2, 20, 30, 2),  # a chunk starting off the grid stops at the next boundary
 ])
 def test_chunk_clipping(mode, nc, num_new, total, want):
     assert _cache(mode).clip(nc, num_new, total) == want
+
+
+@pytest.mark.parametrize("nc,num_new,total,shared,want", [
+    (0, 20, 20, 12, 12),  # a hit fell short of the 12 shared tokens: the chunk stops there
+    (12, 8, 20, 12, 4),  # then on to the prompt's last checkpoint
+    (0, 20, 20, 14, 12),  # the junction is floored to the grid
+    (0, 8, 20, 12, 8),  # a chunk that ends before it is not stretched
+    (12, 8, 20, 0, 4),
+])
+def test_align_chunk_stops_at_the_shared_prefix(nc, num_new, total, shared, want):
+    assert _cache("align").clip(nc, num_new, total, shared) == want
+    assert _cache("all").clip(nc, num_new, total, shared) == min(num_new, (nc // 4 + 1) * 4 - nc)
+
+
+def test_align_last_checkpoint_leaves_the_lookahead_token():
+    """With block keys covering one token more (a KV-cached drafter), the longest hit on a resent prompt of
+    L tokens is (L - 1) // B * B as without, so that is where the prompt's last checkpoint goes."""
+    with_lookahead = PrefixCache(BlockPool(8), CheckpointPool(0, 4), block_size=4, mode="align", lookahead=1)
+    assert with_lookahead.clip(0, 12, 12) == 8 and with_lookahead.clip(0, 13, 13) == 12
+    assert geometry.last_checkpoint(13, 4, 0) == 12 and geometry.last_checkpoint(12, 4, 3) == 8
 
 
 def test_geometry_reached_boundaries_and_their_columns():
@@ -155,25 +178,23 @@ def digests(records):
 def ceiling(prompt, sources, mode, lookahead):
     """The hit the mode allows ``prompt`` from earlier finished single-chunk ``sources`` (RequestOutputs).
 
-    A source published the state at: ``all`` every boundary of its committed tokens, ``align`` the last
-    boundary of its prompt (its prefill ran in one chunk) and every boundary after it. Its committed
-    tokens end one before its last output token; with an MTP drafter (``lookahead``), before its last
-    verify step (the drafter writes no KV for a finished request). A hit must leave the last prompt
-    token to compute and match the source through the block's key (``lookahead`` tokens more).
+    A source published the state at: ``all`` every boundary of its committed tokens, ``align`` its
+    prompt's last checkpoint ((L - max(1, lookahead)) // B * B), its prompt's end when that is on the
+    grid (its prefill stopped at both), and every boundary after its prompt. Its committed tokens end one
+    before its last output token (its last step publishes too). A hit must leave the last prompt token
+    to compute and match the source through the block's key (``lookahead`` tokens more).
     """
     best = 0
     for src in sources:
         tokens = src.prompt_token_ids + src.token_ids
-        committed = len(tokens) - 1
-        if lookahead:
-            committed = len(src.prompt_token_ids) + sum(a + 1 for _, a in src.acceptance[:-1])
-        last_prompt_boundary = len(src.prompt_token_ids) - len(src.prompt_token_ids) % BS
-        first = BS if mode == "all" else last_prompt_boundary
+        n = len(src.prompt_token_ids)
+        stops = {(n - max(1, lookahead)) // BS * BS, n - n % BS if n % BS == 0 else -1}
         common = next(
             (i for i, (x, y) in enumerate(zip(tokens, prompt)) if x != y), min(len(tokens), len(prompt))
         )
-        for b in range(BS, committed + 1, BS):
-            if b >= first and b <= len(prompt) - 1 and b + lookahead <= common:
+        for b in range(BS, len(tokens), BS):
+            kept = mode == "all" or b in stops or b > n
+            if kept and b <= len(prompt) - 1 and b + lookahead <= common:
                 best = max(best, b)
     return best
 
@@ -358,3 +379,53 @@ def test_checkpoints_follow_each_state_tensors_declared_kind():
     assert all(torch.equal(t[9], t[7]) for ts in host.states.values() for t in ts)
     with pytest.raises(ValueError, match="checkpoint kind 'conv'"):
         RecurrentState(((5, 4),), (False,), ("conv",))
+
+
+# ---- where vLLM hits, the cache hits: the three geometries it used to miss ---------------------------
+
+ENGINES = [{}, {"engine": "async", "graph_mode": "full_and_piecewise"}]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=["reference", "async"])
+def test_a_prompt_on_the_grid_sent_twice_hits_all_but_its_last_block(ckpt, engine):
+    """align, B=4, K=0: a 12-token prompt's prefill stops at (12 - 1) // 4 * 4 = 8 as well as at 12, so
+    the same prompt sent again hits 8 tokens (the split of vLLM 0.32+; 0 with a split at L - L % B)."""
+    prompt = prompts(random.Random(21), 3 * BS)
+    waves = [[prompt], [prompt]]
+    off, _, _ = run(ckpt, waves, max_tokens=4, **engine)
+    on, _, _ = run(ckpt, waves, cache_mode="align", max_tokens=4, **engine)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.num_cached_tokens for o in on] == [0, 2 * BS]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=["reference", "async"])
+def test_a_sibling_hits_where_an_earlier_one_stopped_at_the_shared_prefix(ckpt, engine):
+    """align, B=4, K=0: X+A, X+B, X+C with |X| = 12, one after another. X+A leaves no state at 12 (its
+    prompt's checkpoint is at 16); X+B shares X's blocks but gets no hit, so its prefill stops at the end
+    of what it shares (12) and leaves the state there: X+C hits 12."""
+    rng = random.Random(23)
+    x = prompts(rng, 3 * BS)
+    waves = [[x + prompts(rng, 6)] for _ in range(3)]
+    off, _, _ = run(ckpt, waves, max_tokens=4, **engine)
+    on, records, _ = run(ckpt, waves, cache_mode="align", max_tokens=4, **engine)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.num_cached_tokens for o in on] == [0, 0, 3 * BS]
+    second = [r for rec in records for r in rec.rows
+              if r.request_id == on[1].request_id and r.kind == "prefill"]
+    assert second[0].num_computed_tokens + second[0].query_len == 3 * BS, "the junction stop"
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=["reference", "async"])
+def test_a_next_turn_hits_the_blocks_of_the_last_step_with_an_mtp_drafter(ckpt, engine):
+    """B=4, K=3 with MTP, multi-turn: an 11-token prompt and 6 outputs leave 16 committed tokens; only the
+    request's last verify step reaches 16, and its drafter KV is written there too, so the next turn (its
+    prompt, outputs and a new message) hits 16, not 12."""
+    rng = random.Random(25)
+    first = prompts(rng, 11)
+    waves = [[first], lambda outs: [first + outs[0].token_ids + prompts(random.Random(2), 3)]]
+    kw = {"num_speculative_tokens": 3, "drafter": "mtp", "max_tokens": 6, **engine}
+    off, _, _ = run(ckpt, waves, **kw)
+    on, _, _ = run(ckpt, waves, cache_mode="align", **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.acceptance for o in on] == [o.acceptance for o in off]
+    assert [o.num_cached_tokens for o in on] == [0, 4 * BS]
