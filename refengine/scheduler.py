@@ -135,8 +135,8 @@ class Scheduler:
             self.waiting.popleft()
             req.block_ids += blocks
             req.state_slots = slots
-            if hit.slot is not None:
-                out.restores.append(Restore(req.request_id, hit.slot, slots[0]))
+            if hit.checkpoint is not None:
+                out.restores.append(Restore(req.request_id, hit.checkpoint, slots[0]))
             if self.prefix is not None:
                 self.prefix.count(total, hit)
             if req.num_cached_tokens is None:

@@ -42,18 +42,18 @@ class RowStage:
 
 
 class AsyncPrefixCache:
-    def __init__(self, prefix: PrefixCache, num_columns: int, sink_slot: int):
+    def __init__(self, prefix: PrefixCache, num_columns: int, sink_checkpoint: int):
         self.prefix = prefix
         self.block_size = prefix.block_size
         self.num_columns = num_columns  # P: boundaries one row's step can reach
-        self.sink_slot = sink_slot
+        self.sink_checkpoint = sink_checkpoint
         self._held: dict[int, set[int]] = {}  # plan index -> slots it still holds
 
     # ---- planning ---------------------------------------------------------------------------
     def stage(self, index: int, rows) -> list[RowStage]:
         """Hold the checkpoint slots of every row of plan ``index`` (before its optimistic assumptions)."""
         stages = [self._stage_row(row) for row in rows]
-        self._held[index] = {s for st in stages for s in st.held if s != self.sink_slot}
+        self._held[index] = {s for st in stages for s in st.held if s != self.sink_checkpoint}
         return stages
 
     def _stage_row(self, row) -> RowStage:
@@ -70,8 +70,8 @@ class AsyncPrefixCache:
             count = min(self.num_columns, geometry.num_boundaries(lo, hi, bs))
         checkpoints = self.prefix.checkpoints
         slots = [checkpoints.hold() for _ in range(count)]
-        slots = [self.sink_slot if s is None else s for s in slots]
-        slots += [self.sink_slot] * (self.num_columns - len(slots))
+        slots = [self.sink_checkpoint if s is None else s for s in slots]
+        slots += [self.sink_checkpoint] * (self.num_columns - len(slots))
         return RowStage(req, req.num_preemptions, req.is_prefilling, start, slots)
 
     # ---- processing -------------------------------------------------------------------------

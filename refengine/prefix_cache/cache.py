@@ -29,7 +29,7 @@ from refengine.prefix_cache.pools import BlockPool, CheckpointPool, extend_keys
 class Hit:
     num_tokens: int  # h: tokens whose KV and state come from the cache
     blocks: list[int]  # the KV blocks of those tokens
-    slot: int | None  # the checkpoint slot holding the state after them (None when h == 0)
+    checkpoint: int | None  # the checkpoint slot holding the state after them (None when h == 0)
     num_shared: int = 0  # tokens of the longest run of cached KV blocks (>= h): where the request stops
     #                      sharing what the cache holds
 
