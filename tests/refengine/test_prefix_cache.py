@@ -431,3 +431,14 @@ def test_a_next_turn_hits_the_blocks_of_the_last_step_with_an_mtp_drafter(ckpt, 
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert [o.acceptance for o in on] == [o.acceptance for o in off]
     assert [o.num_cached_tokens for o in on] == [0, 4 * BS]
+
+
+@pytest.mark.slow
+def test_the_bench_counts_every_prompt_token_it_looks_up(ckpt):
+    """``python -m refengine.prefix_cache.bench``: its queried tokens are the workload's prompt tokens, and
+    the shared-prefix workload hits."""
+    from refengine.prefix_cache import bench
+
+    hits, queries = bench.measure(ckpt, "shared-prefix", "align", 0, BS, "reference")
+    waves = bench.shared_prefix(random.Random(0), VOCAB)
+    assert queries == sum(len(p) for wave in waves for p in wave) and 0 < hits < queries
