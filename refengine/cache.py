@@ -4,16 +4,17 @@
 pool's ``num_kv_blocks`` blocks, then one sink block (``sink_block``) that no request is ever given,
 for block-table entries a row does not own (padding rows, unused columns).
 ``states``: per-slot recurrent state per recurrent layer, ``S`` slots each: the per-request slots,
-then the prefix cache's checkpoint slots. A recurrent layer's first tensor is its conv window, widened
-by K columns (the state after a verify step's token j is the window at columns j..j+W-2 of s_0); its
-other tensors hold the state after token j in slot s_j (contract 1).
+then the prefix cache's checkpoint slots. Each state tensor's declaration (``RecurrentState.checkpoint``)
+says where it holds the state after a verify step's token j: a ``WINDOW`` (widened by K columns) at
+columns j..j+W-2 of s_0, a ``SLOT`` tensor in slot s_j (contract 1). Checkpoints are taken and restored
+by that declaration only, so a new recurrent mixer needs nothing here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from refengine.model.cache_specs import PagedKV, RecurrentState
+from refengine.model.cache_specs import WINDOW, PagedKV, RecurrentState
 from refengine.model.registry import cache_specs
 
 
@@ -34,48 +35,53 @@ class ModelCaches:
         self.kv: dict = {}  # layer idx | "mtp" -> (k_cache, v_cache), each [blocks, block_size, Hkv, D]
         self.states: dict = {}  # layer idx -> state tensors, each [S, ...] (GDN: conv [S, C, W-1+K],
         #                         ssm fp32)
+        self.checkpoint_kinds: dict = {}  # layer idx -> WINDOW | SLOT per state tensor (its declaration)
         for key, spec in cache_specs(cfg, num_speculative_tokens, drafter_kv).items():
             if isinstance(spec, PagedKV):
                 self.kv[key] = spec.allocate(num_kv_blocks + 1, block_size, dtype, device)
             elif isinstance(spec, RecurrentState):
                 self.states[key] = spec.allocate(num_state_slots, dtype, device)
+                self.checkpoint_kinds[key] = spec.checkpoint
             else:
                 raise TypeError(f"cache {key!r}: unknown cache declaration {type(spec).__name__}")
 
+    def _tensors(self):
+        """(tensor, its checkpoint kind) for every state tensor of every recurrent layer."""
+        for layer, tensors in self.states.items():
+            yield from zip(tensors, self.checkpoint_kinds[layer])
+
     def save_checkpoint(self, slots: list[int], column: int, dst: int) -> None:
         """Copy the state after a step's token ``column`` of the request owning ``slots`` (s_0..s_K) into
-        checkpoint slot ``dst``, every recurrent layer: conv window columns ``column..`` of s_0 and
-        the recurrent state of ``s_column``."""
-        for conv, *rest in self.states.values():
-            width = conv.shape[2] - (len(slots) - 1)  # W-1: the unwidened window
-            conv[dst, :, :width].copy_(conv[slots[0], :, column: column + width])
-            for t in rest:
+        checkpoint slot ``dst``: a window's columns ``column ..`` of s_0, a slot tensor of ``s_column``."""
+        for t, kind in self._tensors():
+            if kind == WINDOW:
+                width = t.shape[-1] - self.num_speculative_tokens  # W-1: the unwidened window
+                t[dst, ..., :width].copy_(t[slots[0], ..., column: column + width])
+            else:
                 t[dst].copy_(t[slots[column]])
 
     def restore_checkpoint(self, src: int, slot0: int) -> None:
         """Copy checkpoint slot ``src`` into a request's s_0 (its initial state for the next prefill)."""
-        for conv, *rest in self.states.values():
-            conv[slot0].copy_(conv[src])
-            for t in rest:
-                t[slot0].copy_(t[src])
+        for t, _ in self._tensors():
+            t[slot0].copy_(t[src])
 
     def save_checkpoints(self, slot0: torch.Tensor, column: torch.Tensor, src: torch.Tensor,
                          dst: torch.Tensor) -> None:
-        """``save_checkpoint`` for M copies at once, on the device (no host read): copy m takes the conv
-        window at columns ``column[m] ..`` of ``slot0[m]`` and the recurrent state of ``src[m]`` (the
-        slot s_column of the same request) into ``dst[m]``. All [M] int64; ``dst`` may repeat a sink slot.
-        """
-        for conv, *rest in self.states.values():
-            width = conv.shape[2] - self.num_speculative_tokens  # W-1: the unwidened window
-            cols = column[:, None] + torch.arange(width, device=column.device)  # [M, W-1]
-            window = conv[slot0[:, None], :, cols]  # [M, W-1, C]
-            conv[dst, :, :width] = window.transpose(1, 2)
-            for t in rest:
+        """``save_checkpoint`` for M copies at once, on the device (no host read): copy m takes a window's
+        columns ``column[m] ..`` of ``slot0[m]`` and a slot tensor of ``src[m]`` (the slot s_column of the
+        same request) into ``dst[m]``. All [M] int64; ``dst`` may repeat a sink slot."""
+        for t, kind in self._tensors():
+            if kind == WINDOW:
+                width = t.shape[-1] - self.num_speculative_tokens  # W-1: the unwidened window
+                cols = column[:, None] + torch.arange(width, device=column.device)  # [M, W-1]
+                rows = t[slot0]  # [M, ..., W-1+K]
+                index = cols.view(cols.shape[0], *([1] * (rows.dim() - 2)), width)
+                t[dst, ..., :width] = rows.gather(-1, index.expand(*rows.shape[:-1], width))
+            else:
                 t[dst] = t[src]
 
     def restore_checkpoints(self, src: torch.Tensor, slot0: torch.Tensor) -> None:
         """``restore_checkpoint`` for n requests at once: checkpoint ``src[i]`` into s_0 ``slot0[i]``
         (both [n] int64)."""
-        for tensors in self.states.values():
-            for t in tensors:
-                t[slot0] = t[src]
+        for t, _ in self._tensors():
+            t[slot0] = t[src]

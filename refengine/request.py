@@ -36,7 +36,8 @@ class Request:
 
     # Prefix caching.
     block_keys: list[bytes] = field(default_factory=list)  # key of each full block of all_token_ids so far
-    restore_slot: int | None = None  # checkpoint to copy into s_0 before the request's next step
+    num_shared_tokens: int = 0  # at admission: tokens of its longest run of cached KV blocks (align stops a
+    #                             prefill chunk there, so a later request sharing them hits)
     num_cached_tokens: int | None = None  # tokens served from the cache at the first admission
 
     # Statistics.

@@ -10,8 +10,8 @@ over from its prompt plus the tokens it already produced.
 
 With prefix caching (``refengine.prefix_cache``) an admission first looks up the longest cached
 prefix: its KV blocks are shared (one more reference each), ``num_computed_tokens`` starts after it
-and ``restore_slot`` names the checkpoint the engine copies into s_0 before the request's first step.
-Prefill chunks are clipped to the mode's checkpoint boundaries.
+and the step's output carries a ``Restore``: the checkpoint the engine copies into s_0 before the
+step runs. Prefill chunks are clipped to the mode's checkpoint boundaries.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from refengine.config import EngineConfig
 from refengine.pools import StateSlotPool
-from refengine.prefix_cache import BlockPool, CheckpointPool, Hit, PrefixCache
+from refengine.prefix_cache import BlockPool, CheckpointPool, Hit, PrefixCache, Restore
 from refengine.request import Request, RequestStatus
 
 
@@ -44,6 +44,7 @@ class SchedulerOutput:
     rows: list[ScheduledRow] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)  # request ids sent back to the waiting queue
     resumed: list[str] = field(default_factory=list)  # request ids readmitted after a preemption
+    restores: list[Restore] = field(default_factory=list)  # checkpoints to copy into s_0 before the step
 
     @property
     def num_tokens(self) -> int:
@@ -123,17 +124,19 @@ class Scheduler:
             hit = self.prefix.find(req, total) if self.prefix is not None else Hit(0, [], None)
             self.kv_pool.take(hit.blocks)  # before allocating, so eviction cannot hand them out
             req.block_ids, req.num_computed_tokens = list(hit.blocks), hit.num_tokens
+            req.num_shared_tokens = hit.num_shared
             num_new = self._clip(req, min(total - req.num_computed_tokens, budget), total)
             blocks = self.kv_pool.allocate(self._blocks_needed(req, num_new))
             slots = self.slot_pool.allocate(self.num_slots_per_request) if blocks is not None else None
             if slots is None:
                 self.kv_pool.free(hit.blocks + (blocks or []))
-                req.block_ids, req.num_computed_tokens = [], 0
+                req.block_ids, req.num_computed_tokens, req.num_shared_tokens = [], 0, 0
                 break
             self.waiting.popleft()
             req.block_ids += blocks
             req.state_slots = slots
-            req.restore_slot = hit.slot
+            if hit.checkpoint is not None:
+                out.restores.append(Restore(req.request_id, hit.checkpoint, slots[0]))
             if self.prefix is not None:
                 self.prefix.count(total, hit)
             if req.num_cached_tokens is None:
@@ -153,7 +156,7 @@ class Scheduler:
         if self.prefix is None:
             return num_new
         total = req.num_prefill_tokens if total is None else total
-        return self.prefix.clip(req.num_computed_tokens, num_new, total)
+        return self.prefix.clip(req.num_computed_tokens, num_new, total, req.num_shared_tokens)
 
     def _blocks_needed(self, req: Request, num_new: int) -> int:
         total = min(req.num_computed_tokens + num_new + self.lookahead, self.max_kv_positions)
@@ -191,7 +194,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.num_prefill_tokens = 0
-        req.restore_slot = None
+        req.num_shared_tokens = 0
         req.draft_token_ids = []
         req.num_valid = 1
         req.num_preemptions += 1

@@ -11,11 +11,13 @@ with the next token) one token more. What a request leaves in the cache once its
 - KV: every full block of its committed tokens;
 - checkpoints, mode ``all``: at every block boundary of its committed tokens (prefill chunks never
   cross a boundary);
-- checkpoints, mode ``align``: at the last block boundary of its prompt, at every boundary a decode or
-  verify step committed past the prompt, and where a budget-cut prefill chunk ended on the grid.
+- checkpoints, mode ``align`` (vLLM 0.32+): at its prompt's last checkpoint ``(L - max(1, lookahead))
+  // B * B`` and its prompt's end when that is on the grid (its prefill stops at both), at every
+  boundary a decode or verify step committed past the prompt, where a budget-cut prefill chunk ended on
+  the grid, and where its hit fell short of the blocks it shared with the cache (the junction stop).
 
-A finished request's committed tokens are all but its last output token; with an MTP drafter, those
-before its last verify step (the drafter writes no KV for a request that finished).
+A finished request's committed tokens are all but its last output token, its last step's included
+(with an MTP drafter too: the drafter writes its KV at a finishing request's last positions).
 
 **The bounds.** From the engine under test's own trace (its prompts, outputs and steps) each request
 gets two bounds; equal bounds pin its count exactly:
@@ -99,14 +101,14 @@ def tokens_of(req: RequestTrace) -> tuple[int, ...]:
 
 def settled(req: RequestTrace, g: Geometry) -> Published:
     """What a finished request has left in the cache, whatever the timing (the lower bound's sources)."""
-    tokens, n = tokens_of(req), len(req.prompt_token_ids)
+    tokens, n, bs = tokens_of(req), len(req.prompt_token_ids), g.block_size
     committed = len(tokens) - 1
-    if g.lookahead:  # the last verify step wrote no drafter KV; with no verify step, nothing is certain
-        committed = n + sum(a + 1 for _, a in req.acceptance[:-1]) if req.acceptance else 0
-    kv = frozenset(b for b in boundaries(0, committed, g.block_size) if b + g.lookahead <= len(tokens))
+    kv = frozenset(b for b in boundaries(0, committed, bs) if b + g.lookahead <= len(tokens))
     if g.mode == "all":
         return Published(tokens, kv, kv)
-    return Published(tokens, kv, frozenset(b for b in kv if b == n - n % g.block_size or b > n))
+    # the align split's last stop (vLLM 0.32+ get_mamba_prefill_checkpoint_position), and the prompt's end
+    stops = {(n - max(1, g.lookahead)) // bs * bs} | ({n} if n % bs == 0 else set())
+    return Published(tokens, kv, frozenset(b for b in kv if b in stops or b > n))
 
 
 def from_rows(rows: list[RowTrace], tokens: tuple[int, ...], g: Geometry) -> Published:

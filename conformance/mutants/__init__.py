@@ -16,6 +16,7 @@ import torch
 
 from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, RunSpec
 from kernels import PAD_SLOT_ID
+from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.stream import HostBuffer
 from refengine.prefix_cache import ROOT_KEY, Hit, next_key
 
@@ -351,47 +352,51 @@ def _stop_rule_on_optimistic_count(engine) -> None:
 
 
 def _publish_optimistic_count(engine) -> None:
-    """Prefix caching: a verify row publishes up to its scheduled tokens, as if every draft was kept."""
+    """Prefix caching: a verify row publishes up to its scheduled tokens, as if every draft was kept.
+
+    Wraps ``AsyncPrefixCache.spans`` (processing: the committed span of each row, before the protocol's
+    hold and publish)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
     prefix = engine.prefix
-    settle = prefix.settle
+    spans_of = prefix.spans
 
-    def settle_optimistically(plan, tokens, discarded):
-        spans = settle(plan, tokens, discarded)
+    def spans_optimistically(plan, tokens, discarded):
+        spans = spans_of(plan, tokens, discarded)
         for span in spans:
-            if not span.hold.is_prefill:
-                span.limit = span.start + span.num_tokens
+            if not span.is_prefill:
+                span.kept = span.num_tokens
         return spans
 
-    prefix.settle = settle_optimistically
+    prefix.spans = spans_optimistically
 
 
 def _kv_hit_past_checkpoint(engine) -> None:
     """Prefix caching: a hit is as long as its cached KV blocks, restoring the last checkpoint inside it
-    (or none), so computation resumes past the position the restored state belongs to."""
+    (or none), so computation resumes past the position the restored state belongs to.
+
+    Wraps ``PrefixCache.find`` (admission: the lookup)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
     prefix = engine.core.scheduler.prefix
     find = prefix.find
 
     def find_by_kv(req, total):
-        hit, keys, blocks = find(req, total), prefix.keys(req), []
-        for i, key in enumerate(keys):
-            block = prefix.kv_pool.lookup(key)
-            if block is None or (i + 1) * prefix.block_size > total - 1:
-                break
-            blocks.append(block)
-        if len(blocks) <= len(hit.blocks):
+        hit = find(req, total)
+        shared = hit.num_shared // prefix.block_size
+        if shared <= len(hit.blocks):
             return hit
-        return Hit(len(blocks) * prefix.block_size, blocks, hit.slot)
+        blocks = [prefix.kv_pool.lookup(key) for key in prefix.keys(req)[:shared]]
+        return replace(hit, num_tokens=shared * prefix.block_size, blocks=blocks)
 
     prefix.find = find_by_kv
 
 
 def _hit_without_reference(engine) -> None:
     """Prefix caching: a hit shares its KV blocks without a reference of its own, so the pool may evict
-    and reuse them while the request still reads them (and frees them once too often)."""
+    and reuse them while the request still reads them (and frees them once too often).
+
+    Wraps ``Scheduler.schedule`` (admission: the hits it restores)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
     scheduler = engine.core.scheduler
@@ -399,9 +404,10 @@ def _hit_without_reference(engine) -> None:
 
     def schedule_without_taking():
         out = schedule()
+        hits = {r.request_id for r in out.restores}  # admitted on a hit by this call
         for row in out.rows:
             req = row.request
-            if req.restore_slot is not None:  # admitted on a hit by this call
+            if req.request_id in hits:
                 scheduler.kv_pool.free(req.block_ids[: req.num_computed_tokens // scheduler.block_size])
         return out
 
@@ -410,22 +416,25 @@ def _hit_without_reference(engine) -> None:
 
 def _restore_repeated(engine) -> None:
     """Prefix caching: a hit's restore copy is queued again with the request's next step, so it runs
-    back over the newer state the request's first step left in s_0."""
+    back over the newer state the request's first step left in s_0.
+
+    Wraps ``AsyncEngine.plan`` (the protocol's restore, staged with the step's writes)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
     plan = engine.plan
-    pending: dict[int, tuple[int, int]] = {}  # id(request) -> (checkpoint slot, s_0) restored last step
+    pending: dict[str, tuple[int, int]] = {}  # request id -> (checkpoint slot, s_0) restored last step
 
     def plan_with_a_stale_restore(sched):
-        hits = {id(r.request): (r.request.restore_slot, r.request.state_slots[0]) for r in sched.rows
-                if r.request.restore_slot is not None}
+        hits = {r.request_id: (r.checkpoint, r.slot) for r in sched.restores}
         result = plan(sched)
-        again = [pending.pop(id(row.request)) for row in result.rows if id(row.request) in pending]
+        ids = [row.request.request_id for row in result.rows]
+        again = [pending.pop(rid) for rid in ids if rid in pending]
         pending.clear()
         pending.update(hits)
         if again:
             stale = torch.tensor(again, dtype=torch.int64)
-            result.restores = stale if result.restores is None else torch.cat([result.restores, stale])
+            restores = result.writes.get("restores")
+            result.writes.replace("restores", stale if restores is None else torch.cat([restores, stale]))
         return result
 
     engine.plan = plan_with_a_stale_restore
@@ -433,17 +442,21 @@ def _restore_repeated(engine) -> None:
 
 def _checkpoint_slots_in_schedule_order(engine) -> None:
     """Prefix caching: the checkpoint slots held per row are staged in scheduling order while the step
-    program reads them in batch order, so after rows move a row's state lands in another's checkpoint."""
+    program reads them in batch order, so after rows move a row's state lands in another's checkpoint.
+
+    Wraps ``AsyncEngine.plan`` (planning: the row table's ``checkpoint_slots`` columns, staged for the
+    device; the host keys the slots by batch row as before)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
     plan = engine.plan
+    first = len(StepRows.columns())  # the checkpoint_slots columns come after the one-column fields
 
     def plan_in_schedule_order(sched):
         result = plan(sched)
-        if result.checkpoint_rows is not None:
-            where = {id(row.request): i for i, row in enumerate(result.rows)}
-            order = torch.tensor([where[id(r.request)] for r in sched.rows], dtype=torch.int64)
-            result.checkpoint_rows = result.checkpoint_rows[order]
+        where = {id(row.request): i for i, row in enumerate(result.rows)}
+        order = torch.tensor([where[id(r.request)] for r in sched.rows], dtype=torch.int64)
+        table = result.inputs.tensor[: len(result.rows)]
+        table[:, first:] = table[order, first:].clone()
         return result
 
     engine.plan = plan_in_schedule_order
@@ -452,7 +465,9 @@ def _checkpoint_slots_in_schedule_order(engine) -> None:
 def _stale_kept_counts_for_checkpoints(engine) -> None:
     """Prefix caching: the checkpoint copy masks with a per-batch-row copy of the kept counts that is one
     step stale (and, once rows move, another request's), so a boundary a row kept is skipped (the host
-    keys a slot nothing was copied into) or a rejected one is copied."""
+    keys a slot nothing was copied into) or a rejected one is copied.
+
+    Wraps ``AsyncRunner.checkpoint`` (the step program's checkpoint stage)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
     runner = engine.runner
@@ -472,7 +487,9 @@ def _stale_kept_counts_for_checkpoints(engine) -> None:
 
 def _conv_window_unshifted(engine) -> None:
     """Prefix caching: a checkpoint takes the conv window's first W-1 columns, not the ones that end at
-    the boundary's token, so a verify step's checkpoint has the window of the step's first token."""
+    the boundary's token, so a verify step's checkpoint has the window of the step's first token.
+
+    Wraps ``ModelCaches.save_checkpoints`` (the step program's checkpoint copy)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
     caches = engine.caches

@@ -10,7 +10,8 @@ A step: plan (schedule, place rows, stage host inputs) -> enqueue on the device 
 previous step's output (commit tokens through the core, notify observers).
 
 With prefix caching (``prefix.py``) planning also stages the restores of hits and holds checkpoint
-slots for the boundaries a step may reach; processing publishes what the verifier actually kept.
+slots for the boundaries a step may reach; processing runs the prefix cache's step protocol (hold,
+publish, release) on what the verifier actually kept.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from refengine.async_engine.batch import PersistentBatch
 from refengine.async_engine.graphs import GraphDispatcher
-from refengine.async_engine.inputs import StepRows
+from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.optimistic import (
     AsyncRequest,
@@ -34,7 +35,7 @@ from refengine.async_engine.optimistic import (
 )
 from refengine.async_engine.prefix import AsyncPrefixCache
 from refengine.async_engine.records import build_records
-from refengine.async_engine.runner import Admission, AsyncRunner, StepFuture, StepPlan
+from refengine.async_engine.runner import AsyncRunner, StepFuture, StepPlan
 from refengine.async_engine.state import DeviceState, RequestSlots
 from refengine.async_engine.stream import DeviceWorkError, HostBuffer, Stream
 from refengine.cache import ModelCaches
@@ -105,15 +106,13 @@ class AsyncEngine(Engine):
         caching = c.cache.enable_prefix_caching
         num_slots = c.num_state_slots + c.num_state_checkpoints + c.num_staged_checkpoints + int(caching)
         sink_checkpoint = num_slots - 1 if caching else None
-        self.prefix = AsyncPrefixCache(self.core.scheduler.prefix, c.num_checkpoint_columns, sink_checkpoint,
-                                       drafter_kv) if caching else None
+        self.prefix = AsyncPrefixCache(self.core.scheduler.prefix, c.num_checkpoint_columns,
+                                       sink_checkpoint) if caching else None
         self.caches = ModelCaches(model_config, c.num_kv_blocks, c.cache.block_size, num_slots, k,
                                   torch_dtype(c.dtype), c.device, drafter_kv=drafter_kv)
         device = self.stream.device
         self.state = DeviceState(c.scheduler.max_num_seqs, c.scheduler.max_model_len + 2 * k + 1,
-                                 c.blocks_per_request, k, self.caches.sink_block, device,
-                                 num_checkpoint_columns=self.prefix.num_columns if caching else 0,
-                                 sink_checkpoint=-1 if sink_checkpoint is None else sink_checkpoint)
+                                 c.blocks_per_request, k, self.caches.sink_block, device)
         self.slots = RequestSlots(c.scheduler.max_num_seqs)
         self.batch = PersistentBatch(k)
         self.graphs = GraphDispatcher(
@@ -127,7 +126,8 @@ class AsyncEngine(Engine):
                                   block_size=c.cache.block_size, num_speculative_tokens=k,
                                   recurrent_prefill_chunked=c.recurrent_prefill_chunked,
                                   vocab_size=model_config.vocab_size, check_inputs=hazard_check,
-                                  sink_checkpoint=sink_checkpoint)
+                                  sink_checkpoint=sink_checkpoint,
+                                  num_checkpoint_columns=c.num_checkpoint_columns if caching else 0)
         self.stats = AsyncStats()
         self._inflight: StepFuture | None = None
         self._plans = 0
@@ -202,14 +202,18 @@ class AsyncEngine(Engine):
         return decode + [r for r in ordered if r.request.is_prefilling], len(decode), admitted
 
     def plan(self, sched: SchedulerOutput) -> StepPlan:
-        """Place the scheduled rows and stage the step's host inputs."""
+        """Place the scheduled rows and stage the step's host inputs: the row table and the writes to
+        persistent state (admissions, block-table growth, restores)."""
         rows, num_decode, admitted = self.place(sched)
         qsl = [0]
         for row in rows:
             qsl.append(qsl[-1] + row.num_tokens)
         shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))],
                                      [len(r.draft_token_ids) for r in rows])
-        inputs = HostBuffer("step-inputs", self.stream, (len(rows), len(StepRows.columns())), torch.int64)
+        # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
+        prefix_rows = self.prefix.stage(self._plans, rows) if self.prefix is not None else []
+        width = self.prefix.num_columns if self.prefix is not None else 0
+        inputs = HostBuffer("step-inputs", self.stream, (len(rows), StepRows.width(width)), torch.int64)
         inputs.write(
             StepRows.pack(
                 [
@@ -221,11 +225,13 @@ class AsyncEngine(Engine):
                         "is_sampling": r.samples,
                         "num_draft_positions": len(r.draft_token_ids),
                         "backup_token": backup_token(r.request, r.num_tokens),
+                        "checkpoint_slots": prefix_rows[i].held if prefix_rows else [],
                     }
                     for i, r in enumerate(rows)
                 ]
             )
         )
+        proposer = self.runner.proposer
         plan = StepPlan(
             self._plans,
             rows,
@@ -237,48 +243,47 @@ class AsyncEngine(Engine):
             list(sched.preempted),
             list(sched.resumed),
             record=bool(self.core.observers),
-            admission=self._admission(admitted),
+            writes=self._writes(sched, rows, admitted),
+            drafter_admission=proposer.stage(admitted) if proposer is not None and admitted else None,
+            prefix_rows=prefix_rows,
         )
         self._plans += 1
-        self._stage_blocks(plan)
-        if self.prefix is not None:
-            self.prefix.stage(plan, admitted)
         for row in rows:
             assume_accepted(row, self.config.speculative.num_speculative_tokens)
         mode = shape.mode.value
         self.stats.graph_steps[mode] = self.stats.graph_steps.get(mode, 0) + 1
         return plan
 
-    def _admission(self, admitted: list[AsyncRequest]) -> Admission | None:
-        if not admitted:
-            return None
-        width = self.state.token_ids.shape[1]
-        rows = torch.full((len(admitted), width), -1, dtype=torch.int64)
-        for i, req in enumerate(admitted):
-            ids = req.prompt_token_ids + req.output_token_ids
-            rows[i, : len(ids)] = torch.tensor(ids)
-        proposer = self.runner.proposer
-        return Admission(
-            idx=torch.tensor([r.idx for r in admitted]), token_rows=rows,
-            num_tokens=torch.tensor([len(r.prompt_token_ids) + len(r.output_token_ids) for r in admitted],
-                                    dtype=torch.int32),
-            num_prompt=torch.tensor([len(r.prompt_token_ids) for r in admitted], dtype=torch.int32),
-            slots=torch.tensor([r.state_slots for r in admitted], dtype=torch.int32),
-            num_computed=torch.tensor([r.num_computed_tokens for r in admitted], dtype=torch.int32),
-            drafter=None if proposer is None else proposer.stage(admitted))
-
-    def _stage_blocks(self, plan: StepPlan) -> None:
-        grown = [r.request for r in plan.rows if len(r.request.block_ids) != r.request.num_staged_blocks]
-        if not grown:
-            return
-        table = torch.full(
-            (len(grown), self.state.block_table.shape[1]), self.state.sink_block, dtype=torch.int32
-        )
-        for i, req in enumerate(grown):
-            table[i, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
-            req.num_staged_blocks = len(req.block_ids)
-        plan.block_idx = torch.tensor([r.idx for r in grown])
-        plan.block_rows = table
+    def _writes(self, sched: SchedulerOutput, rows: list[ScheduledRow],
+                admitted: list[AsyncRequest]) -> StagedWrites:
+        """The step's writes to persistent state: admitted rows, grown block-table rows, restores of hits."""
+        w = StagedWrites()
+        if admitted:
+            width = self.state.token_ids.shape[1]
+            tokens = torch.full((len(admitted), width), -1, dtype=torch.int64)
+            for i, req in enumerate(admitted):
+                ids = req.prompt_token_ids + req.output_token_ids
+                tokens[i, : len(ids)] = torch.tensor(ids)
+            i32 = {"dtype": torch.int32}
+            w.add("admit.idx", torch.tensor([r.idx for r in admitted]))  # [n] request slots
+            w.add("admit.token_rows", tokens)  # [n, L] committed tokens, then -1
+            w.add("admit.num_tokens", torch.tensor([r.num_tokens for r in admitted], **i32))  # [n]
+            w.add("admit.num_prompt", torch.tensor([len(r.prompt_token_ids) for r in admitted], **i32))  # [n]
+            w.add("admit.slots", torch.tensor([r.state_slots for r in admitted], **i32))  # [n, K+1]
+            # [n] tokens a prefix-cache hit serves (0 without one)
+            w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
+        grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
+        if grown:
+            table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,
+                               dtype=torch.int32)
+            for i, req in enumerate(grown):
+                table[i, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
+                req.num_staged_blocks = len(req.block_ids)
+            w.add("blocks.idx", torch.tensor([r.idx for r in grown]))  # [m] request slots
+            w.add("blocks.rows", table)  # [m, B] block ids, the sink block past the request's own
+        if sched.restores:  # [h, 2] (checkpoint slot, s_0) per request admitted on a hit
+            w.add("restores", torch.tensor([(r.checkpoint, r.slot) for r in sched.restores]))
+        return w
 
     def process(self, fut: StepFuture) -> list[Request]:
         """Commit a finished step's tokens through the core; the requests it finished are returned."""
@@ -286,14 +291,18 @@ class AsyncEngine(Engine):
         tokens, drafted = fut.result()  # drafted: the device's draft count per row (the host scheduled K)
         self.stats.steps += 1
         discarded = {i for i, row in enumerate(plan.rows) if row.request.is_finished}
-        spans = self.prefix.settle(plan, tokens, discarded) if self.prefix is not None else []
+        cache = self.core.scheduler.prefix
+        spans = self.prefix.spans(plan, tokens, discarded) if self.prefix is not None else []
+        if cache is not None:
+            cache.hold(spans)
         try:
             finished = self._commit(plan, tokens, drafted, discarded)
-            if self.prefix is not None:
-                self.prefix.publish(plan, spans)
+            if cache is not None:
+                self.prefix.keep(plan.index, cache.publish(spans))
         finally:
-            if self.prefix is not None:
-                self.prefix.done(plan, spans)
+            if cache is not None:
+                cache.release(spans)
+                self.prefix.unstage(plan.index)
         if plan.record:
             self._record(fut, tokens, drafted, discarded)
         return finished

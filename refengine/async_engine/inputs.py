@@ -1,43 +1,62 @@
-"""What the host stages for one async step: named per-row columns, copied in one transfer.
+"""What the host stages for one async step: the row table, and the writes to persistent state.
 
 The host knows a step's scheduling facts (which request slot a row serves, how many tokens it
-runs, whether it samples); the device knows everything else. ``StepRows`` is a table of int64
-columns ``[N, F]`` in a ``HostBuffer``; after the copy the device reads it through the record's
-named views, never through column numbers.
+runs, whether it samples, which checkpoint slots prefix caching held for it); the device knows
+everything else. ``StepRows`` is a table of int64 columns ``[N, F]`` in a ``HostBuffer``; after the
+copy the device reads it through the record's named views, never through column numbers.
+
+``StagedWrites`` is everything else a step writes into persistent state before its program
+(admissions, block-table rows, prefix-cache restores): named int64 pieces packed into one host
+tensor, copied to the device in one transfer and read back as named views.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
 
 class RowTable:
-    """Base of a staged record: every dataclass field is one int64 column of an ``[N, F]`` table."""
+    """Base of a staged record: every dataclass field is one int64 column of an ``[N, F]`` table, except
+    the field named by ``wide`` (if any, the last one), which spans every column after the others."""
+
+    wide: ClassVar[str | None] = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        """The one-column fields."""
+        return tuple(f.name for f in fields(cls) if f.name != cls.wide)
 
     @classmethod
-    def pack(cls, rows: list[dict[str, int]]) -> list[list[int]]:
-        """Host rows (one dict per row, keyed by field) as table rows."""
+    def width(cls, wide: int = 0) -> int:
+        """F: the table's columns when the wide field spans ``wide`` of them."""
+        return len(cls.columns()) + wide
+
+    @classmethod
+    def pack(cls, rows: list[dict]) -> list[list[int]]:
+        """Host rows (one dict per row, keyed by field; the wide field a list) as table rows."""
         cols = cls.columns()
-        return [[int(row[c]) for c in cols] for row in rows]
+        return [[int(row[c]) for c in cols] + [int(v) for v in row.get(cls.wide, ())] for row in rows]
 
     @classmethod
     def view(cls, table: torch.Tensor):
         """The record whose fields are the columns of ``table`` [N, F] (views, no copies)."""
-        assert table.dim() == 2 and table.shape[1] == len(cls.columns()), (
-            f"{cls.__name__}: table must be [N, F]"
-        )
-        return cls(*table.unbind(1))
+        f = len(cls.columns())
+        assert table.dim() == 2 and table.shape[1] >= f, f"{cls.__name__}: table must be [N, F]"
+        assert cls.wide is not None or table.shape[1] == f, f"{cls.__name__}: table must be [N, F]"
+        named = dict(zip(cls.columns(), table[:, :f].unbind(1)))
+        if cls.wide is not None:
+            named[cls.wide] = table[:, f:]
+        return cls(**named)
 
 
 @dataclass
 class StepRows(RowTable):
     """Per-row facts of one step (N rows, decode rows first; padding rows at the end of a FULL step)."""
+
+    wide: ClassVar[str] = "checkpoint_slots"
 
     idx: torch.Tensor  # [N] request slot; -1 for a padding row (its gathers read the state's sink row)
     query_len: torch.Tensor  # [N] tokens the row runs (committed tail, then drafts); 0 for padding
@@ -48,11 +67,53 @@ class StepRows(RowTable):
     # past their count); 0 for prefill rows, K for padding
     num_draft_positions: torch.Tensor
     backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1
+    # [N, P] prefix caching: the checkpoint slot held for the row's p-th block boundary (the sink slot where
+    # none); P = 0 without caching
+    checkpoint_slots: torch.Tensor
 
     @classmethod
-    def inert_row(cls, num_speculative_tokens: int, device) -> torch.Tensor:
-        """[F] a padding row: no request slot, zero tokens, samples nothing. It carries K draft positions so
-        a FULL step's logits count (1 + draft positions per row) depends on its padded size only."""
+    def inert_row(cls, num_speculative_tokens: int, device, sink_checkpoints: list[int] = ()) -> torch.Tensor:
+        """[F] a padding row: no request slot, zero tokens, samples nothing, holds no checkpoint (the sink
+        slot, ``sink_checkpoints`` [P]). It carries K draft positions so a FULL step's logits count (1 +
+        draft positions per row) depends on its padded size only."""
         values = {"idx": -1, "query_len": 0, "is_decode": 1, "has_initial_state": 1, "is_sampling": 0,
-                  "num_draft_positions": num_speculative_tokens, "backup_token": 0}
+                  "num_draft_positions": num_speculative_tokens, "backup_token": 0,
+                  "checkpoint_slots": list(sink_checkpoints)}
         return torch.tensor(cls.pack([values])[0], dtype=torch.int64, device=device)
+
+
+class StagedWrites:
+    """A step's writes to persistent state, staged on the host: named pieces, each any integer tensor."""
+
+    def __init__(self):
+        self.pieces: dict[str, torch.Tensor] = {}  # name -> host tensor, in the order added
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self.pieces:
+            raise ValueError(f"staged write {name!r} added twice")
+        self.pieces[name] = tensor
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return self.pieces.get(name)
+
+    def replace(self, name: str, tensor: torch.Tensor) -> None:
+        self.pieces[name] = tensor
+
+    def __bool__(self) -> bool:
+        return bool(self.pieces)
+
+    def packed(self) -> torch.Tensor:
+        """[sum of sizes] int64: every piece flattened, in order."""
+        parts = [t.reshape(-1).to(torch.int64) for t in self.pieces.values()]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+    def unpack(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The pieces as views of ``flat`` (``packed()`` copied to the device), each in its own shape and
+        dtype."""
+        out, at = {}, 0
+        for name, t in self.pieces.items():
+            n = t.numel()
+            piece = flat[at: at + n].view(t.shape)
+            out[name] = piece if t.dtype == torch.int64 else piece.to(t.dtype)
+            at += n
+        return out

@@ -1,112 +1,81 @@
-"""Prefix caching in the async engine: restores on hits, checkpoint slots held at planning, publishing
-when a step is processed.
+"""Prefix caching in the async engine: the prefix cache's step protocol, one step late.
 
-The scheduler (shared with the reference engine) finds hits and clips prefill chunks; a hit's KV
-blocks are shared through the block table as usual. What differs from the reference engine is when
-the host knows things:
+The scheduler (shared with the reference engine) finds hits and stops prefill chunks; a hit's KV
+blocks are shared through the block table as usual, and its ``Restore`` (in the scheduler's output)
+is staged with the step's other writes, so the copy into s_0 runs on the device timeline before the
+request's first program. What differs from the reference engine is when the host knows things:
 
-- A hit's checkpoint is copied into the request's s_0 in the ``stage`` part of the step that first
-  runs the request, on the device timeline, so it never waits for the step in flight.
 - The host plans step N+1 before it knows how many of step N's drafts the verifier kept, so it knows
   neither which block boundary a verify row will reach nor that block's key (it hashes tokens not
-  sampled yet). At planning it *holds* staging slots (``CheckpointPool.hold``) for every row that
-  may reach a boundary: one for a prefill chunk that ends on the block grid, up to
-  P = ceil((1 + K) / block_size) for a verify row whose possible positions cover a boundary. The step
-  program copies the state at each boundary the kept tokens reached into its slot
-  (``AsyncRunner.checkpoint``); the copy is masked, so the program reads nothing back.
-- When step N is processed the host knows what was kept. Only then does it publish: the KV blocks
-  whose every token is committed, and the held slots of the boundaries reached, under their keys
-  (``CheckpointPool.keep``, which evicts as the reference engine's ``reserve`` does); the other
-  slots are freed. Optimistic counts never decide what is published.
-
-Publishing follows the reference engine's rule (``ReferenceEngine._publish``): every block boundary
-a row's committed tokens reached, and a checkpoint wherever the step left the state on the grid; a
-request that finished publishes nothing from its last step when the drafter keeps a KV cache (the
-reference engine's drafter writes no entries for a finished request).
+  sampled yet). At planning (``stage``) it holds checkpoint staging slots (``CheckpointPool.hold``)
+  for every boundary a row may reach: one for a prefill chunk that ends on the block grid, up to P
+  for a verify row whose possible positions cover boundaries. They go into the row table
+  (``StepRows.checkpoint_slots``); the step program copies the state at each boundary the kept tokens
+  reached into its slot (``AsyncRunner.checkpoint``, columns from ``geometry.column_table``), masked,
+  so it reads nothing back.
+- When step N is processed the host knows what was kept: ``spans`` gives the committed span of every
+  row, and the engine runs the protocol on them (hold, commit, publish, release). Each checkpoint
+  ``publish`` names is the p-th boundary of its span (``geometry.reached``), whose state the program
+  copied into the slot held for p: ``keep`` keys it (``CheckpointPool.keep``, which evicts as the
+  reference engine's ``reserve`` does); ``unstage`` frees the slots not keyed. Optimistic counts never
+  decide what is published.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from refengine.async_engine.optimistic import AsyncRequest
-from refengine.prefix_cache import PrefixCache
+from refengine.prefix_cache import Checkpoint, PrefixCache, Span, geometry
 from refengine.request import RequestStatus
 
 
 @dataclass
-class RowHold:
-    """What prefix caching set aside for one row of a planned step."""
+class RowStage:
+    """What planning set aside for one row of a step, for when the step is processed."""
 
     request: AsyncRequest
     num_preemptions: int  # the request's preemptions at planning: one since then released its blocks
     is_prefill: bool
     start: int | None  # prefill rows: committed tokens before the chunk (exact at planning); else None
-    slots: list[int]  # P checkpoint slots, entry p for the row's p-th boundary; the sink slot where none
-
-
-@dataclass
-class Span:
-    """A processed row's committed tokens ``(start, limit]``, and its request's blocks, referenced until
-    published (a request that finishes in this step frees its own references while committing)."""
-
-    hold: RowHold
-    blocks: list[int]
-    start: int
-    limit: int
-    num_tokens: int  # the row's query length
+    held: list[int]  # P checkpoint slots, entry p for the row's p-th boundary; the sink slot where none
 
 
 class AsyncPrefixCache:
-    def __init__(self, prefix: PrefixCache, num_columns: int, sink_slot: int, drafter_kv: bool):
+    def __init__(self, prefix: PrefixCache, num_columns: int, sink_checkpoint: int):
         self.prefix = prefix
         self.block_size = prefix.block_size
         self.num_columns = num_columns  # P: boundaries one row's step can reach
-        self.sink_slot = sink_slot
-        self.drafter_kv = drafter_kv
+        self.sink_checkpoint = sink_checkpoint
         self._held: dict[int, set[int]] = {}  # plan index -> slots it still holds
 
     # ---- planning ---------------------------------------------------------------------------
-    def stage(self, plan, admitted: list[AsyncRequest]) -> None:
-        """Before the plan's optimistic assumptions: the restores of its hits and its held slots."""
-        plan.restores = self.restores(admitted)
-        plan.holds = [self.hold(row) for row in plan.rows]
-        self._held[plan.index] = {s for h in plan.holds for s in h.slots if s != self.sink_slot}
-        plan.checkpoint_idx = torch.tensor([row.request.idx for row in plan.rows], dtype=torch.int64)
-        plan.checkpoint_rows = torch.tensor([h.slots for h in plan.holds], dtype=torch.int64).reshape(
-            len(plan.rows), self.num_columns)
+    def stage(self, index: int, rows) -> list[RowStage]:
+        """Hold the checkpoint slots of every row of plan ``index`` (before its optimistic assumptions)."""
+        stages = [self._stage_row(row) for row in rows]
+        self._held[index] = {s for st in stages for s in st.held if s != self.sink_checkpoint}
+        return stages
 
-    def restores(self, admitted: list[AsyncRequest]) -> torch.Tensor | None:
-        """[h, 2] (checkpoint slot, s_0) for each admitted request with a hit, or None."""
-        pairs = []
-        for req in admitted:
-            if req.restore_slot is not None:
-                pairs.append((req.restore_slot, req.state_slots[0]))
-                req.restore_slot = None
-        return torch.tensor(pairs, dtype=torch.int64) if pairs else None
-
-    def hold(self, row) -> RowHold:
+    def _stage_row(self, row) -> RowStage:
         """Slots for the boundaries ``row`` may reach. A prefill chunk's end is known exactly; a verify
         row's first position is at least the request's committed tokens - 1 and its kept tokens end at
         most at the host's optimistic count plus its query (contract 4: an upper bound)."""
         req, q, bs = row.request, row.num_tokens, self.block_size
         if req.is_prefilling:
             start = req.num_computed_tokens
-            count = 1 if (start + q) % bs == 0 else 0
+            count = len(geometry.reached(start, q, q, True, bs))
         else:
             start = None
             lo, hi = req.num_tokens - 1, req.num_computed_tokens + q
-            count = min(self.num_columns, hi // bs - lo // bs)
+            count = min(self.num_columns, geometry.num_boundaries(lo, hi, bs))
         checkpoints = self.prefix.checkpoints
         slots = [checkpoints.hold() for _ in range(count)]
-        slots = [self.sink_slot if s is None else s for s in slots]
-        slots += [self.sink_slot] * (self.num_columns - len(slots))
-        return RowHold(req, req.num_preemptions, req.is_prefilling, start, slots)
+        slots = [self.sink_checkpoint if s is None else s for s in slots]
+        slots += [self.sink_checkpoint] * (self.num_columns - len(slots))
+        return RowStage(req, req.num_preemptions, req.is_prefilling, start, slots)
 
     # ---- processing -------------------------------------------------------------------------
-    def settle(self, plan, tokens: list[list[int]], discarded: set[int]) -> list[Span]:
+    def spans(self, plan, tokens: list[list[int]], discarded: set[int]) -> list[Span]:
         """Before a processed step's tokens are committed: the committed span of every row that may publish.
 
         A row whose request finished or was preempted since planning publishes nothing (its blocks
@@ -114,44 +83,28 @@ class AsyncPrefixCache:
         - 1 (the last sampled token is never computed yet) and kept ``len(tokens[i])``.
         """
         spans = []
-        pool = self.prefix.kv_pool
-        for i, (row, hold) in enumerate(zip(plan.rows, plan.holds)):
+        for i, (row, st) in enumerate(zip(plan.rows, plan.prefix_rows)):
             req = row.request
             if i in discarded or req.status is not RequestStatus.RUNNING \
-                    or req.num_preemptions != hold.num_preemptions:
+                    or req.num_preemptions != st.num_preemptions:
                 continue
-            start = hold.start if hold.is_prefill else req.num_tokens - 1
-            kept = row.num_tokens if hold.is_prefill else len(tokens[i])
-            pool.take(req.block_ids)
-            spans.append(Span(hold, list(req.block_ids), start, start + kept, row.num_tokens))
+            start = st.start if st.is_prefill else req.num_tokens - 1
+            kept = row.num_tokens if st.is_prefill else len(tokens[i])
+            spans.append(Span(req, start, row.num_tokens, kept, st.is_prefill, plan.slots[i], st.held))
         return spans
 
-    def publish(self, plan, spans: list[Span]) -> None:
-        """After the commit: publish each span's blocks and key the slots of the boundaries it reached."""
-        held = self._held.get(plan.index, set())
-        for span in spans:
-            req = span.hold.request
-            limit = span.start if req.is_finished and self.drafter_kv else span.limit
-            keys = self.prefix.publish_blocks(req, span.blocks, span.start, limit)
-            for p, slot in enumerate(span.hold.slots):
-                boundary = self.boundary(span, p)
-                if slot in held and boundary in keys:
-                    held.remove(slot)
-                    self.prefix.checkpoints.keep(slot, keys[boundary])
+    def keep(self, index: int, checkpoints: list[Checkpoint]) -> None:
+        """Key the slot the program copied each published checkpoint's state into."""
+        held = self._held.get(index, set())
+        for c in checkpoints:
+            slot = c.span.held[c.index]
+            if slot in held:
+                held.remove(slot)
+                self.prefix.checkpoints.keep(slot, c.key)
 
-    def boundary(self, span: Span, p: int) -> int | None:
-        """The boundary whose state entry p of the row's slots received (``AsyncRunner.checkpoint``)."""
-        bs = self.block_size
-        if span.hold.is_prefill:
-            end = span.start + span.num_tokens
-            return end if p == 0 and end % bs == 0 else None
-        return (span.start // bs + 1 + p) * bs
-
-    def done(self, plan, spans: list[Span]) -> None:
-        """Whatever happened to the commit: drop the spans' references and free the slots not keyed."""
-        for span in spans:
-            self.prefix.kv_pool.free(span.blocks)
-        self._release(self._held.pop(plan.index, set()))
+    def unstage(self, index: int) -> None:
+        """Whatever happened to the commit: free plan ``index``'s slots that were not keyed."""
+        self._release(self._held.pop(index, set()))
 
     def reset(self) -> None:
         """After a fault, once the device timeline drained: free every slot of the plans never processed."""

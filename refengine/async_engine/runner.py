@@ -4,8 +4,8 @@
 future and goes on scheduling the next step. Every step runs the same program over a table padded
 by request count (``Np`` rows; padding rows have request slot -1 and run zero tokens):
 
-    stage       admissions, prefix-cache restores (a hit's checkpoint into its s_0), block-table growth
-                and the checkpoint slots held for this step land in the persistent state (outside the program)
+    stage       the step's staged writes (admissions, block-table growth, prefix-cache restores: a hit's
+                checkpoint into its s_0), one copy, land in the persistent state (outside the program)
     prepare     input ids, positions and slot mappings on the device; padded attention/recurrent metadata
     run         the model
     verify      greedy verification of every row's last 1 + drafts tokens against the drafts the device
@@ -13,7 +13,8 @@ by request count (``Np`` rows; padding rows have request slot -1 and run zero to
                 are compared); rows that do not sample (prompt chunks, padding) are flagged and keep nothing
     commit      the device-authoritative state advances by what was kept
     checkpoint  (prefix caching) the state at each block boundary a row's kept tokens reached is copied
-                into the checkpoint slot the host held for it; every other copy goes to a sink slot
+                into the checkpoint slot the host held for it (a column of the row table); every other
+                copy goes to a sink slot
     draft       the drafter proposes the next step's drafts (and how many) into the device state
 
 The program reads the row table, the persistent state and the step's padded shape (host ints that
@@ -31,29 +32,20 @@ import torch
 import kernels
 from kernels.input_prep import post_update, prepare_inputs
 from refengine.async_engine.graphs import StepGraphs, StepShape
-from refengine.async_engine.inputs import StepRows
+from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.metadata import MetadataBuilder, StepTensors
 from refengine.async_engine.state import DeviceState
 from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
-
-
-@dataclass
-class Admission:
-    """Host-staged rows of newly admitted (or resumed) requests."""
-
-    idx: torch.Tensor  # [n] int64 request slots
-    token_rows: torch.Tensor  # [n, L] int64, committed tokens then -1
-    num_tokens: torch.Tensor  # [n] int32
-    num_prompt: torch.Tensor  # [n] int32
-    slots: torch.Tensor  # [n, K+1] int32
-    num_computed: torch.Tensor  # [n] int32, tokens a prefix-cache hit serves (0 without one)
-    drafter: object = None  # what the drafter's proposer staged for them (its own tables), or None
+from refengine.prefix_cache import geometry
 
 
 @dataclass
 class StepPlan:
+    """One planned step: host bookkeeping for processing it, and what is staged for the device (``inputs``,
+    the row table, and ``writes``, the persistent-state writes before the program)."""
+
     index: int
     rows: list  # ScheduledRow, in batch order (decode rows first); n real rows
     shape: StepShape
@@ -64,13 +56,9 @@ class StepPlan:
     preempted: list[str] = field(default_factory=list)  # for records: preempted when this step was scheduled
     resumed: list[str] = field(default_factory=list)  # for records: readmitted after a preemption
     record: bool = False  # observers want this step's payload
-    admission: Admission | None = None
-    block_idx: torch.Tensor | None = None  # [m] int64 request slots whose block rows changed
-    block_rows: torch.Tensor | None = None  # [m, B] int32
-    restores: torch.Tensor | None = None  # [h, 2] int64 (checkpoint slot, s_0) per request admitted on a hit
-    holds: list = field(default_factory=list)  # per row: what prefix caching held for it (prefix.RowHold)
-    checkpoint_idx: torch.Tensor | None = None  # [n] int64 request slot of each row
-    checkpoint_rows: torch.Tensor | None = None  # [n, P] int64 checkpoint slots held per row (else sink)
+    writes: StagedWrites = field(default_factory=StagedWrites)  # persistent-state writes, one copy
+    drafter_admission: object = None  # what the drafter's proposer staged for the admitted rows, or None
+    prefix_rows: list = field(default_factory=list)  # per row: what prefix caching set aside (RowStage)
 
 
 @dataclass
@@ -172,8 +160,10 @@ class StepFuture:
 class AsyncRunner:
     def __init__(self, model, caches, state: DeviceState, stream: Stream, builder: MetadataBuilder, proposer,
                  *, block_size: int, num_speculative_tokens: int, recurrent_prefill_chunked: bool,
-                 vocab_size: int, check_inputs: bool = False, sink_checkpoint: int | None = None):
-        """``sink_checkpoint``: with prefix caching, the state slot that unwanted checkpoint copies go to."""
+                 vocab_size: int, check_inputs: bool = False, sink_checkpoint: int | None = None,
+                 num_checkpoint_columns: int = 0):
+        """``sink_checkpoint``: with prefix caching, the state slot that unwanted checkpoint copies go to;
+        ``num_checkpoint_columns`` (P): the boundaries one row's step can reach."""
         self.model = model
         self.caches = caches
         self.state = state
@@ -188,11 +178,18 @@ class AsyncRunner:
         self.check_inputs = check_inputs  # debug mode: read drafter ids back and refuse bad ones
         self.vocab_size = vocab_size
         self.sink_checkpoint = sink_checkpoint
-        self._inert = StepRows.inert_row(num_speculative_tokens, self.device)  # [F] a padding row
+        self.num_checkpoint_columns = num_checkpoint_columns
+        # [F] a padding row: it holds the sink slot for each of its P boundaries
+        self._inert = StepRows.inert_row(num_speculative_tokens, self.device,
+                                         [sink_checkpoint] * num_checkpoint_columns)
+        # [block_size, P] the column holding a verify row's p-th boundary, by its start % block_size
+        self.checkpoint_columns = torch.tensor(geometry.column_table(block_size, num_checkpoint_columns),
+                                               dtype=torch.int64, device=self.device).reshape(block_size, -1)
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
         n, k = plan.shape.num_reqs, self.num_speculative_tokens
-        table = torch.empty(n, len(StepRows.columns()), dtype=torch.int64, device=self.device)
+        width = StepRows.width(self.num_checkpoint_columns)
+        table = torch.empty(n, width, dtype=torch.int64, device=self.device)
         self.stream.copy(table, plan.inputs.tensor[:n], host=plan.inputs)
         fut = StepFuture(
             plan,
@@ -234,7 +231,7 @@ class AsyncRunner:
         hidden = self.run(step)
         verified = self.verify(shape, rows, step, hidden)
         self.commit(rows, verified)
-        if self.sink_checkpoint is not None:
+        if self.num_checkpoint_columns:
             self.checkpoint(rows, step, verified)
         kept, drafts = self.draft(rows, step, hidden, verified)
         st = self.state
@@ -242,28 +239,20 @@ class AsyncRunner:
 
     # ---- the stages ----------------------------------------------------------------------------------
     def stage(self, plan: StepPlan) -> None:
-        dev, a = self.device, plan.admission
-        if a is not None:
-            idx = to_device(a.idx, dev)
-            self.state.admit(idx, to_device(a.token_rows, dev), to_device(a.num_tokens, dev),
-                             to_device(a.num_prompt, dev), to_device(a.slots, dev),
-                             to_device(a.num_computed, dev))
+        """The plan's staged writes, copied in one transfer, land in the persistent state: admissions (and
+        the drafter's), block-table rows, then the hits' restores (so a hit's first chunk reads them)."""
+        if not plan.writes:
+            return
+        w = plan.writes.unpack(to_device(plan.writes.packed(), self.device))
+        if "admit.idx" in w:
+            self.state.admit(w["admit.idx"], w["admit.token_rows"], w["admit.num_tokens"],
+                             w["admit.num_prompt"], w["admit.slots"], w["admit.num_computed"])
             if self.proposer is not None:
-                self.proposer.admit(idx, a.drafter)
-        if plan.block_idx is not None:
-            self.state.block_table[to_device(plan.block_idx, dev)] = to_device(plan.block_rows, dev)
-        self.stage_checkpoints(plan)
-
-    def stage_checkpoints(self, plan: StepPlan) -> None:
-        """Prefix caching: the hits' restores (before the program, so a hit's first chunk reads the
-        restored state) and the checkpoint slots held for each row of this step."""
-        dev = self.device
-        if plan.restores is not None:
-            restores = to_device(plan.restores, dev)
-            self.caches.restore_checkpoints(restores[:, 0], restores[:, 1])
-        if plan.checkpoint_rows is not None:
-            held = to_device(plan.checkpoint_rows, dev)
-            self.state.checkpoint_slots[to_device(plan.checkpoint_idx, dev)] = held
+                self.proposer.admit(w["admit.idx"], plan.drafter_admission)
+        if "blocks.idx" in w:
+            self.state.block_table[w["blocks.idx"]] = w["blocks.rows"]
+        if "restores" in w:
+            self.caches.restore_checkpoints(w["restores"][:, 0], w["restores"][:, 1])
 
     def prepare(self, shape: StepShape, rows: StepRows, num_computed: torch.Tensor) -> PreparedStep:
         """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4).
@@ -345,20 +334,18 @@ class AsyncRunner:
     def checkpoint(self, rows: StepRows, step: PreparedStep, v: Verified) -> None:
         """Copy the state at each block boundary a row's kept tokens reached into the slot held for it.
 
-        Entry p of a row (of ``state.checkpoint_slots``, [Np, P]): a verify row's p-th boundary after its
-        first position, ``b = (start // bs + 1 + p) * bs``, whose state is column ``j = b - start - 1``
-        (contract 1), kept iff ``j < num_valid``; a prefill row's chunk end when it is on the grid
-        (p = 0, column 0). Entries not reached, and rows the host held nothing for, copy to the sink
-        slot, so the copy is the same program whatever the verifier kept (no host read).
+        Entry p of a row (``rows.checkpoint_slots``, [Np, P]) is its p-th boundary after its first position
+        (``geometry``): a verify row holds it in column ``checkpoint_columns[start % block_size, p]``,
+        kept iff that column is below ``num_valid``; a prefill row holds only its chunk end, when that is
+        on the grid (p = 0, column 0). Entries not reached, and rows the host held nothing for, copy to
+        the sink slot, so the copy is the same program whatever the verifier kept (no host read).
         """
         st, bs, k = self.state, self.block_size, self.num_speculative_tokens
-        held = st.checkpoint_slots[rows.idx]  # [Np, P]
+        held = rows.checkpoint_slots  # [Np, P]
         p = torch.arange(held.shape[1], device=held.device)[None, :]  # [1, P]
-        start = step.start[:, None]  # [Np, 1]
-        column = (start // bs + 1 + p) * bs - start - 1  # [Np, P] verify rows
+        column = self.checkpoint_columns[step.start % bs]  # [Np, P] verify rows
         verify_reached = column < v.num_valid.long()[:, None]
-        chunk_end = start + rows.query_len[:, None]  # [Np, 1]
-        prefill_reached = (p == 0) & (chunk_end % bs == 0) & (rows.query_len[:, None] > 0)
+        prefill_reached = (p == 0) & geometry.ends_on_boundary(step.start, rows.query_len, bs)[:, None]
         decode = rows.is_decode.bool()[:, None]
         reached = torch.where(decode, verify_reached, prefill_reached)
         column = torch.where(decode, column, torch.zeros_like(column)).clamp(0, k)

@@ -37,10 +37,7 @@ class DeviceState:
     a KV block no request is ever given."""
 
     def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_speculative_tokens: int,
-                 sink_block: int, device: torch.device, num_checkpoint_columns: int = 0,
-                 sink_checkpoint: int = -1):
-        """``num_checkpoint_columns`` (P, prefix caching): checkpoint slots a row may fill in one step;
-        ``sink_checkpoint``: the state slot that copies nobody asked for go to."""
+                 sink_block: int, device: torch.device):
         i32 = {"dtype": torch.int32, "device": device}
         i64 = {"dtype": torch.int64, "device": device}
         self.sink = num_slots
@@ -57,9 +54,6 @@ class DeviceState:
         self.block_table = torch.full((num_slots, max_blocks), sink_block, **i32)  # [R, B] KV block ids
         # [R, K+1] slots s_0..s_K
         self.state_slots = torch.zeros(num_slots, 1 + num_speculative_tokens, **i32)
-        # [R, P] checkpoint slots the host held for the row's step (the p-th block boundary it may reach),
-        # ``sink_checkpoint`` where none: restaged for every row of every step, so never stale.
-        self.checkpoint_slots = torch.full((num_slots, num_checkpoint_columns), sink_checkpoint, **i64)
 
     def admit(
         self,

@@ -54,16 +54,16 @@ class MTPHostProposer:
         ctx, model = self.ctx, self.ctx.model
         dev, kv = ctx.device, ctx.caches.kv[MTP_CACHE_KEY]
         ids, hid_rows, attn_rows, owners = [], [], [], []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows):  # a request that finished too: its KV completes its last blocks
             req = row.request
-            if req.is_finished:
-                continue
             nc = result.num_computed_before[i]
-            kept = req.num_computed_tokens - nc  # positions nc .. nc+kept-1 are now committed
+            # positions nc .. nc+kept-1 are now committed; a request that stopped inside the step knows the
+            # next token of those before its last token only
+            kept = min(req.num_computed_tokens, req.num_tokens - 1) - nc
             nxt = req.all_token_ids[nc + 1: nc + kept + 1]  # the token after each kept position
             ids += nxt
             hid_rows += range(result.query_start[i], result.query_start[i] + kept)
-            attn_rows.append((req.block_ids, list(range(nc, nc + kept)), nc + kept))
+            attn_rows.append((result.block_ids[i], list(range(nc, nc + kept)), nc + kept))
             result.records[i].drafter_input_ids = list(nxt)
             owners.append(i)
         if not owners:
@@ -72,7 +72,8 @@ class MTPHostProposer:
         mtp_hidden = model.mtp(torch.tensor(ids, dtype=torch.int64, device=dev), result.hidden[hid_rows],
                                positions, ctx.attn_metadata(attn_rows), kv)
         ends = torch.tensor([len(pos) for _, pos, _ in attn_rows], device=dev).cumsum(0) - 1
-        sampling = [j for j, i in enumerate(owners) if result.valid_tokens[i] is not None]
+        sampling = [j for j, i in enumerate(owners)
+                    if result.valid_tokens[i] is not None and not rows[i].request.is_finished]
         if not sampling:
             return
         hidden = mtp_hidden[ends[sampling]]

@@ -101,13 +101,21 @@ class NgramDrafter:
     def check_model(self, model) -> None:
         return None  # it reads only the request's tokens
 
+    @property
+    def verify_limit(self) -> int:
+        """The length the lookup treats as the model's: a verify row of a request with N tokens runs N-1
+        plus its drafts and must stay under ``max_model_len`` with the token it samples, so at most
+        ``max_model_len - N - 1`` drafts are verified (vLLM's scheduler trims to this; its proposer
+        alone would give one more)."""
+        return self.max_model_len - 1
+
     def lookup(self, tokens: list[int]) -> list[int]:
         return ngram_lookup(
             tokens,
             self.prompt_lookup_min,
             self.prompt_lookup_max,
             self.num_speculative_tokens,
-            self.max_model_len,
+            self.verify_limit,
         )
 
     def host_proposer(self, ctx: HostDraftContext) -> NgramHostProposer:
@@ -150,5 +158,5 @@ class NgramDeviceProposer:
         st, g = self.ctx.state, self.drafter
         r = d.idx
         drafts, counts = ngram_lookup_batch(st.token_ids[r], st.num_tokens[r], g.prompt_lookup_min,
-                                            g.prompt_lookup_max, g.num_speculative_tokens, g.max_model_len)
+                                            g.prompt_lookup_max, g.num_speculative_tokens, g.verify_limit)
         return DraftOutputs(drafts, None, st.last_sampled[r][:, None], num_drafts=counts)

@@ -7,7 +7,7 @@ from torch import nn
 
 import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup
-from refengine.model.cache_specs import RecurrentState
+from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
 from refengine.model.config import ModelConfig
 from refengine.model.layers import GatedRMSNorm, Linear, sigmoid, softplus
 
@@ -35,7 +35,7 @@ class GatedDeltaNet(nn.Module):
         """The conv window keeps W-1 inputs plus K columns, so a verify step can restart at any offset."""
         conv = (cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1 + num_speculative_tokens)
         ssm = (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-        return RecurrentState(shapes=(conv, ssm), fp32=(False, True))
+        return RecurrentState(shapes=(conv, ssm), fp32=(False, True), checkpoint=(WINDOW, SLOT))
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

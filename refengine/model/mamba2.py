@@ -13,7 +13,7 @@ from torch import nn
 
 import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup
-from refengine.model.cache_specs import RecurrentState
+from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
 from refengine.model.layers import Linear, softplus
 from refengine.model.nemotron_h_config import NemotronHModelConfig
 
@@ -36,7 +36,7 @@ class Mamba2Mixer(nn.Module):
         """The conv window first (W-1 inputs plus K columns for a verify step), then the SSM state."""
         conv = (cfg.mamba_conv_dim, cfg.conv_kernel - 1 + num_speculative_tokens)
         ssm = (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size)
-        return RecurrentState(shapes=(conv, ssm), fp32=(False, True))
+        return RecurrentState(shapes=(conv, ssm), fp32=(False, True), checkpoint=(WINDOW, SLOT))
 
     def __init__(self, cfg: NemotronHModelConfig) -> None:
         super().__init__()

@@ -1,13 +1,15 @@
-"""The reference engine: a step is schedule -> restore -> execute -> commit -> propose -> publish.
+"""The reference engine: a step is schedule -> restore -> execute -> hold -> commit -> propose -> publish
+-> release.
 
 Synchronous and readable: the runner rebuilds every step's inputs from request state, so what
 this engine does defines correct behaviour for the async engine.
 
-Prefix caching, with plain loops on the host: a request admitted on a hit gets its checkpoint
-copied into s_0 before the step runs; after the step is committed and the drafts proposed (the MTP
-drafter writes its KV at the committed positions then), every block boundary the step's committed
-tokens reached is published, with the state the step left there. The step holds a reference on its
-rows' blocks until then, so a request that finished in this step publishes too.
+Prefix caching follows the prefix cache's step protocol (``refengine.prefix_cache.cache``) with plain
+loops on the host; ``_step`` is its reference form. A request admitted on a hit gets its checkpoint
+copied into s_0 before the step runs. After the step, its rows' blocks are held, the tokens are
+committed and the drafts proposed (the MTP drafter writes its KV at the committed positions then),
+and then every block boundary the rows' committed tokens reached is published, with the state the
+step left there. Holding the blocks until then lets a request that finished in this step publish too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from refengine.core import EngineCore, num_rejected
 from refengine.drafters import make_drafter
 from refengine.engine import Engine
 from refengine.outputs import StepRecord
+from refengine.prefix_cache import Span
 from refengine.reference.runner import ReferenceRunner, StepResult
 from refengine.request import Request
 from refengine.scheduler import SchedulerOutput
@@ -49,27 +52,42 @@ class ReferenceEngine(Engine):
         sched = core.scheduler.schedule()
         if not sched.rows:
             return False
-        for row in sched.rows:  # a hit's state: the checkpoint goes into s_0 before the step reads it
-            req = row.request
-            if req.restore_slot is not None:
-                self.caches.restore_checkpoint(req.restore_slot, req.state_slots[0])
-                req.restore_slot = None
+        prefix = core.scheduler.prefix
+        for r in sched.restores:  # restore: a hit's checkpoint goes into s_0 before the step reads it
+            self.caches.restore_checkpoint(r.checkpoint, r.slot)
         result = self.runner.execute(sched, record_digests=bool(core.observers))
-        held = [(list(r.request.block_ids), list(r.request.state_slots)) for r in sched.rows]
-        pool = core.scheduler.kv_pool
-        for blocks, _ in held:
-            pool.take(blocks)
+        spans = self._spans(sched, result) if prefix is not None else []
+        if prefix is not None:
+            prefix.hold(spans)
         try:
             core.finished(self._commit(sched, result))
             self.runner.propose(sched, result)
-            self._publish(sched, result, held)
+            if prefix is not None:
+                self._publish(prefix, spans)
         finally:  # a fault publishes nothing more; recovery recomputes from the committed tokens
-            for blocks, _ in held:
-                pool.free(blocks)
+            if prefix is not None:
+                prefix.release(spans)
         core.record(StepRecord(self._steps, result.records, list(sched.preempted), "none", len(sched.rows),
                                result.gdn_shapes, list(sched.resumed)))
         self._steps += 1
         return True
+
+    def _spans(self, sched: SchedulerOutput, result: StepResult) -> list[Span]:
+        """Each row's committed span: a prefill chunk keeps its query, a verify row ``num_valid`` tokens."""
+        spans = []
+        for row, valid, rec, start in zip(sched.rows, result.valid_tokens, result.records,
+                                          result.num_computed_before):
+            kept = row.num_tokens if valid is None else row.num_tokens - num_rejected(row, valid)
+            spans.append(Span(row.request, start, row.num_tokens, kept, rec.kind == "prefill",
+                              list(row.request.state_slots)))
+        return spans
+
+    def _publish(self, prefix, spans: list[Span]) -> None:
+        """Publish what the step committed; copy the state at each boundary it reached into a checkpoint."""
+        for c in prefix.publish(spans):
+            slot = prefix.checkpoints.reserve(c.key)
+            if slot is not None:
+                self.caches.save_checkpoint(c.span.state_slots, c.column, slot)
 
     def _commit(self, sched: SchedulerOutput, result: StepResult) -> list[Request]:
         finished = []
@@ -86,20 +104,3 @@ class ReferenceEngine(Engine):
             ):
                 finished.append(req)
         return finished
-
-    def _publish(self, sched: SchedulerOutput, result: StepResult, held: list) -> None:
-        """Publish the block boundaries each row's committed tokens reached, and copy their states."""
-        prefix = self.core.scheduler.prefix
-        if prefix is None:
-            return
-        for row, rec, nc, (blocks, slots) in zip(
-            sched.rows, result.records, result.num_computed_before, held
-        ):
-            req = row.request
-            limit = req.num_computed_tokens  # committed, so every block it closes is final
-            if (
-                req.is_finished and self.drafter_kv
-            ):  # the drafter wrote no KV at a finished request's last positions
-                limit = nc
-            for p in prefix.publish(req, blocks, nc, limit, row.num_tokens, rec.kind == "prefill"):
-                self.caches.save_checkpoint(slots, p.column, p.slot)

@@ -28,6 +28,8 @@ class StepResult:
     hidden: torch.Tensor  # [T, H] post-norm hidden states (the MTP's input)
     query_start: list[int]  # per row: first token index in the flat token axis
     num_computed_before: list[int]  # per row: num_computed_tokens when the step was scheduled
+    block_ids: list[list[int]]  # per row: the request's KV blocks during the step (a request that finishes
+    #                             in it gives them back, but the step's protocol holds them until published)
     gdn_shapes: dict = field(default_factory=dict)
 
 
@@ -152,7 +154,8 @@ class ReferenceRunner:
                 rec.output_token_ids = v
                 rec.num_accepted = len(v) - 1
                 rec.logits_digest, rec.logits_finite = d if d is not None else (None, None)
-        return StepResult(valid, records, hidden, query_start, computed, recurrent.shapes())
+        blocks = [list(row.request.block_ids) for row in sched.rows]
+        return StepResult(valid, records, hidden, query_start, computed, blocks, recurrent.shapes())
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
                 digests: list | None) -> list[list[int] | None]:

@@ -52,12 +52,16 @@ def test_a_finished_request_leaves_states_where_its_mode_keeps_them():
     src = _finished(range(10), range(100, 107))  # 17 tokens, 16 committed
     everywhere = settled(src, Geometry(4, "all", 0))
     assert everywhere.kv == everywhere.states == {4, 8, 12, 16}
-    aligned = settled(src, Geometry(4, "align", 0))  # the prompt's last boundary (8), then decode boundaries
+    aligned = settled(src, Geometry(4, "align", 0))  # its prompt's last checkpoint (8), then decode ones
     assert aligned.kv == {4, 8, 12, 16} and aligned.states == {8, 12, 16}
     mtp = settled(
         _finished(range(10), range(100, 107), [(1, 1), (1, 0), (1, 1), (1, 1)]), Geometry(4, "all", 1)
     )
-    assert mtp.states == {4, 8, 12}  # before the last verify step: 10 + 2 + 1 + 2 = 15 committed
+    assert mtp.states == {4, 8, 12, 16}  # the last verify step's blocks too: the drafter wrote their KV
+    on_grid = settled(_finished(range(12), range(100, 103)), Geometry(4, "align", 0))
+    assert on_grid.states == {8, 12}  # a prompt on the grid: its prefill stops at (12 - 1) // 4 * 4 and 12
+    on_grid_mtp = settled(_finished(range(13), range(100, 103)), Geometry(4, "align", 1))
+    assert on_grid_mtp.kv == {4, 8, 12} and on_grid_mtp.states == {12}  # (13 - 1) // 4 * 4
 
 
 @pytest.mark.parametrize("length,want", [(11, 8), (12, 8), (13, 12), (17, 16), (18, 16), (3, 0)])
@@ -258,3 +262,55 @@ def test_the_plugins_caching_options_are_checked_up_front(monkeypatch, enable, m
     else:
         with pytest.raises(pytest.UsageError, match=error):
             plugin._check_options(config)
+
+
+# ---- the lower bound follows vLLM 0.33's hit rules ------------------------------------------------
+
+class _OldRuleAdapter(CachingBugAdapter):
+    """The reference engine with its cache, with one of the hit rules vLLM 0.33 has and it once lacked
+    taken back: ``old-align-split`` (a prompt's prefill stops at L - L % B), ``last-step-unpublished`` (a
+    finishing request's last step publishes nothing)."""
+
+    def __init__(self, rule: str):
+        super().__init__("correct")
+        self.rule, self.name = rule, f"old-rule:{rule}"
+
+    def start(self, spec):
+        from conformance.engines import LLMInstance
+
+        llm = self.build(spec)
+        prefix = llm.engine.core.scheduler.prefix
+        if self.rule == "old-align-split":
+            def clip(num_computed, num_new, total, shared=0):
+                last = total - total % prefix.block_size
+                if num_computed < last < num_computed + num_new:
+                    return last - num_computed
+                return num_new
+
+            prefix.clip = clip
+        else:
+            publish = prefix.publish
+            prefix.publish = lambda spans: publish([s for s in spans if not s.request.is_finished])
+        return LLMInstance(llm)
+
+
+def _resent(k: int, second: RequestSpec) -> Scenario:
+    settings = EngineSettings(block_size=4, enable_prefix_caching=True, mamba_cache_mode="align",
+                              num_kv_blocks=300, max_model_len=64, num_speculative_tokens=k)
+    first = RequestSpec("r00", tuple(range(20, 20 + (12 if k == 0 else 11))), 6)
+    return Scenario("resent", "a prompt sent again", "default", settings, (first, second), ("prefix-hit",))
+
+
+@pytest.mark.parametrize("rule,k,second,want", [
+    ("old-align-split", 0, RequestSpec("r01", tuple(range(20, 32)), 3, arrival_step=30), 8),
+    ("last-step-unpublished", 3, RequestSpec("r01", (7, 8, 9), 3, arrival_step=0, extends="r00"), 16),
+])
+def test_the_lower_bound_holds_an_engine_to_vllms_hit_rules(reference_case, rule, k, second, want):
+    """A 12-token prompt resent (align, B=4) must hit 8: its prefill stopped at (12 - 1) // 4 * 4 too; a
+    next turn after an 11-token prompt and 6 outputs with MTP (K=3) must hit 16, which only the first
+    request's last step reached. An engine without the rule fails cached-tokens; the reference passes."""
+    checks, _ = _run(reference_case, _resent(k, second))
+    assert checks["cached-tokens"].status == PASS and "(2 pinned exactly)" in checks["cached-tokens"].summary
+    checks, _ = _run(reference_case, _resent(k, second), _OldRuleAdapter(rule))
+    assert checks["cached-tokens"].status == FAIL, checks["cached-tokens"].summary
+    assert f"expected {want}" in checks["cached-tokens"].summary

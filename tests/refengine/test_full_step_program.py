@@ -73,7 +73,7 @@ def _captured_step(k: int, drafter: str, mode: str, want=lambda shape, rows: Tru
     )
     assert seen, f"the workload ran no {mode} step"
     shape, table = seen[-1]
-    return runner, shape, runner.graphs.pad(shape, table, StepRows.inert_row(k, runner.device))
+    return runner, shape, runner.graphs.pad(shape, table, runner._inert)
 
 
 def _run_without_data(monkeypatch, runner, shape, table):
@@ -103,13 +103,13 @@ def test_full_step_program_with_prefix_caching_reads_nothing_back(monkeypatch, k
     program and reads nothing back either, so a FULL step with prefix caching is still one graph."""
     runner, shape, table = _captured_step(k, drafter, "full", block_size=4, enable_prefix_caching=True,
                                           mamba_cache_mode="all")
-    assert runner.state.checkpoint_slots.shape[1] >= 1, "the program must have checkpoint slots to fill"
+    assert runner.num_checkpoint_columns >= 1, "the program must have checkpoint slots to fill"
     saved = []
     save = runner.caches.save_checkpoints
     runner.caches.save_checkpoints = lambda *a: saved.append(a[3].shape) or save(*a)
     out = _run_without_data(monkeypatch, runner, shape, table)
     assert out.verified.num_valid.shape == (shape.num_reqs_padded,)
-    assert saved == [(shape.num_reqs_padded * runner.state.checkpoint_slots.shape[1],)]
+    assert saved == [(shape.num_reqs_padded * runner.num_checkpoint_columns,)]
 
 
 def test_an_eager_step_runs_the_same_program(monkeypatch):

@@ -299,3 +299,26 @@ def test_preempted_requests_restart_their_lookup_exactly(ckpt):
     assert len(shared) >= 0.5 * len(theirs) and {key: ours[key] for key in shared} == {
         key: theirs[key] for key in shared
     }
+
+
+def test_near_max_model_len_at_most_max_model_len_minus_n_minus_1_drafts_are_verified(ckpt):
+    """A verify row of a request with N tokens runs N-1 plus its drafts and samples one more under
+    max_model_len, so at most max_model_len - N - 1 drafts are verified (vLLM's scheduler trim): the draft
+    and acceptance counts agree with vLLM's up to the end, in both engines."""
+    assert NgramDrafter(3, 2, 2, 9).lookup([1, 2, 1, 2, 3, 1, 2]) == [1]  # the proposer alone: [1, 2]
+    max_len = 24
+    items = [(0, f"r{i}", (phrase * 9)[:9], SamplingParams(max_tokens=max_len, ignore_eos=True))
+             for i, phrase in enumerate(([5], [7, 8], [9, 10, 11]))]
+    kw = dict(num_speculative_tokens=3, drafter="ngram", max_model_len=max_len, block_size=4, **LOOKUP)
+    ref = drive(LLM(model=ckpt, **kw), items)
+    got = drive(LLM(model=ckpt, engine="async", graph_mode="full_and_piecewise", **kw), items)
+    capped = 0
+    for rid, out in ref.items():
+        assert out.acceptance == got[rid].acceptance and out.token_ids == got[rid].token_ids
+        n = len(out.prompt_token_ids) + 1  # the prefill's sampled token
+        for drafted, accepted in out.acceptance:
+            assert drafted <= max_len - n - 1, f"{rid}: {drafted} drafts verified at {n} of {max_len} tokens"
+            capped += drafted == max_len - n - 1 < 3
+            n += accepted + 1
+        assert len(out.prompt_token_ids) + len(out.token_ids) == max_len
+    assert capped, "no verify step ran near max_model_len with the lookup matching: the test proves nothing"

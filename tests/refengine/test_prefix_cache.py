@@ -8,10 +8,11 @@ import os
 import random
 
 import pytest
+import torch
 
 from refengine import LLM, SamplingParams
 from refengine.config import CacheConfig, ConfigError, EngineConfig
-from refengine.prefix_cache import BlockPool, CheckpointPool, PrefixCache, state_column
+from refengine.prefix_cache import BlockPool, CheckpointPool, PrefixCache, geometry
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -75,17 +76,54 @@ def _cache(mode):
     ("align", 8, 2, 10, 2),  # the tail after it runs unclipped
     ("align", 0, 7, 30, 4),  # a budget-limited chunk ends on the grid
     ("align", 0, 3, 30, 3),  # shorter than a block: left as it is
-    ("align", 0, 12, 12, 12),  # a prompt on the grid runs whole
+    ("align", 0, 12, 12, 8),  # a prompt on the grid stops a block early: (L - 1) // B * B, the longest hit
+    ("align", 8, 4, 12, 4),  # then its last block runs (its end is a chunk end on the grid)
+    ("align", 0, 11, 11, 8),
+    ("align", 2, 20, 30, 2),  # a chunk starting off the grid stops at the next boundary
 ])
 def test_chunk_clipping(mode, nc, num_new, total, want):
     assert _cache(mode).clip(nc, num_new, total) == want
 
 
-def test_state_column():
-    assert state_column(8, 4, 4, is_prefill=True) == 0
-    assert state_column(8, 4, 6, is_prefill=True) is None  # the chunk went past: its state is gone
-    assert state_column(8, 6, 4, is_prefill=False) == 1  # verify row over positions 6..9: after token 7
-    assert state_column(8, 8, 4, is_prefill=False) is None
+@pytest.mark.parametrize("nc,num_new,total,shared,want", [
+    (0, 20, 20, 12, 12),  # a hit fell short of the 12 shared tokens: the chunk stops there
+    (12, 8, 20, 12, 4),  # then on to the prompt's last checkpoint
+    (0, 20, 20, 14, 12),  # the junction is floored to the grid
+    (0, 8, 20, 12, 8),  # a chunk that ends before it is not stretched
+    (12, 8, 20, 0, 4),
+])
+def test_align_chunk_stops_at_the_shared_prefix(nc, num_new, total, shared, want):
+    assert _cache("align").clip(nc, num_new, total, shared) == want
+    assert _cache("all").clip(nc, num_new, total, shared) == min(num_new, (nc // 4 + 1) * 4 - nc)
+
+
+def test_align_last_checkpoint_leaves_the_lookahead_token():
+    """With block keys covering one token more (a KV-cached drafter), the longest hit on a resent prompt of
+    L tokens is (L - 1) // B * B as without, so that is where the prompt's last checkpoint goes."""
+    with_lookahead = PrefixCache(BlockPool(8), CheckpointPool(0, 4), block_size=4, mode="align", lookahead=1)
+    assert with_lookahead.clip(0, 12, 12) == 8 and with_lookahead.clip(0, 13, 13) == 12
+    assert geometry.last_checkpoint(13, 4, 0) == 12 and geometry.last_checkpoint(12, 4, 3) == 8
+
+
+def test_geometry_reached_boundaries_and_their_columns():
+    assert geometry.reached(4, 4, 4, True, 4) == [(8, 0)]  # a chunk ending on the grid holds its end
+    assert geometry.reached(4, 6, 6, True, 4) == []  # the chunk went past: its state is gone
+    assert geometry.reached(6, 4, 2, False, 4) == [(8, 1)]  # verify row over 6..9 kept 2: after token 7
+    assert geometry.reached(6, 4, 1, False, 4) == []  # kept 1: the boundary's token was rejected
+    assert geometry.reached(7, 6, 6, False, 4) == [(8, 0), (12, 4)]  # two boundaries in one verify step
+    assert geometry.reached(8, 4, 4, False, 4) == [(12, 3)]
+
+
+def test_geometry_column_table_is_the_column_rule():
+    """The device copy's table gives, for a start's offset in its block, the column of each boundary:
+    the same columns ``reached`` gives on the host."""
+    for bs in (1, 2, 4, 8):
+        table = geometry.column_table(bs, 3)
+        for start in range(3 * bs):
+            kept = 3 * bs
+            want = [c for _, c in geometry.reached(start, kept, kept, False, bs)][:3]
+            assert table[start % bs] == want
+    assert geometry.num_boundaries(3, 8, 4) == 2 and geometry.num_boundaries(4, 7, 4) == 0
 
 
 def test_settings_are_validated():
@@ -140,25 +178,23 @@ def digests(records):
 def ceiling(prompt, sources, mode, lookahead):
     """The hit the mode allows ``prompt`` from earlier finished single-chunk ``sources`` (RequestOutputs).
 
-    A source published the state at: ``all`` every boundary of its committed tokens, ``align`` the last
-    boundary of its prompt (its prefill ran in one chunk) and every boundary after it. Its committed
-    tokens end one before its last output token; with an MTP drafter (``lookahead``), before its last
-    verify step (the drafter writes no KV for a finished request). A hit must leave the last prompt
-    token to compute and match the source through the block's key (``lookahead`` tokens more).
+    A source published the state at: ``all`` every boundary of its committed tokens, ``align`` its
+    prompt's last checkpoint ((L - max(1, lookahead)) // B * B), its prompt's end when that is on the
+    grid (its prefill stopped at both), and every boundary after its prompt. Its committed tokens end one
+    before its last output token (its last step publishes too). A hit must leave the last prompt token
+    to compute and match the source through the block's key (``lookahead`` tokens more).
     """
     best = 0
     for src in sources:
         tokens = src.prompt_token_ids + src.token_ids
-        committed = len(tokens) - 1
-        if lookahead:
-            committed = len(src.prompt_token_ids) + sum(a + 1 for _, a in src.acceptance[:-1])
-        last_prompt_boundary = len(src.prompt_token_ids) - len(src.prompt_token_ids) % BS
-        first = BS if mode == "all" else last_prompt_boundary
+        n = len(src.prompt_token_ids)
+        stops = {(n - max(1, lookahead)) // BS * BS, n - n % BS if n % BS == 0 else -1}
         common = next(
             (i for i, (x, y) in enumerate(zip(tokens, prompt)) if x != y), min(len(tokens), len(prompt))
         )
-        for b in range(BS, committed + 1, BS):
-            if b >= first and b <= len(prompt) - 1 and b + lookahead <= common:
+        for b in range(BS, len(tokens), BS):
+            kept = mode == "all" or b in stops or b > n
+            if kept and b <= len(prompt) - 1 and b + lookahead <= common:
                 best = max(best, b)
     return best
 
@@ -299,3 +335,110 @@ def test_conformance_settings_reach_the_engine_under_test_only():
     assert not reference_adapter().build(spec).config.cache.enable_prefix_caching
     with pytest.raises(ValueError, match="mamba_cache_mode must be one of .* got 'bogus'"):
         EngineSettings(enable_prefix_caching=True, mamba_cache_mode="bogus")
+
+
+def _caches_with(specs, num_slots, k):
+    """A ``ModelCaches`` holding the state tensors ``specs`` (layer -> RecurrentState) declare, the way a
+    model whose layers declared them would (no model needed)."""
+    from refengine.cache import ModelCaches
+
+    caches = ModelCaches.__new__(ModelCaches)
+    caches.num_speculative_tokens, caches.kv = k, {}
+    caches.states = {i: s.allocate(num_slots, torch.float32, "cpu") for i, s in specs.items()}
+    caches.checkpoint_kinds = {i: s.checkpoint for i, s in specs.items()}
+    for tensors in caches.states.values():
+        for t in tensors:
+            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(t.numel())))
+    return caches
+
+
+def test_checkpoints_follow_each_state_tensors_declared_kind():
+    """A second recurrent mixer (Mamba2: a conv window [C, W-1+K] and a per-slot state [H, P, N]) declares
+    its state and is checkpointed through the same path as GDN's, on the host and on the device alike."""
+    from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
+
+    k, w1 = 2, 3  # K, W-1
+    specs = {0: RecurrentState(((5, w1 + k), (2, 3, 4)), (False, True), (WINDOW, SLOT)),  # GDN-like
+             1: RecurrentState(((2, 3, 4), (6, w1 + k)), (True, False), (SLOT, WINDOW))}  # another order
+    host, device = _caches_with(specs, 12, k), _caches_with(specs, 12, k)
+    slots = [1, 2, 3]  # s_0..s_K of one request
+    copies = [(column, 6 + column) for column in range(k + 1)]  # (column, checkpoint slot)
+    for column, dst in copies:
+        host.save_checkpoint(slots, column, dst)
+    col = torch.tensor([c for c, _ in copies])
+    device.save_checkpoints(torch.full_like(col, slots[0]), col, torch.tensor([slots[c] for c, _ in copies]),
+                            torch.tensor([d for _, d in copies]))
+    for layer, tensors in host.states.items():
+        for t, kind, other in zip(tensors, specs[layer].checkpoint, device.states[layer]):
+            for column, dst in copies:
+                want = t[slots[0], ..., column: column + w1] if kind == WINDOW else t[slots[column]]
+                got = t[dst, ..., :w1] if kind == WINDOW else t[dst]
+                assert torch.equal(got, want), f"layer {layer} {kind}: column {column}"
+                assert torch.equal(other[dst], t[dst]), "the device copy differs from the host copy"
+    host.restore_checkpoint(7, 9)
+    assert all(torch.equal(t[9], t[7]) for ts in host.states.values() for t in ts)
+    with pytest.raises(ValueError, match="checkpoint kind 'conv'"):
+        RecurrentState(((5, 4),), (False,), ("conv",))
+
+
+# ---- where vLLM hits, the cache hits: the three geometries it used to miss ---------------------------
+
+# the async engine's counts are held to the reference's in the default tier (test_prefix_cache_async.py)
+ASYNC_ENGINE = {"engine": "async", "graph_mode": "full_and_piecewise"}
+ENGINES = [pytest.param({}, id="reference"), pytest.param(ASYNC_ENGINE, id="async", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prompt_on_the_grid_sent_twice_hits_all_but_its_last_block(ckpt, engine):
+    """align, B=4, K=0: a 12-token prompt's prefill stops at (12 - 1) // 4 * 4 = 8 as well as at 12, so
+    the same prompt sent again hits 8 tokens (the split of vLLM 0.32+; 0 with a split at L - L % B)."""
+    prompt = prompts(random.Random(21), 3 * BS)
+    waves = [[prompt], [prompt]]
+    off, _, _ = run(ckpt, waves, max_tokens=4, **engine)
+    on, _, _ = run(ckpt, waves, cache_mode="align", max_tokens=4, **engine)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.num_cached_tokens for o in on] == [0, 2 * BS]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_sibling_hits_where_an_earlier_one_stopped_at_the_shared_prefix(ckpt, engine):
+    """align, B=4, K=0: X+A, X+B, X+C with |X| = 12, one after another. X+A leaves no state at 12 (its
+    prompt's checkpoint is at 16); X+B shares X's blocks but gets no hit, so its prefill stops at the end
+    of what it shares (12) and leaves the state there: X+C hits 12."""
+    rng = random.Random(23)
+    x = prompts(rng, 3 * BS)
+    waves = [[x + prompts(rng, 6)] for _ in range(3)]
+    off, _, _ = run(ckpt, waves, max_tokens=4, **engine)
+    on, records, _ = run(ckpt, waves, cache_mode="align", max_tokens=4, **engine)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.num_cached_tokens for o in on] == [0, 0, 3 * BS]
+    second = [r for rec in records for r in rec.rows
+              if r.request_id == on[1].request_id and r.kind == "prefill"]
+    assert second[0].num_computed_tokens + second[0].query_len == 3 * BS, "the junction stop"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_next_turn_hits_the_blocks_of_the_last_step_with_an_mtp_drafter(ckpt, engine):
+    """B=4, K=3 with MTP, multi-turn: an 11-token prompt and 6 outputs leave 16 committed tokens; only the
+    request's last verify step reaches 16, and its drafter KV is written there too, so the next turn (its
+    prompt, outputs and a new message) hits 16, not 12."""
+    rng = random.Random(25)
+    first = prompts(rng, 11)
+    waves = [[first], lambda outs: [first + outs[0].token_ids + prompts(random.Random(2), 3)]]
+    kw = {"num_speculative_tokens": 3, "drafter": "mtp", "max_tokens": 6, **engine}
+    off, _, _ = run(ckpt, waves, **kw)
+    on, _, _ = run(ckpt, waves, cache_mode="align", **kw)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.acceptance for o in on] == [o.acceptance for o in off]
+    assert [o.num_cached_tokens for o in on] == [0, 4 * BS]
+
+
+@pytest.mark.slow
+def test_the_bench_counts_every_prompt_token_it_looks_up(ckpt):
+    """``python -m refengine.prefix_cache.bench``: its queried tokens are the workload's prompt tokens, and
+    the shared-prefix workload hits."""
+    from refengine.prefix_cache import bench
+
+    hits, queries = bench.measure(ckpt, "shared-prefix", "align", 0, BS, "reference")
+    waves = bench.shared_prefix(random.Random(0), VOCAB)
+    assert queries == sum(len(p) for wave in waves for p in wave) and 0 < hits < queries

@@ -1,4 +1,4 @@
-"""Prefix caching for hybrid models: shared KV blocks and recurrent-state checkpoints.
+"""The prefix cache's pools and block keys: shared KV blocks and recurrent-state checkpoints.
 
 Keys. Block ``i`` of a request's tokens has the key ``H(key_{i-1}, tokens of block i [, token after
 it])``: equal keys mean equal token prefixes. When the drafter keeps a KV cache (MTP), the entry at a
@@ -12,16 +12,12 @@ used first) until the pool needs it for a new allocation, which drops the key.
 Checkpoints (``CheckpointPool``) are extra recurrent state slots, each holding the state after the
 tokens of the block whose key it is stored under (the state *at the block's end*). They are copied
 into a request's s_0 on a hit, so they hold no references; the least recently used goes first.
-
-A hit of ``h`` tokens (a multiple of the block size) needs every KV block of the first ``h`` tokens
-and a checkpoint at ``h``; ``h <= num_tokens - 1`` since the last token's logits must be computed.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
 
 ROOT_KEY = b""
 
@@ -199,125 +195,3 @@ class CheckpointPool:
         if slot not in self._held:
             raise RuntimeError(f"checkpoint slot {slot} released but not held")
         self._held.remove(slot)
-
-
-@dataclass(frozen=True)
-class Publish:
-    """The state at boundary ``boundary`` (tokens) of a request sits at column ``column`` of its last
-    step: the conv window at columns ``column .. column+W-2`` of s_0 and the recurrent state in
-    ``s_column``; ``slot`` is the checkpoint slot it is copied into."""
-
-    boundary: int
-    column: int
-    slot: int
-
-
-def state_column(boundary: int, num_computed_before: int, num_tokens: int, is_prefill: bool) -> int | None:
-    """Where a step's output holds the state after ``boundary`` tokens, or None if it holds none.
-
-    A prefill row keeps only its final state (column 0, when its chunk ends at ``boundary``); a verify
-    row keeps the state after each of its tokens j in column j (contract 1).
-    """
-    j = boundary - num_computed_before - 1
-    if is_prefill:
-        return 0 if num_computed_before + num_tokens == boundary else None
-    return j if 0 <= j < num_tokens else None
-
-
-@dataclass(frozen=True)
-class Hit:
-    num_tokens: int  # h: tokens whose KV and state come from the cache
-    blocks: list[int]  # the KV blocks of those tokens
-    slot: int | None  # the checkpoint slot holding the state after them (None when h == 0)
-
-
-class PrefixCache:
-    """The scheduler's prefix cache: keys, the shared KV block pool, checkpoints and hit counters.
-
-    ``mode`` decides only where prefill chunks end (``clip``); a state is published wherever a
-    committed step leaves it at a block boundary (``publish``): every boundary a verify step keeps, and
-    the end of a prefill chunk that ends on the grid.
-    """
-
-    def __init__(self, kv_pool: BlockPool, checkpoints: CheckpointPool, block_size: int, mode: str,
-                 lookahead: int):
-        self.kv_pool = kv_pool
-        self.checkpoints = checkpoints
-        self.block_size = block_size
-        self.mode = mode
-        self.lookahead = lookahead  # tokens past a block its key covers (1 with a KV-cached drafter)
-        self.num_query_tokens = 0  # tokens looked up on admission (prompt plus outputs when resumed)
-        self.num_hit_tokens = 0  # of those, tokens served from the cache
-
-    def keys(self, req) -> list[bytes]:
-        return extend_keys(req.block_keys, req.all_token_ids, self.block_size, self.lookahead)
-
-    def find(self, req, total: int) -> Hit:
-        """The longest cached prefix of ``req``'s first ``total`` tokens, leaving its last token to
-        compute."""
-        best, blocks = 0, []
-        for i, key in enumerate(self.keys(req)):
-            if (i + 1) * self.block_size > total - 1:
-                break
-            block = self.kv_pool.lookup(key)
-            if block is None:
-                break
-            blocks.append(block)
-            if self.checkpoints.has(key):
-                best = i + 1
-        if best == 0:
-            return Hit(0, [], None)
-        return Hit(best * self.block_size, blocks[:best], self.checkpoints.lookup(self.keys(req)[best - 1]))
-
-    def count(self, total: int, hit: Hit) -> None:
-        self.num_query_tokens += total
-        self.num_hit_tokens += hit.num_tokens
-
-    def clip(self, num_computed: int, num_new: int, total: int) -> int:
-        """A prefill chunk's length, clipped so that its end is a checkpoint the mode asks for.
-
-        ``all``: a chunk never crosses a block boundary, so every full block's state is a chunk end.
-        ``align`` (vLLM's ``_mamba_block_aligned_split``): a chunk that stops short of the last block
-        boundary of the prompt ends on the grid; the chunk that would cross that boundary stops at
-        it; the tail after it runs unclipped. A chunk shorter than a block is left as it is.
-        """
-        bs, end = self.block_size, num_computed + num_new
-        if self.mode == "all":
-            return min(end, (num_computed // bs + 1) * bs) - num_computed
-        last = total - total % bs
-        if end < last:
-            aligned = end - end % bs
-            return aligned - num_computed if aligned > num_computed else num_new
-        if num_computed < last < end:
-            return last - num_computed
-        return num_new
-
-    def publish(self, req, block_ids: list[int], num_computed_before: int, limit: int, num_tokens: int,
-                is_prefill: bool) -> list[Publish]:
-        """Publish the KV blocks (``block_ids``, referenced) of ``req`` that end in
-        ``(num_computed_before, limit]`` (committed tokens) and reserve a checkpoint for every such
-        boundary whose state the step left (see ``state_column``). Returns the state copies to make."""
-        out = []
-        for b, key in self.publish_blocks(req, block_ids, num_computed_before, limit).items():
-            column = state_column(b, num_computed_before, num_tokens, is_prefill)
-            if column is None:
-                continue
-            slot = self.checkpoints.reserve(key)
-            if slot is not None:
-                out.append(Publish(b, column, slot))
-        return out
-
-    def publish_blocks(self, req, block_ids: list[int], num_computed_before: int,
-                       limit: int) -> dict[int, bytes]:
-        """Publish the KV blocks of ``req`` that end in ``(num_computed_before, limit]`` (committed tokens
-        whose key is known); returns boundary -> key for each."""
-        out = {}
-        keys = self.keys(req)
-        bs = self.block_size
-        for b in range((num_computed_before // bs + 1) * bs, limit + 1, bs):
-            i = b // bs - 1
-            if i >= len(keys):
-                break
-            self.kv_pool.publish(block_ids[i], keys[i])
-            out[b] = keys[i]
-        return out
