@@ -18,7 +18,7 @@ from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, R
 from kernels import PAD_SLOT_ID
 from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.stream import HostBuffer
-from refengine.prefix_cache import ROOT_KEY, Hit, next_key
+from refengine.prefix_cache import ROOT_KEY, next_key
 
 
 @dataclass(frozen=True)
