@@ -24,7 +24,7 @@ from refengine.model.nemotron_h_config import NemotronHModelConfig
 from tests.helpers.driver import greedy_generate
 
 ROOT = Path(refengine.__file__).parent
-ENGINE_SIDE = ["reference", "async_engine", "scheduler.py", "prefix_cache.py", "cache.py", "core.py"]
+ENGINE_SIDE = ["reference", "async_engine", "scheduler.py", "prefix_cache", "cache.py", "core.py"]
 # The model package's family-agnostic modules: the registry and the cache declarations.
 ALLOWED_MODEL_IMPORTS = {"refengine.model.registry", "refengine.model.cache_specs"}
 # Words only a family or a mixer would bring (``mamba_cache_mode`` is a generic engine option).
@@ -36,6 +36,7 @@ def engine_side_files() -> list[Path]:
     files = []
     for name in ENGINE_SIDE:
         path = ROOT / name
+        assert path.exists(), f"{path} is gone: name its successor in ENGINE_SIDE"
         files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
     return files
 

@@ -221,6 +221,14 @@ BAD_FLAGS = [
     ("train_default_model", "--seed", "-1"), ("train_default_model", "--max-files", "0"),
     pytest.param("pytest --pyargs conformance.suite", "--conformance-threads", "0", marks=pytest.mark.slow),
     ("pytest --pyargs conformance.suite", "--conformance-threads", "-1"),
+    ("conformance run", "--step-timeout", "0"), ("conformance replay", "--step-timeout", "-1"),
+    ("conformance fuzz", "--step-timeout", "0"), ("conformance run", "--min-scenarios", "-1"),
+    ("refengine generate", "--block-size", "0"), ("refengine generate", "--max-num-seqs", "0"),
+    ("refengine generate", "--prompt-lookup-min", "0"), ("refengine generate", "--prompt-lookup-max", "0"),
+    ("refengine generate", "--seed", "-1"),
+    pytest.param("pytest --pyargs conformance.suite", "--conformance-step-timeout", "0", marks=pytest.mark.slow),
+    pytest.param("pytest --pyargs conformance.suite", "--conformance-min-scenarios", "-1",
+                 marks=pytest.mark.slow),
 ]
 TRAIN = "python -m refengine.tools.train_default_model"
 
