@@ -421,15 +421,23 @@ CPU_WHEEL_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def test_the_set_up_takes_torch_from_the_cpu_wheel_index():
-    """PyPI alone resolves ``torch==2.13.0`` to the CUDA build on Linux: the README's set-up line (still
-    the virtual environment and two installs) and ``tox -e cpu`` name the PyTorch CPU wheel index."""
+    """PyPI alone resolves ``torch==2.13.0`` to the CUDA build on Linux: the README gives the set-up line
+    for pip's configured index and, for a machine whose only index is PyPI, the same line (still the
+    virtual environment and two installs, torch first) naming the PyTorch CPU wheel index; ``tox -e cpu``
+    names that index too."""
     readme = (REPO / "README.md").read_text()
-    setup = next(body for info, body in _blocks(readme) if info == "bash" and "venv" in body)
-    steps = _split_chain(shlex.split(setup))
-    installs = [s for s in steps if s[:2] == ["pip", "install"]]
-    assert len(installs) == 2 and len(steps) == 4, setup  # venv, activate, torch, the package
-    torch_step = next(s for s in installs if any(a.startswith("torch==") for a in s))
-    assert torch_step[torch_step.index("--index-url") + 1] == CPU_WHEEL_INDEX
+    setups = [body for info, body in _blocks(readme) if info == "bash" and "venv" in body]
+    assert len(setups) == 2, setups  # the configured index's, then the public registry's
+    indexes = []
+    for setup in setups:
+        steps = _split_chain(shlex.split(setup))
+        installs = [s for s in steps if s[:2] == ["pip", "install"]]
+        assert len(installs) == 2 and len(steps) == 4, setup  # venv, activate, torch, the package
+        assert any(a.startswith("torch==") for a in installs[0]), setup  # the pinned torch first
+        assert "--index-url" not in installs[1], setup  # only torch comes from the CPU index
+        indexes.append(installs[0][installs[0].index("--index-url") + 1] if "--index-url" in installs[0]
+                       else None)
+    assert indexes == [None, CPU_WHEEL_INDEX]
     ini = configparser.ConfigParser(interpolation=None)
     ini.read(REPO / "tox.ini")
     for env in ("testenv:cpu", "testenv:nightly"):
