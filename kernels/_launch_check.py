@@ -329,9 +329,11 @@ def check_launch(kernel: str, grid, args: dict) -> None:
     if callable(grid) or not isinstance(grid, tuple) or not 1 <= len(grid) <= 3:
         fail(f"grid must be a tuple of 1 to 3 ints, got {grid!r}")
     for axis, (size, limit) in enumerate(zip(grid, GRID_LIMITS)):
-        if type(size) is not int or not 0 <= size <= limit:
-            fail(f"grid axis {axis} is {size!r} ({type(size).__name__}): a plain int from 0 to {limit} "
-                 "(a tensor or a host read of one has no place in a grid)")
+        if type(size) is not int:
+            fail(f"grid axis {axis} is {size!r} ({type(size).__name__}), not a plain int (a tensor or a "
+                 "host read of one has no place in a grid)")
+        if not 0 <= size <= limit:
+            fail(f"grid axis {axis} is {size}, outside CUDA's 0 to {limit} programs on that axis")
     want = tuple(spec.grid(a))
     if tuple(grid) != want:
         fail(f"grid {tuple(grid)} differs from the {want} its arguments call for")

@@ -85,6 +85,21 @@ def test_a_host_read_in_a_wrapper_fails(monkeypatch):
         run_wrapper("greedy_verify", OPS["greedy_verify"].rows[0].make())
 
 
+def test_a_state_block_narrower_than_the_state_fails(monkeypatch):
+    """A planted bug: a state block ``BN`` that covers half of N (the kernel masks the rest off and
+    silently drops it), refused by the spec's requirement."""
+    from kernels.mamba2 import triton_state_update
+
+    config = triton_state_update.launch_config
+
+    def half_state(p, n):
+        return {**config(p, n), "BN": triton_state_update.triton.next_power_of_2(n) // 2}
+
+    monkeypatch.setattr(triton_state_update, "launch_config", half_state)
+    with pytest.raises(LaunchError, match=r"selective_state_update_kernel: the kernel assumes BN >= N"):
+        run_wrapper("selective_state_update", OPS["selective_state_update"].rows[0].make())
+
+
 def _linear_launch(grid, x, w, y, stride_x=None):
     from kernels.linear import triton_linear as tl_
 
@@ -97,7 +112,8 @@ def _linear_launch(grid, x, w, y, stride_x=None):
     ("grid", r"grid \(1, 1\) differs from the \(2, 1\)"),
     ("stride", "pointer argument x .* has strides"),
     ("dtype", "pointer argument w is torch.bfloat16"),
-    ("tensor grid", "grid axis 0 is"),
+    ("tensor grid", "grid axis 0 is .*not a plain int"),
+    ("grid limit", "grid axis 1 is 70000, outside CUDA's 0 to 65535"),
     ("host tensor", "pointer argument y is on cpu"),
 ])
 def test_the_launch_check_refuses(fault, expected):
@@ -106,7 +122,9 @@ def test_the_launch_check_refuses(fault, expected):
         x = torch.empty(40, 24, device="cuda")
         w = torch.empty(8, 24, device="cuda", dtype=torch.bfloat16 if fault == "dtype" else torch.float32)
         y = torch.empty(40, 8, device="cpu" if fault == "host tensor" else "cuda")
-        grid = {"grid": (1, 1), "tensor grid": (torch.ones((), dtype=torch.int64, device="cuda"), 1)}
+        grid = {"grid": (1, 1), "tensor grid": (torch.ones((), dtype=torch.int64, device="cuda"), 1),
+                "grid limit": (2, 70000)}
         with pytest.raises(LaunchError, match=expected):
             _linear_launch(grid.get(fault, (2, 1)), x, w, y, stride_x=48 if fault == "stride" else None)
         assert not fc.launches.launches
+
