@@ -219,7 +219,7 @@ SPECS: dict[str, LaunchSpec] = {
          "ssm_state": Ptr(FLOATS, CONTIGUOUS), "state_indices": Ptr(I32, _IDX_ROWS),
          "num_accepted_tokens": Ptr(I32, CONTIGUOUS, optional=True),
          "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True)},
-        lambda a: (_cdiv(a.P, a.BP), _rows(a) * a.H),
+        lambda a: (_rows(a) * a.H, _cdiv(a.P, a.BP)),
         requires=(("BN >= N (the whole state row in one block)", lambda a: a.BN >= a.N),
                   ("num_cols = the columns of state_indices",
                    lambda a: a.num_cols == (a.state_indices.shape[1] if a.state_indices.dim() == 2 else 1)),
@@ -230,7 +230,7 @@ SPECS: dict[str, LaunchSpec] = {
          "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True),
          "start_positions": Ptr(I32, CONTIGUOUS, optional=True),
          "block_state_indices": Ptr(I32, rows("stride_blk_n", 1), optional=True)},
-        lambda a: (_cdiv(a.P, a.BP), _cdiv(a.N, a.BN), _rows(a) * a.H),
+        lambda a: (_rows(a) * a.H, _cdiv(a.P, a.BP), _cdiv(a.N, a.BN)),
         requires=(_MAMBA_ROWS, _MAMBA_POOL, _H_BUF,
                   ("num_block_cols = the columns of block_state_indices",
                    lambda a: a.num_block_cols == (0 if a.block_state_indices is None

@@ -128,3 +128,27 @@ def test_the_launch_check_refuses(fault, expected):
             _linear_launch(grid.get(fault, (2, 1)), x, w, y, stride_x=48 if fault == "stride" else None)
         assert not fc.launches.launches
 
+
+
+@pytest.mark.parametrize("name", ["selective_state_update", "ssd_chunk_scan"])
+def test_a_wide_batch_stays_inside_the_grid_limits(name):
+    """1024 one-token rows of Nemotron-H 8B's Mamba2 layers (128 heads of 64 x 128): rows x heads is past
+    the 65535 programs CUDA allows on a grid's y and z axes (on a GPU the launch fails), so the wrappers
+    must put it on x. Fake tensors: no memory for the 4 GiB pool."""
+    import kernels
+
+    rows, h, p, g, n = 1024, 128, 64, 8, 128
+    with FakeCuda() as fc:
+        def empty(*shape, dtype=torch.float32):
+            return torch.empty(shape, dtype=dtype, device="cuda")
+
+        inputs = {"x": empty(rows, h, p), "dt": empty(rows, h), "A": empty(h), "B": empty(rows, g, n),
+                  "C": empty(rows, g, n), "D": empty(h), "ssm_state": empty(rows + 1, h, p, n),
+                  "cu_seqlens": empty(rows + 1, dtype=torch.int32),
+                  "state_indices": empty(rows, dtype=torch.int32)}
+        if name == "ssd_chunk_scan":
+            inputs["has_initial_state"] = empty(rows, dtype=torch.bool)
+        getattr(kernels, name)(**inputs, backend="triton")
+        assert {launch.kernel for launch in fc.launches.launches} == {
+            "selective_state_update": {"selective_state_update_kernel"},
+            "ssd_chunk_scan": {"ssd_state_kernel", "ssd_output_kernel"}}[name]
