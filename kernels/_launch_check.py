@@ -16,7 +16,9 @@ Checked at every launch (a violation raises :class:`LaunchError` from the wrappe
 - a pointer's strides are those the kernel addresses it with: the stride arguments passed for it,
   unit strides where the kernel steps one element at a time, the whole tensor contiguous where the
   kernel computes offsets from sizes (dimensions of size <= 1 and empty tensors take any stride);
-- the grid is a tuple of 1 to 3 plain ints inside CUDA's limits, equal to the spec's grid.
+- the grid is a tuple of 1 to 3 plain ints inside CUDA's limits, equal to the spec's grid;
+- every other condition the spec ``requires`` of the arguments holds (a block constexpr that must cover
+  a whole dimension, a scratch buffer sized for every program that writes it).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ CONTIGUOUS = "contiguous"
 class LaunchSpec:
     ptrs: dict[str, Ptr]  # every tensor argument the kernel takes, by parameter name
     grid: Callable[[SimpleNamespace], tuple[int, ...]]  # the expected grid, from the bound arguments
+    # (what must hold, a predicate of the bound arguments): the kernel's other assumptions
+    requires: tuple[tuple[str, Callable[[SimpleNamespace], bool]], ...] = ()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -84,6 +88,32 @@ def _gdn(name: str) -> dict[str, Ptr]:
 _F32 = (torch.float32,)
 _IDX_ROWS = (("stride_idx_n",), ("stride_idx_n", 1))  # state indices [N] or [N, K+1] (columns contiguous)
 
+def _rows(a: SimpleNamespace) -> int:
+    """The rows of a varlen launch: one per ``cu_seqlens`` interval."""
+    return a.cu_seqlens.shape[0] - 1
+
+
+def _mamba(*names: str) -> dict[str, Ptr]:
+    """Mamba2 inputs, token-major with the strides passed and a unit stride on the last dimension:
+    ``x [T, H, P]``, ``dt [T, H]``, ``B`` / ``C [T, G, N]``; ``A`` / ``D [H]`` read at ``+ head``."""
+    table = {"x": Ptr(FLOATS, rows("stride_x_t", "stride_x_h", 1)), "dt": Ptr(FLOATS, rows("stride_dt_t", 1)),
+             "A": Ptr(FLOATS, CONTIGUOUS), "B": Ptr(FLOATS, rows("stride_b_t", "stride_b_g", 1)),
+             "C": Ptr(FLOATS, rows("stride_c_t", "stride_c_g", 1)), "D": Ptr(FLOATS, CONTIGUOUS),
+             "cu_seqlens": Ptr(I32, CONTIGUOUS)}
+    return {name: table[name] for name in names}
+
+
+def _ssd_slots(a: SimpleNamespace) -> int:
+    """Chunk slots of the SSD scan: ``T // BT + 2 N`` (kernels/mamba2/triton_chunk_scan.py)."""
+    return a.x.shape[0] // a.BT + 2 * _rows(a)
+
+
+_MAMBA_ROWS = ("a state_indices row per cu_seqlens row", lambda a: a.state_indices.shape[0] == _rows(a))
+_MAMBA_POOL = ("ssm_state [S, H, P, N] (addressed as slot * H * P * N)",
+               lambda a: tuple(a.ssm_state.shape[1:]) == (a.H, a.P, a.N))
+_H_BUF = ("h_buf [T // BT + 2 N, H, P, N], a slot per chunk",
+          lambda a: tuple(a.h_buf.shape) == (_ssd_slots(a), a.H, a.P, a.N))
+
 SPECS: dict[str, LaunchSpec] = {
     "paged_attention_kernel": LaunchSpec(
         {"q": Ptr(FLOATS, rows("stride_qt", "stride_qh", 1)),
@@ -95,6 +125,7 @@ SPECS: dict[str, LaunchSpec] = {
         lambda a: (a.q.shape[0] // a.BLOCK_Q + a.N, a.k_cache.shape[2])),
     "causal_conv1d_fwd_kernel": LaunchSpec(
         {"x": Ptr(FLOATS, rows("stride_x_t", 1)), "weight": Ptr(FLOATS, rows("stride_w_c", 1)),
+         "bias": Ptr(FLOATS, CONTIGUOUS, optional=True),
          "out": Ptr("=x", rows("stride_o_t", 1)),
          "conv_state": Ptr(FLOATS, rows("stride_s_n", "stride_s_c", 1)), "cu_seqlens": Ptr(I32, CONTIGUOUS),
          "state_indices": Ptr(I32, (("stride_idx_n",), ("stride_idx_n", None))),  # column 0 only
@@ -157,7 +188,9 @@ SPECS: dict[str, LaunchSpec] = {
          "act": Ptr("=x", rows("stride_ap", 1)), "sorted_pairs": Ptr(I32, CONTIGUOUS),
          "block_expert": Ptr(I32, CONTIGUOUS), "block_start": Ptr(I32, CONTIGUOUS),
          "block_end": Ptr(I32, CONTIGUOUS)},
-        lambda a: (a.block_expert.shape[0], _cdiv(a.I, a.BN))),
+        lambda a: (a.block_expert.shape[0], _cdiv(a.I, a.BN)),
+        requires=(("w13 [E, 2I, H] (gate | up rows), [E, I, H] (up rows) with RELU2",
+                   lambda a: a.w13.shape[1] == (1 if a.RELU2 else 2) * a.I),)),
     "moe_down_kernel": LaunchSpec(
         {"act": Ptr(FLOATS, rows("stride_ap", 1)), "w2": Ptr("=act", rows("stride_we", "stride_wn", 1)),
          "y": Ptr("=act", rows("stride_yp", 1)), "sorted_pairs": Ptr(I32, CONTIGUOUS),
@@ -181,6 +214,47 @@ SPECS: dict[str, LaunchSpec] = {
          "num_draft_tokens": Ptr(I32, CONTIGUOUS), "cu_num_logits": Ptr(I32, CONTIGUOUS),
          "output_tokens": Ptr(I64, rows("stride_o", 1)), "num_valid": Ptr(I32, CONTIGUOUS)},
         lambda a: (a.num_valid.shape[0],)),
+    "selective_state_update_kernel": LaunchSpec(
+        {**_mamba("x", "dt", "A", "B", "C", "D", "cu_seqlens"), "y": Ptr("=x", CONTIGUOUS),
+         "ssm_state": Ptr(FLOATS, CONTIGUOUS), "state_indices": Ptr(I32, _IDX_ROWS),
+         "num_accepted_tokens": Ptr(I32, CONTIGUOUS, optional=True),
+         "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True)},
+        lambda a: (_rows(a) * a.H, _cdiv(a.P, a.BP)),
+        requires=(("BN >= N (the whole state row in one block)", lambda a: a.BN >= a.N),
+                  ("num_cols = the columns of state_indices",
+                   lambda a: a.num_cols == (a.state_indices.shape[1] if a.state_indices.dim() == 2 else 1)),
+                  _MAMBA_ROWS, _MAMBA_POOL)),
+    "ssd_state_kernel": LaunchSpec(
+        {**_mamba("x", "dt", "A", "B", "cu_seqlens"), "h_buf": Ptr(_F32, CONTIGUOUS),
+         "ssm_state": Ptr(FLOATS, CONTIGUOUS), "state_indices": Ptr(I32, CONTIGUOUS),
+         "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True),
+         "start_positions": Ptr(I32, CONTIGUOUS, optional=True),
+         "block_state_indices": Ptr(I32, rows("stride_blk_n", 1), optional=True)},
+        lambda a: (_rows(a) * a.H, _cdiv(a.P, a.BP), _cdiv(a.N, a.BN)),
+        requires=(_MAMBA_ROWS, _MAMBA_POOL, _H_BUF,
+                  ("num_block_cols = the columns of block_state_indices",
+                   lambda a: a.num_block_cols == (0 if a.block_state_indices is None
+                                                  else a.block_state_indices.shape[1])))),
+    "ssd_output_kernel": LaunchSpec(
+        {**_mamba("x", "dt", "A", "B", "C", "D", "cu_seqlens"), "y": Ptr("=x", CONTIGUOUS),
+         "h_buf": Ptr(_F32, CONTIGUOUS), "state_indices": Ptr(I32, CONTIGUOUS),
+         "start_positions": Ptr(I32, CONTIGUOUS, optional=True)},
+        lambda a: (_cdiv(a.P, a.BP) * (a.BT // a.BI), _ssd_slots(a), a.H),
+        requires=(("BN >= N (the whole state row in one block)", lambda a: a.BN >= a.N),
+                  ("BI divides BT (query blocks tile the chunk)", lambda a: a.BT % a.BI == 0),
+                  ("N_ROWS = the cu_seqlens rows and BR >= N_ROWS (every row's first slot compared)",
+                   lambda a: a.N_ROWS == _rows(a) and a.BR >= a.N_ROWS),
+                  _MAMBA_ROWS, _H_BUF)),
+    "gated_group_rms_norm_kernel": LaunchSpec(
+        {"x": Ptr(FLOATS, rows("stride_x", 1)), "z": Ptr(FLOATS, rows("stride_z", 1)),
+         "w": Ptr(FLOATS, CONTIGUOUS), "y": Ptr("=x", rows("stride_y", 1))},
+        lambda a: (a.x.shape[0] * a.GROUPS,),
+        requires=(("GROUPS * GS = the row width, BG >= GS",
+                   lambda a: a.GROUPS * a.GS == a.x.shape[1] == a.w.shape[0] and a.BG >= a.GS),)),
+    "relu2_kernel": LaunchSpec(
+        {"x": Ptr(FLOATS, rows("stride_x", 1)), "y": Ptr("=x", rows("stride_y", 1))},
+        lambda a: (a.x.shape[0], _cdiv(a.H, a.BH)),
+        requires=(("H = the row width of x and y", lambda a: a.H == a.x.shape[1] == a.y.shape[1]),)),
 }
 
 
@@ -255,12 +329,17 @@ def check_launch(kernel: str, grid, args: dict) -> None:
     if callable(grid) or not isinstance(grid, tuple) or not 1 <= len(grid) <= 3:
         fail(f"grid must be a tuple of 1 to 3 ints, got {grid!r}")
     for axis, (size, limit) in enumerate(zip(grid, GRID_LIMITS)):
-        if type(size) is not int or not 0 <= size <= limit:
-            fail(f"grid axis {axis} is {size!r} ({type(size).__name__}): a plain int from 0 to {limit} "
-                 "(a tensor or a host read of one has no place in a grid)")
+        if type(size) is not int:
+            fail(f"grid axis {axis} is {size!r} ({type(size).__name__}), not a plain int (a tensor or a "
+                 "host read of one has no place in a grid)")
+        if not 0 <= size <= limit:
+            fail(f"grid axis {axis} is {size}, outside CUDA's 0 to {limit} programs on that axis")
     want = tuple(spec.grid(a))
     if tuple(grid) != want:
         fail(f"grid {tuple(grid)} differs from the {want} its arguments call for")
+    for what, holds in spec.requires:
+        if not holds(a):
+            fail(f"the kernel assumes {what}")
 
 
 def _kernel_classes() -> list[type]:

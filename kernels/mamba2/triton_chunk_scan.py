@@ -79,7 +79,7 @@ def ssd_state_kernel(
     BT: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_INIT_FLAGS: tl.constexpr, HAS_START: tl.constexpr, HAS_BLOCKS: tl.constexpr,
 ):
-    i_p, i_k, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_nh, i_p, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # rows x heads: axis 0
     i_n, i_h = i_nh // H, i_nh % H
     i_g = i_h // (H // G)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -246,7 +246,8 @@ def triton_ssd_chunk_scan(
               "DOT_PRECISION": cfg["DOT_PRECISION"]}
     st = cfg["state"]
     blocks = block_state_indices
-    ssd_state_kernel[(triton.cdiv(p, st["BP"]), triton.cdiv(n, st["BN"]), rows * h)](
+    # rows x heads on axis 0 (2^31 - 1 programs): axes 1 and 2 take 65535, 512 rows of 128 heads.
+    ssd_state_kernel[(rows * h, triton.cdiv(p, st["BP"]), triton.cdiv(n, st["BN"]))](
         x, dt, A, B, h_buf, pool, cu_seqlens, state_indices, has_initial_state, start_positions,
         blocks, block_size or 1, 0 if blocks is None else blocks.shape[1],
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1),

@@ -29,7 +29,7 @@ def selective_state_update_kernel(
     BP: tl.constexpr, BN: tl.constexpr, PAD: tl.constexpr,
     IS_SPEC: tl.constexpr, HAS_INIT_FLAGS: tl.constexpr,
 ):
-    i_p, i_nh = tl.program_id(0), tl.program_id(1)
+    i_nh, i_p = tl.program_id(0), tl.program_id(1)  # rows x heads on axis 0: past 65535 in a decode batch
     i_n, i_h = i_nh // H, i_nh % H
     i_g = i_h // (H // G)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -129,7 +129,7 @@ def triton_selective_state_update(
         return y
     pool = kernel_pool(ssm_state)
     cfg = launch_config(p, n)
-    grid = (triton.cdiv(p, cfg["BP"]), rows * h)
+    grid = (rows * h, triton.cdiv(p, cfg["BP"]))  # axis 0 takes 2^31 - 1 programs, axes 1 and 2 65535
     selective_state_update_kernel[grid](
         x, dt, A, B, C, D, y, pool, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
         state_indices.shape[-1] if state_indices.dim() == 2 else 1,

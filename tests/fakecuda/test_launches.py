@@ -39,8 +39,10 @@ def test_wrapper_launches_what_its_kernel_assumes(name, row):
     launches, cpu_ops, outputs = run_wrapper(name, row.make())
     assert not cpu_ops, f"{name} created tensors on the CPU: {cpu_ops}"
     assert all(t.is_cuda for t in outputs), f"{name} returned a tensor off the GPU"
-    if name != "moe_route":  # plain torch ops on every device
+    if "triton" in OPS[name].backends:  # the others (moe_route, moe_route_sigmoid) are plain torch ops
         assert launches, f"{name} launched no kernel"
+    else:
+        assert not launches, f"{name} is a torch op on every device, yet launched {launches}"
 
 
 def test_every_kernel_has_a_launch_spec():
@@ -83,6 +85,21 @@ def test_a_host_read_in_a_wrapper_fails(monkeypatch):
         run_wrapper("greedy_verify", OPS["greedy_verify"].rows[0].make())
 
 
+def test_a_state_block_narrower_than_the_state_fails(monkeypatch):
+    """A planted bug: a state block ``BN`` that covers half of N (the kernel masks the rest off and
+    silently drops it), refused by the spec's requirement."""
+    from kernels.mamba2 import triton_state_update
+
+    config = triton_state_update.launch_config
+
+    def half_state(p, n):
+        return {**config(p, n), "BN": triton_state_update.triton.next_power_of_2(n) // 2}
+
+    monkeypatch.setattr(triton_state_update, "launch_config", half_state)
+    with pytest.raises(LaunchError, match=r"selective_state_update_kernel: the kernel assumes BN >= N"):
+        run_wrapper("selective_state_update", OPS["selective_state_update"].rows[0].make())
+
+
 def _linear_launch(grid, x, w, y, stride_x=None):
     from kernels.linear import triton_linear as tl_
 
@@ -95,7 +112,8 @@ def _linear_launch(grid, x, w, y, stride_x=None):
     ("grid", r"grid \(1, 1\) differs from the \(2, 1\)"),
     ("stride", "pointer argument x .* has strides"),
     ("dtype", "pointer argument w is torch.bfloat16"),
-    ("tensor grid", "grid axis 0 is"),
+    ("tensor grid", "grid axis 0 is .*not a plain int"),
+    ("grid limit", "grid axis 1 is 70000, outside CUDA's 0 to 65535"),
     ("host tensor", "pointer argument y is on cpu"),
 ])
 def test_the_launch_check_refuses(fault, expected):
@@ -104,7 +122,33 @@ def test_the_launch_check_refuses(fault, expected):
         x = torch.empty(40, 24, device="cuda")
         w = torch.empty(8, 24, device="cuda", dtype=torch.bfloat16 if fault == "dtype" else torch.float32)
         y = torch.empty(40, 8, device="cpu" if fault == "host tensor" else "cuda")
-        grid = {"grid": (1, 1), "tensor grid": (torch.ones((), dtype=torch.int64, device="cuda"), 1)}
+        grid = {"grid": (1, 1), "tensor grid": (torch.ones((), dtype=torch.int64, device="cuda"), 1),
+                "grid limit": (2, 70000)}
         with pytest.raises(LaunchError, match=expected):
             _linear_launch(grid.get(fault, (2, 1)), x, w, y, stride_x=48 if fault == "stride" else None)
         assert not fc.launches.launches
+
+
+
+@pytest.mark.parametrize("name", ["selective_state_update", "ssd_chunk_scan"])
+def test_a_wide_batch_stays_inside_the_grid_limits(name):
+    """1024 one-token rows of Nemotron-H 8B's Mamba2 layers (128 heads of 64 x 128): rows x heads is past
+    the 65535 programs CUDA allows on a grid's y and z axes (on a GPU the launch fails), so the wrappers
+    must put it on x. Fake tensors: no memory for the 4 GiB pool."""
+    import kernels
+
+    rows, h, p, g, n = 1024, 128, 64, 8, 128
+    with FakeCuda() as fc:
+        def empty(*shape, dtype=torch.float32):
+            return torch.empty(shape, dtype=dtype, device="cuda")
+
+        inputs = {"x": empty(rows, h, p), "dt": empty(rows, h), "A": empty(h), "B": empty(rows, g, n),
+                  "C": empty(rows, g, n), "D": empty(h), "ssm_state": empty(rows + 1, h, p, n),
+                  "cu_seqlens": empty(rows + 1, dtype=torch.int32),
+                  "state_indices": empty(rows, dtype=torch.int32)}
+        if name == "ssd_chunk_scan":
+            inputs["has_initial_state"] = empty(rows, dtype=torch.bool)
+        getattr(kernels, name)(**inputs, backend="triton")
+        assert {launch.kernel for launch in fc.launches.launches} == {
+            "selective_state_update": {"selective_state_update_kernel"},
+            "ssd_chunk_scan": {"ssd_state_kernel", "ssd_output_kernel"}}[name]
