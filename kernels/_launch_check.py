@@ -138,7 +138,7 @@ SPECS: dict[str, LaunchSpec] = {
          "o": Ptr("=v", CONTIGUOUS), "ssm_state": Ptr(FLOATS, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS),
          "state_indices": Ptr(I32, _IDX_ROWS), "num_accepted_tokens": Ptr(I32, CONTIGUOUS, optional=True),
          "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True)},
-        lambda a: (_cdiv(a.DV, a.BV), (a.cu_seqlens.shape[0] - 1) * a.HV)),
+        lambda a: (_rows(a) * a.HV, _cdiv(a.DV, a.BV))),
     "chunk_gdn_wy_kernel": LaunchSpec(
         {**_gdn("k"), **_gdn("v"), "g": Ptr(FLOATS, rows("stride_g_t", 1)),
          "beta": Ptr(FLOATS, rows("stride_b_t", 1)), "w_buf": Ptr(_F32, CONTIGUOUS),
@@ -150,7 +150,7 @@ SPECS: dict[str, LaunchSpec] = {
          "c_buf": Ptr(_F32, CONTIGUOUS), "rk_buf": Ptr(_F32, CONTIGUOUS), "h_buf": Ptr(_F32, CONTIGUOUS),
          "ssm_state": Ptr(FLOATS, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS),
          "state_indices": Ptr(I32, CONTIGUOUS), "has_initial_state": Ptr(BOOL, CONTIGUOUS)},
-        lambda a: (_cdiv(a.DV, a.BV), a.state_indices.shape[0] * a.HV)),
+        lambda a: (a.state_indices.shape[0] * a.HV, _cdiv(a.DV, a.BV))),
     "chunk_gdn_output_kernel": LaunchSpec(
         {**_gdn("q"), **_gdn("k"), "o": Ptr(FLOATS, CONTIGUOUS), "vnew_buf": Ptr(_F32, CONTIGUOUS),
          "c_buf": Ptr(_F32, CONTIGUOUS), "h_buf": Ptr(_F32, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS),

@@ -8,7 +8,8 @@ operands (at Dk = Dv = 128 that does not fit an H100's shared memory):
    ``T = (I + A)^-1`` (16 x 16 diagonal blocks by forward substitution, then a nilpotent series
    for the blocks below), then ``w = T diag(beta gamma) K`` and
    ``u = T diag(beta) V`` tile by tile, and ``1 / |k|`` per token.
-2. ``chunk_gdn_state_kernel``, one program per (row, value head, block of ``BV`` value columns):
+2. ``chunk_gdn_state_kernel``, one program per (row, value head, block of ``BV`` value columns), rows x
+   heads on grid axis 0 (CUDA takes at most 65535 programs on axes 1 and 2):
    the only sequential part. It walks the row's chunks with its state columns in registers, kept
    as up to four ``[BK, BV]`` tiles (Dk <= 4 * BK), writes the state at each chunk start to
    ``h``, overwrites ``u`` with ``v' = u - w S``, and writes the final state to the pool.
@@ -225,7 +226,7 @@ def chunk_gdn_state_kernel(
     PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)  # rows x heads on axis 0: past 65535 in a wide batch
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_hk = i_hv // (HV // HK)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -443,7 +444,8 @@ def triton_chunk_gated_delta_rule(
         BV=cfg["wy"]["BV"], BN=bn, USE_QK_L2NORM=use_qk_l2norm, LOWP_QK=lowp_qk,
         num_warps=cfg["wy"]["num_warps"], num_stages=cfg["wy"]["num_stages"], **common,
     )
-    chunk_gdn_state_kernel[(triton.cdiv(dv, cfg["state"]["BV"]), n * hv)](
+    # rows x heads on axis 0 (2^31 - 1 programs): axes 1 and 2 take 65535, 2048 rows of 32 heads.
+    chunk_gdn_state_kernel[(n * hv, triton.cdiv(dv, cfg["state"]["BV"]))](
         k,
         w_buf,
         u_buf,

@@ -1,6 +1,7 @@
 """Triton kernel for the token-by-token gated delta rule over a pooled state (decode / verify).
 
-One program per (row, value head, block of ``BV`` value columns, see ``launch_config``). The
+One program per (row, value head, block of ``BV`` value columns, see ``launch_config``), rows x heads on
+grid axis 0 (CUDA takes at most 65535 programs on axes 1 and 2). The
 state block ``[BK, BV]`` stays in registers while the program walks the row's tokens in order, so a row's
 result does not depend on its neighbours.
 """
@@ -30,7 +31,7 @@ def fused_recurrent_gated_delta_rule_fwd_kernel(
     BK: tl.constexpr, BV: tl.constexpr, PAD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, IS_SPEC: tl.constexpr, HAS_INIT_FLAGS: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)  # rows x heads on axis 0: past 65535 in a decode batch
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_hk = i_hv // (HV // HK)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -138,7 +139,7 @@ def triton_recurrent_gated_delta_rule(
         return o
     pool = kernel_pool(ssm_state)
     cfg = launch_config(dk, dv)
-    grid = (triton.cdiv(dv, cfg["BV"]), n * hv)
+    grid = (n * hv, triton.cdiv(dv, cfg["BV"]))  # axis 0 takes 2^31 - 1 programs, axes 1 and 2 65535
     fused_recurrent_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, o, pool, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
         scale, state_indices.shape[-1] if state_indices.dim() == 2 else 1,

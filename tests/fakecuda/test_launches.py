@@ -129,26 +129,55 @@ def test_the_launch_check_refuses(fault, expected):
         assert not fc.launches.launches
 
 
+def _row_inputs(empty, rows, chunked):
+    """cu_seqlens, a pool slot per row and (for the chunked forms) the initial-state flags."""
+    inputs = {"cu_seqlens": empty(rows + 1, dtype=torch.int32),
+              "state_indices": empty(rows, dtype=torch.int32)}
+    if chunked:
+        inputs["has_initial_state"] = empty(rows, dtype=torch.bool)
+    return inputs
 
-@pytest.mark.parametrize("name", ["selective_state_update", "ssd_chunk_scan"])
+
+def _mamba2_inputs(empty, rows, chunked):
+    """Nemotron-H 8B's Mamba2 layers: 128 heads of 64 x 128, 8 groups."""
+    h, p, g, n = 128, 64, 8, 128
+    inputs = {"x": empty(rows, h, p), "dt": empty(rows, h), "A": empty(h), "B": empty(rows, g, n),
+              "C": empty(rows, g, n), "D": empty(h), "ssm_state": empty(rows + 1, h, p, n)}
+    return {**inputs, **_row_inputs(empty, rows, chunked)}
+
+
+def _gdn_inputs(empty, rows, chunked):
+    """Qwen3-Next's gated delta rule layers: 16 key heads and 32 value heads of 128 x 128."""
+    hk, hv, d = 16, 32, 128
+    inputs = {"q": empty(rows, hk, d), "k": empty(rows, hk, d), "v": empty(rows, hv, d), "g": empty(rows, hv),
+              "beta": empty(rows, hv), "ssm_state": empty(rows + 1, hv, d, d)}
+    return {**inputs, **_row_inputs(empty, rows, chunked)}
+
+
+# Per op: (rows, heads, the inputs for that many one-token rows, chunked form, the kernels it launches).
+WIDE_BATCHES = {
+    "selective_state_update": (1024, 128, _mamba2_inputs, False, {"selective_state_update_kernel"}),
+    "ssd_chunk_scan": (1024, 128, _mamba2_inputs, True, {"ssd_state_kernel", "ssd_output_kernel"}),
+    "fused_recurrent_gated_delta_rule": (2048, 32, _gdn_inputs, False,
+                                         {"fused_recurrent_gated_delta_rule_fwd_kernel"}),
+    "chunk_gated_delta_rule": (2048, 32, _gdn_inputs, True,
+                               {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}),
+}
+
+
+@pytest.mark.parametrize("name", list(WIDE_BATCHES))
 def test_a_wide_batch_stays_inside_the_grid_limits(name):
-    """1024 one-token rows of Nemotron-H 8B's Mamba2 layers (128 heads of 64 x 128): rows x heads is past
-    the 65535 programs CUDA allows on a grid's y and z axes (on a GPU the launch fails), so the wrappers
-    must put it on x. Fake tensors: no memory for the 4 GiB pool."""
+    """One-token rows times heads past the 65535 programs CUDA allows on a grid's y and z axes (on a GPU
+    the launch fails with an invalid-argument error), so the wrappers must put rows x heads on x: 1024 rows
+    of Nemotron-H 8B's 128 Mamba2 heads, 2048 rows of Qwen3-Next's 32 value heads. Fake tensors: no memory
+    for the multi-GiB state pools."""
     import kernels
 
-    rows, h, p, g, n = 1024, 128, 64, 8, 128
+    rows, heads, make, chunked, launched = WIDE_BATCHES[name]
+    assert rows * heads > 65535, "the batch must be wide enough to overflow axis 1"
     with FakeCuda() as fc:
         def empty(*shape, dtype=torch.float32):
             return torch.empty(shape, dtype=dtype, device="cuda")
 
-        inputs = {"x": empty(rows, h, p), "dt": empty(rows, h), "A": empty(h), "B": empty(rows, g, n),
-                  "C": empty(rows, g, n), "D": empty(h), "ssm_state": empty(rows + 1, h, p, n),
-                  "cu_seqlens": empty(rows + 1, dtype=torch.int32),
-                  "state_indices": empty(rows, dtype=torch.int32)}
-        if name == "ssd_chunk_scan":
-            inputs["has_initial_state"] = empty(rows, dtype=torch.bool)
-        getattr(kernels, name)(**inputs, backend="triton")
-        assert {launch.kernel for launch in fc.launches.launches} == {
-            "selective_state_update": {"selective_state_update_kernel"},
-            "ssd_chunk_scan": {"ssd_state_kernel", "ssd_output_kernel"}}[name]
+        getattr(kernels, name)(**make(empty, rows, chunked), backend="triton")
+        assert {launch.kernel for launch in fc.launches.launches} == launched
