@@ -679,6 +679,9 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 
+from conformance.mutants.mamba2 import MAMBA2_MUTANTS; MUTANTS = MUTANTS + MAMBA2_MUTANTS  # noqa: I001
+
+
 def get_mutant(mutant_id: str) -> Mutant:
     for m in MUTANTS:
         if m.id == mutant_id:
