@@ -33,12 +33,23 @@ def test_head_is_named_as_vllm_loads_it(with_head):
 
 
 def test_head_fuses_embedding_then_hidden(with_head):
-    """eh_proj reads [enorm(embedding) | hnorm(hidden)]: with [0 | I] the embedding cannot matter."""
+    """eh_proj reads [enorm(embedding) | hnorm(hidden)]: with add-mtp-head's [0 | I] the next token
+    cannot change the head's output, and the hidden state must."""
+    from refengine.forward_context import AttnMetadata
+
     model, _ = load_model(with_head[0])
-    hidden = torch.randn(1, 64)
-    a = model.mtp.layers[0].eh_proj(torch.cat([torch.zeros(1, 64), hidden], dim=-1))
-    b = model.mtp.layers[0].eh_proj(torch.cat([torch.randn(1, 64), hidden], dim=-1))
-    assert torch.equal(a, b)
+
+    def run(token: int, hidden: torch.Tensor) -> torch.Tensor:
+        kv = (torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, 2, 16))  # [blocks, block_size, Hkv, D]
+        attn = AttnMetadata(query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+                            seq_lens=torch.tensor([1], dtype=torch.int32),
+                            block_table=torch.tensor([[0]], dtype=torch.int32),
+                            slot_mapping=torch.tensor([0], dtype=torch.int64))
+        return model.mtp(torch.tensor([token]), hidden, torch.tensor([0]), attn, kv)
+
+    hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(run(5, hidden), run(77, hidden))
+    assert not torch.equal(run(5, hidden), run(5, hidden * 2 + 1))
 
 
 def test_mtp_drafts_are_lossless_in_both_engines(with_head, tiny_nemotron):
