@@ -36,6 +36,14 @@ def tiny_names() -> list[str]:
     return [TINY_PREFIX + name for name in MAKERS]
 
 
+def draw_model(seed: int) -> str | None:
+    """The model ``conformance fuzz --draw-family`` runs for ``seed``: None (the embedded default model)
+    or one of the tiny models, each family equally likely, the same for the same seed."""
+    import random
+
+    return random.Random(f"family-{seed}").choice([None, *tiny_names()])
+
+
 def tiny_model_path(name: str) -> str:
     """The folder of tiny model ``tiny:<family>``, written on first use; ValueError for an unknown one."""
     family = name[len(TINY_PREFIX):]

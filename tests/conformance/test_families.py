@@ -56,3 +56,14 @@ def test_whole_corpus_passes_on_nemotron_h_with_prefix_caching(mode):
 def test_nightly_tier_passes_on_nemotron_h():
     text = _run(["--tier", "nightly"])
     assert " 0 failed" in text and "0 skipped" in text, text
+
+
+def test_fuzz_draws_the_family_and_names_it(tmp_path):
+    from conformance.tiny_models import draw_model
+
+    seed = next(s for s in range(20) if draw_model(s) == MODEL)
+    out = io.StringIO()
+    args = ["fuzz", "--draw-family", "--seed", str(seed), "--examples", "1", "--out", str(tmp_path)]
+    assert conformance_main(args, out=out) == 0, out.getvalue()
+    assert f"model {MODEL} (nemotron_h)" in out.getvalue(), out.getvalue()
+    assert {draw_model(s) for s in range(20)} == {None, MODEL}  # every family drawn
