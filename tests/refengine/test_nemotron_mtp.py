@@ -72,3 +72,11 @@ def test_partial_head_is_refused_by_name(tiny_nemotron, tmp_path):
 def test_add_mtp_head_refuses_a_checkpoint_with_a_head(with_head, tmp_path):
     with pytest.raises(CheckpointError, match="already has an MTP head"):
         add_mtp_head(with_head[0], tmp_path / "again")
+
+
+def test_cli_adds_a_head_to_a_nemotron_checkpoint(tiny_nemotron, tmp_path, capsys):
+    from refengine.tools.cli import main
+
+    assert main(["add-mtp-head", str(tiny_nemotron("nemotron-dense")), str(tmp_path / "out")]) == 0
+    assert "initialised from the model's own layers (backbone.layers.1)" in capsys.readouterr().out
+    assert load_model(tmp_path / "out")[0].mtp is not None
