@@ -4,12 +4,13 @@ family without a download: ``--model tiny:nemotron_h`` (and a mutant that declar
 ``tiny:nemotron_h`` is a Nemotron-H of every block kind (Mamba2, attention, MLP, MoE; pattern
 ``M*ME``) written by transformers' own ``save_pretrained`` from seeded, stressed random weights (so
 greedy margins are not flat), then given an MTP head by ``refengine add-mtp-head``. It is written once
-per version into the temp folder and reused; a half-written folder is never picked up (written
-beside, then renamed).
+per version (of this file, the head maker and transformers) into the temp folder and reused; a
+half-written folder is never picked up (written beside, then renamed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -18,7 +19,6 @@ from pathlib import Path
 import torch
 
 TINY_PREFIX = "tiny:"
-VERSION = 1  # bump when the checkpoint below changes
 NEMOTRON_H_CONFIG = {
     "vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
     "head_dim": 16, "intermediate_size": 96, "mamba_num_heads": 8, "mamba_head_dim": 8,
@@ -49,7 +49,7 @@ def tiny_model_path(name: str) -> str:
     family = name[len(TINY_PREFIX):]
     if family not in MAKERS:
         raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(tiny_names())}")
-    root = Path(tempfile.gettempdir()) / f"conformance-tiny-{family}-v{VERSION}-uid{os.getuid()}"
+    root = Path(tempfile.gettempdir()) / f"conformance-tiny-{family}-{_version()}-uid{os.getuid()}"
     if (root / "config.json").is_file():
         return str(root)
     work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
@@ -63,6 +63,18 @@ def tiny_model_path(name: str) -> str:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return str(root)
+
+
+def _version() -> str:
+    """What the written checkpoint depends on: this file, the MTP head maker, transformers' version."""
+    import transformers
+
+    import refengine.tools.nemotron_mtp_head as head
+
+    digest = hashlib.sha256(transformers.__version__.encode())
+    for source in (__file__, head.__file__):
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _make_nemotron_h(work: Path) -> None:
