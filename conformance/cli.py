@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--examples", type=int_at_least(1), default=100, help="most workloads to generate (default 100)"
     )
     fz.add_argument(
+        "--draw-family", action="store_true",
+        help="the seed draws the model family too: the embedded default model or a tiny model of another "
+        "registered family (tiny:nemotron_h); not with --model",
+    )
+    fz.add_argument(
         "--budget-seconds",
         type=float_above(0),
         default=None,
@@ -314,6 +319,13 @@ def cmd_fuzz(args, out) -> int:
     from conformance.report_text import LEGEND, format_result
     from conformance.workloads.generate import Limits
 
+    if args.draw_family:
+        if args.model:
+            print("conformance fuzz: --draw-family draws the model; drop --model", file=sys.stderr)
+            return 2
+        from conformance.tiny_models import draw_model
+
+        args.model = draw_model(args.seed)
     sel = _selection(args)
     case = sel.open_case()
     budget = f"{args.examples} workloads" + (f" or {args.budget_seconds:g} s" if args.budget_seconds else "")

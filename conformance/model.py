@@ -15,6 +15,7 @@ class ModelFacts:
     eos_token_ids: tuple[int, ...]
     has_mtp: bool
     has_tokenizer: bool
+    family: str = ""  # the model family (refengine.model.registry), named in reports
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
@@ -23,6 +24,13 @@ def resolve_model(model: str | None) -> tuple[str, str]:
         from refengine.llm import default_model_path
 
         return default_model_path(), "embedded default model"
+    from conformance.tiny_models import TINY_PREFIX, tiny_model_path
+
+    if model.startswith(TINY_PREFIX):
+        try:
+            return tiny_model_path(model), model
+        except ValueError as exc:
+            raise FileNotFoundError(str(exc)) from exc
     from refengine.model.loader import CheckpointError, resolve_model_path
 
     try:
@@ -83,6 +91,7 @@ def describe_model(model: str | None) -> ModelFacts:
     """The checkpoint's facts from its config and weight index, without loading any weight
     (FileNotFoundError: no checkpoint there; UnusableSetup: one that cannot be read)."""
     from refengine.model.loader import read_config
+    from refengine.model.registry import family_for
     from refengine.tokenizer import TOKENIZER_FILES
 
     folder, label = resolve_model(model)
@@ -94,13 +103,15 @@ def describe_model(model: str | None) -> ModelFacts:
         raise
     except Exception as e:
         raise UnusableSetup(f"checkpoint {_where(model)} cannot be used: {type(e).__name__}: {e}") from e
+    family = family_for(cfg.model_type).name
     return ModelFacts(
         folder,
-        label,
+        f"{label} ({family})",
         cfg.vocab_size,
         tuple(cfg.eos_token_ids),
         any(n.startswith("mtp.") for n in names),
         any((root / f).is_file() for f in TOKENIZER_FILES),
+        family,
     )
 
 

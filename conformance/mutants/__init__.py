@@ -816,6 +816,12 @@ MUTANTS += (
 )
 
 
+# The Mamba2 bug record, in a module of its own (it builds on the Mutant class above).
+from conformance.mutants.mamba2 import MAMBA2_MUTANTS  # noqa: I001
+
+MUTANTS += MAMBA2_MUTANTS
+
+
 def get_mutant(mutant_id: str) -> Mutant:
     for m in MUTANTS:
         if m.id == mutant_id:

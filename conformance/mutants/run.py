@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from conformance.harness import Case, run_scenario
-from conformance.model import preflight, run_dtype
+from conformance.model import describe_model, preflight, run_dtype
 from conformance.mutants import MUTANTS, Mutant, MutantAdapter
+from conformance.tiny_models import TINY_PREFIX
 from conformance.workloads import scenario_ids
 
 FUZZ_BUDGET = 10  # generated workloads tried on a mutant the hand-written tier missed
@@ -27,6 +28,15 @@ class MutantResult:
     by_fuzz: bool = False  # caught by the fixed fuzz budget, after the hand-written tier missed it
 
 
+def model_for(mutant: Mutant, model: str | None) -> str | None:
+    """The model a mutant runs on: ``model``, unless the mutant declares a family (it patches that
+    family's mixer) and ``model`` is of another one; then that family's tiny model."""
+    family = getattr(mutant, "family", None)
+    if family is None or (model is not None and describe_model(model).family == family):
+        return model
+    return TINY_PREFIX + family
+
+
 def scenario_order(mutant: Mutant, tier: str) -> list[str]:
     ids = scenario_ids(tier)
     preferred = [s for s in mutant.scenarios if s in ids]
@@ -36,6 +46,7 @@ def scenario_order(mutant: Mutant, tier: str) -> list[str]:
 def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device: str = "cpu",
                preferred_only: bool = False, dtype: str = "float32") -> MutantResult:
     """Run scenarios (the mutant's preferred ones first) until a check fails (the scenario stops there)."""
+    model = model_for(mutant, model)
     facts = preflight(model, device, dtype)
     case = Case(
         f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device, run_dtype(dtype, facts)
@@ -80,6 +91,7 @@ def fuzz_mutant(
 
     from conformance.fuzz import fuzz
 
+    model = model_for(mutant, model)
     facts = preflight(model, device, dtype)
     case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, "default", device,
                 run_dtype(dtype, facts))

@@ -16,11 +16,13 @@ import torch
 from torch import nn
 
 import kernels
-from refengine.forward_context import ForwardContext
+from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 from refengine.model.cache_specs import PagedKV
 from refengine.model.layers import Linear, RMSNorm
 from refengine.model.mamba2 import Mamba2Mixer
 from refengine.model.nemotron_h_config import ATTENTION, MAMBA, MLP, MOE, NemotronHModelConfig
+
+MTP_CACHE_KEY = "mtp"  # key of the MTP step's KV cache in ForwardContext.kv_caches (as for Qwen3-Next)
 
 
 class Attention(nn.Module):
@@ -182,10 +184,58 @@ class NemotronHModel(nn.Module):
         return self.norm_f(x)
 
 
-class NemotronHForCausalLM(nn.Module):
-    """Top-level model: ``forward`` returns final-norm hidden states, ``compute_logits`` the logits."""
+class MTPBlock(Block):
+    """One block of the MTP step: ``x + mixer(norm(x))``. The first block also holds the fusion
+    (``enorm``, ``hnorm``, ``eh_proj``), the last one ``final_layernorm``."""
 
-    mtp = None  # no draft head: the family has none here
+    def __init__(self, cfg: NemotronHModelConfig, kind: str, first: bool, last: bool) -> None:
+        super().__init__(cfg, kind)
+        hidden, eps = cfg.hidden_size, cfg.layer_norm_epsilon
+        if first:
+            self.enorm = RMSNorm(hidden, eps, zero_centered=False)  # weight [H]
+            self.hnorm = RMSNorm(hidden, eps, zero_centered=False)  # weight [H]
+            self.eh_proj = Linear(2 * hidden, hidden)  # [H, 2H], input is [enorm(embedding) | hnorm(hidden)]
+        if last:
+            self.final_layernorm = RMSNorm(hidden, eps, zero_centered=False)  # weight [H]
+
+
+class NemotronHMTPHead(nn.Module):
+    """The multi-token-prediction head (prefix ``mtp.``), one step reused for every draft position.
+
+    x = eh_proj(cat([enorm(embed(next token)), hnorm(hidden)])), then the step's blocks (by default
+    ``mtp.layers.0`` attention with its own KV cache, ``mtp.layers.1`` MoE), then the last block's
+    ``final_layernorm``. Shares the embedding and lm_head with the model.
+    """
+
+    def __init__(self, cfg: NemotronHModelConfig, embeddings: nn.Embedding) -> None:
+        super().__init__()
+        kinds = cfg.mtp_block_kinds
+        self.layers = nn.ModuleList(
+            MTPBlock(cfg, kind, first=i == 0, last=i == len(kinds) - 1) for i, kind in enumerate(kinds)
+        )
+        self._shared = (embeddings,)  # a tuple keeps the shared embedding out of this module's state dict
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64, the token after each hidden's position
+        hidden: torch.Tensor,  # [T, H], the model's (or the previous MTP step's) hidden, post final norm
+        positions: torch.Tensor,  # [T] int64
+        attn: AttnMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, Hkv, D]
+        step: int = 0,  # draft step; the one MTP step serves every K
+    ) -> torch.Tensor:  # [T, H] post final_layernorm
+        first, last = self.layers[0], self.layers[-1]
+        e = first.enorm(self._shared[0](input_ids))
+        x = first.eh_proj(torch.cat([e, first.hnorm(hidden)], dim=-1))
+        ctx = ForwardContext(attn=attn, recurrent=RecurrentMetadata(), kv_caches={MTP_CACHE_KEY: kv_cache})
+        for layer in self.layers:
+            x = layer(x, positions, ctx, MTP_CACHE_KEY)
+        return last.final_layernorm(x)
+
+
+class NemotronHForCausalLM(nn.Module):
+    """Top-level model: ``forward`` returns final-norm hidden states, ``compute_logits`` the logits;
+    ``mtp`` is the draft head when the checkpoint holds one (``cfg.num_mtp_layers``), else None."""
 
     def __init__(self, cfg: NemotronHModelConfig) -> None:
         super().__init__()
@@ -194,6 +244,7 @@ class NemotronHForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)  # weight [V, H]
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embeddings.weight
+        self.mtp = NemotronHMTPHead(cfg, self.model.embeddings) if cfg.num_mtp_layers > 0 else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:  # [T] int64 -> hidden [T, H]
@@ -207,11 +258,18 @@ class NemotronHForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embeddings.weight
 
 
-def cache_specs(cfg: NemotronHModelConfig, num_speculative_tokens: int) -> dict[int, object]:
-    """Layer index -> its mixer's cache declaration; '-' and 'E' blocks have none."""
-    out = {}
+def cache_specs(cfg: NemotronHModelConfig, num_speculative_tokens: int,
+                drafter_kv: bool = False) -> dict[int | str, object]:
+    """Layer index -> its mixer's cache declaration ('-' and 'E' blocks have none), plus the MTP
+    step's attention KV cache under ``MTP_CACHE_KEY`` when ``drafter_kv``."""
+    out: dict[int | str, object] = {}
     for i, kind in enumerate(cfg.block_kinds):
         mixer, uses_context = BLOCKS[kind]
         if uses_context:
             out[i] = mixer.cache_spec(cfg, num_speculative_tokens)
+    if drafter_kv:
+        if ATTENTION not in cfg.mtp_block_kinds:
+            raise ValueError("a drafter with its own KV cache needs an attention layer in the MTP step; "
+                             f"this Nemotron-H head has {cfg.mtp_block_kinds}")
+        out[MTP_CACHE_KEY] = Attention.cache_spec(cfg, num_speculative_tokens)
     return out

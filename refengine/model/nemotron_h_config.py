@@ -58,7 +58,10 @@ class NemotronHModelConfig:
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
     model_type: str = MODEL_TYPE
-    num_mtp_layers: int = 0  # no Nemotron-H draft head is built; mtp.* tensors are skipped
+    num_mtp_layers: int = 0  # 1 when the checkpoint holds mtp.* tensors (set by the loader), else 0
+    # block kinds of the MTP step (transformers' ``mtp_layers_block_type``; vLLM's
+    # ``mtp_hybrid_override_pattern``), default attention then MoE
+    mtp_block_kinds: list[str] = field(default_factory=lambda: [ATTENTION, MOE])
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -85,6 +88,13 @@ class NemotronHModelConfig:
             raise ValueError(f"layer_norm_epsilon: must be positive, got {self.layer_norm_epsilon}")
         if MLP in self.block_kinds and self.intermediate_size <= 0:
             raise ValueError("intermediate_size: must be a positive integer (the model has '-' MLP layers)")
+        for i, kind in enumerate(self.mtp_block_kinds):
+            if kind not in (ATTENTION, MOE, MLP):
+                raise ValueError(f"mtp_layers_block_type: block kind {kind!r} at MTP layer {i} is not "
+                                 "supported (attention, moe, mlp)")
+        if self.mtp_block_kinds.count(ATTENTION) > 1:
+            raise ValueError("mtp_layers_block_type: at most one attention layer per MTP step "
+                             f"(it owns the drafter's KV cache), got {self.mtp_block_kinds}")
         if MOE in self.block_kinds:
             self._check_moe()
         for tok in self.eos_token_ids:
@@ -165,7 +175,12 @@ class NemotronHModelConfig:
             raise NotImplementedError("sliding_window: windowed attention is not supported")
         eos = hf.eos_token_id
         kinds = [BLOCK_TYPE_NAMES[t] for t in hf.layers_block_type]
-        moe = MOE in kinds
+        mtp_names = getattr(hf, "mtp_layers_block_type", None) or ["full_attention", "moe"]
+        unknown = [t for t in mtp_names if t not in BLOCK_TYPE_NAMES]
+        if unknown:
+            raise ValueError(f"mtp_layers_block_type: unknown block type {unknown[0]!r}")
+        mtp_kinds = [BLOCK_TYPE_NAMES[t] for t in mtp_names]
+        moe = MOE in kinds or MOE in mtp_kinds  # an MTP MoE layer uses the model's MoE fields
         latent = getattr(hf, "moe_latent_size", None)
         return cls(
             vocab_size=hf.vocab_size,
@@ -180,7 +195,7 @@ class NemotronHModelConfig:
             n_groups=hf.n_groups,
             conv_kernel=hf.conv_kernel,
             chunk_size=hf.chunk_size,
-            intermediate_size=hf.intermediate_size if MLP in kinds else 0,
+            intermediate_size=hf.intermediate_size if MLP in kinds or MLP in mtp_kinds else 0,
             use_conv_bias=bool(hf.use_conv_bias),
             layer_norm_epsilon=float(hf.layer_norm_epsilon),
             tie_word_embeddings=bool(hf.tie_word_embeddings),
@@ -195,6 +210,7 @@ class NemotronHModelConfig:
             topk_group=hf.topk_group,
             norm_topk_prob=bool(hf.norm_topk_prob),
             routed_scaling_factor=float(hf.routed_scaling_factor),
+            mtp_block_kinds=mtp_kinds,
         )
 
 

@@ -4,7 +4,7 @@ On disk (the released layout, which transformers' ``save_pretrained`` writes too
 routed experts per expert (``mixer.experts.{e}.up_proj.weight [Ie, Lt]``, ``down_proj.weight [Lt, Ie]``),
 the conv weight as [C, 1, W]. Also accepted: ``model.*`` names and experts stacked as transformers
 holds them (``mixer.experts.up_proj [E, Ie, Lt]``, ``mixer.experts.down_proj [E, Lt, Ie]``). ``mtp.*``
-tensors are skipped, as transformers skips them.
+tensors (the draft head, as vLLM loads it) keep their names; any of them makes the loader build the head.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from refengine.model.nemotron_h_config import NemotronHModelConfig
 
 DISK_PREFIX = "backbone."
 MODEL_PREFIX = "model."
-IGNORED_PREFIXES = ("mtp.",)
+MTP_PREFIX = "mtp."
 EXPERT_RE = re.compile(r"^(.*\.mixer\.experts\.)(\d+)\.(up_proj|down_proj)\.weight$")
 STACKED_EXPERTS = ("up_proj", "down_proj")
 CONV_RE = re.compile(r"\.mixer\.conv1d\.weight$")
@@ -31,8 +31,6 @@ class NemotronHWeights:
 
     @staticmethod
     def model_name(key: str) -> str | None:
-        if key.startswith(IGNORED_PREFIXES):
-            return None
         return MODEL_PREFIX + key[len(DISK_PREFIX):] if key.startswith(DISK_PREFIX) else key
 
     @staticmethod
@@ -52,7 +50,8 @@ class NemotronHWeights:
 
     @staticmethod
     def prepare(cfg: NemotronHModelConfig, tensors: dict[str, torch.Tensor]) -> None:
-        return None
+        """The head exists when the checkpoint holds ``mtp.*`` tensors (one MTP step, as vLLM asserts)."""
+        cfg.num_mtp_layers = 1 if any(name.startswith(MTP_PREFIX) for name in tensors) else 0
 
     @staticmethod
     def expected_shapes(model, cfg: NemotronHModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:

@@ -81,9 +81,7 @@ def _qwen_cache_specs(cfg: ModelConfig, num_speculative_tokens: int,
 
 def _nemotron_h_cache_specs(cfg: NemotronHModelConfig, num_speculative_tokens: int,
                             drafter_kv: bool) -> dict[int | str, CacheSpec]:
-    if drafter_kv:
-        raise ValueError("a drafter with its own KV cache needs a draft head; this Nemotron-H model has none")
-    return nemotron_h_cache_specs(cfg, num_speculative_tokens)
+    return nemotron_h_cache_specs(cfg, num_speculative_tokens, drafter_kv)
 
 
 QWEN3_NEXT = ModelFamily(

@@ -8,6 +8,7 @@ one chat (``chat``: each turn's prompt is the previous turn's prompt and reply f
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -206,10 +207,10 @@ def add_mtp_head_command(src: str, dst: str) -> int:
         origin = mtp_head.add_mtp_head(src, dst)
     except SETUP_ERRORS as e:
         return report("refengine add-mtp-head", e)
-    layer = origin["mtp.layers.0.self_attn.o_proj.weight"].split(".self_attn.")[0]
+    layers = sorted({m.group(0) for where in origin.values() if (m := re.match(r"^.*?layers\.\d+", where))})
     print(
         f"wrote {dst}: {src} plus an MTP head of {len(origin)} mtp.* tensors in {dst}/{mtp_head.HEAD_FILE}, "
-        f"initialised from the model's own layers (attention from {layer}, MLP from layer 0), untrained: "
+        f"initialised from the model's own layers ({', '.join(layers)}), untrained: "
         "its drafts are valid but rarely accepted until it is trained"
     )
     return 0

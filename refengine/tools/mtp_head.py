@@ -5,10 +5,11 @@ refengine finds the MTP head from the checkpoint's ``mtp.*`` tensors alone (the 
 saves (``save_pretrained``) holds none: ``drafter="mtp"`` refuses it and the conformance suite skips
 its MTP scenarios. This command writes DST: every file of SRC, the head's tensors in
 ``mtp.safetensors``, a ``model.safetensors.index.json`` mapping every tensor (SRC's weights are not
-rewritten), and the MTP layer count in config.json (``num_nextn_predict_layers`` for Qwen3-Next,
-``mtp_num_hidden_layers`` for Qwen3.5, as vLLM reads them).
+rewritten), and the MTP layer count in config.json (``num_nextn_predict_layers`` for Qwen3-Next and
+Nemotron-H, ``mtp_num_hidden_layers`` for Qwen3.5, as vLLM reads them). The Nemotron-H head is made by
+``refengine.tools.nemotron_mtp_head``; the Qwen head here.
 
-The head is initialised from the model's own layers, not trained:
+The Qwen head is initialised from the model's own layers, not trained:
 
 - ``mtp.layers.0``: the attention and both layer norms of the model's last full-attention layer, and
   the MLP of layer 0 (an MTP layer is dense or sparse by the model's rule on its own index, 0, as
@@ -41,6 +42,8 @@ from refengine.model.loader import (
     CheckpointError,
     read_config,
 )
+from refengine.model.nemotron_h_config import NemotronHModelConfig
+from refengine.tools.nemotron_mtp_head import nemotron_head_tensors
 
 HEAD_FILE = "mtp.safetensors"
 MTP_PREFIX = "mtp."
@@ -51,15 +54,18 @@ def add_mtp_head(src: str | Path, dst: str | Path) -> dict[str, str]:
     head tensor's name -> where it came from (a SRC tensor, or how it was made)."""
     src, dst = Path(src), Path(dst)
     cfg = read_config(src)  # CheckpointError when SRC is not a checkpoint folder
-    if not isinstance(cfg, ModelConfig):
-        raise CheckpointError(f"add-mtp-head makes a Qwen3-Next / Qwen3.5 MTP head; {src} is a "
+    if not isinstance(cfg, ModelConfig | NemotronHModelConfig):
+        raise CheckpointError(f"add-mtp-head makes a Qwen3-Next / Qwen3.5 / Nemotron-H MTP head; {src} is a "
                               f"{cfg.model_type} checkpoint")
     files = weight_map(src)
     if any(name.startswith(MTP_PREFIX) for name in files):
         raise CheckpointError(f"{src} already has an MTP head (mtp.* tensors); nothing to add")
     if dst.exists():
         raise FileExistsError(f"{dst} exists; add-mtp-head writes a new folder")
-    head, origin = head_tensors(src, files, cfg)
+    if isinstance(cfg, NemotronHModelConfig):
+        head, origin = nemotron_head_tensors(lambda name: _read(src, files, name), files, cfg)
+    else:
+        head, origin = head_tensors(src, files, cfg)
     shutil.copytree(src, dst)
     save_file(head, str(dst / HEAD_FILE), metadata={"format": "pt"})
     _write_index(dst, {**files, **dict.fromkeys(head, HEAD_FILE)})
@@ -135,6 +141,7 @@ def _record_mtp_layers(path: Path, num_layers: int) -> None:
     ``mtp_num_hidden_layers`` (Qwen3.5, inside ``text_config`` for the multimodal wrapper)."""
     config = json.loads(path.read_text())
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
-    key = "num_nextn_predict_layers" if config.get("model_type") == "qwen3_next" else "mtp_num_hidden_layers"
+    nextn = config.get("model_type") in ("qwen3_next", "nemotron_h")
+    key = "num_nextn_predict_layers" if nextn else "mtp_num_hidden_layers"
     text[key] = num_layers
     path.write_text(json.dumps(config, indent=2) + "\n")

@@ -64,13 +64,6 @@ def test_model_names_and_stacked_experts_load(tiny_nemotron, tmp_path):
     assert_same_model(load_model(path)[0], load_model(variant)[0])
 
 
-def test_mtp_tensors_are_skipped(tiny_nemotron, tmp_path):
-    path = tiny_nemotron("nemotron-dense")
-    tensors = read_tensors(path) | {"mtp.layers.0.norm.weight": torch.ones(64)}
-    model, _ = load_model(write_variant(path, tmp_path / "mtp", tensors=tensors))
-    assert model.mtp is None
-
-
 def test_router_stays_float32_in_bfloat16(tiny_nemotron):
     model, _ = load_model(tiny_nemotron(MOE), dtype=torch.bfloat16)
     gate = model.model.layers[3].mixer.gate
@@ -140,11 +133,3 @@ def test_heads_not_divisible_by_groups_is_named(tiny_nemotron, tmp_path):
     config = config_of(path) | {"mamba_num_heads": 6, "n_groups": 4}
     message = variant_error(path, tmp_path, config=config)
     assert "mamba_num_heads: 6 is not a multiple of n_groups 4" in message, message
-
-
-def test_add_mtp_head_refuses_a_nemotron_checkpoint(tiny_nemotron, tmp_path):
-    from refengine.tools.mtp_head import add_mtp_head
-
-    with pytest.raises(CheckpointError, match="is a nemotron_h checkpoint"):
-        add_mtp_head(tiny_nemotron("nemotron-dense"), tmp_path / "out")
-    assert not (tmp_path / "out").exists()

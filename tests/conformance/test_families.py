@@ -1,0 +1,69 @@
+"""The suite runs every registered family: the corpus on the tiny Nemotron-H (with an MTP head) too."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from conformance.cli import main as conformance_main
+from conformance.model import describe_model
+from conformance.workloads import scenario_ids
+
+MODEL = "tiny:nemotron_h"
+# The default tier's share: MTP, n-gram (0..K drafts), ragged scripted drafts, recycled slots, and prefix
+# caching in both modes; the whole corpus runs with -m slow.
+LEAN = ("mtp-k3", "ngram-k3", "scripted-ragged-k3", "recycled-slots-k3", "pc-shared-prompt-k3-align",
+        "pc-shared-prompt-k3-all")
+
+
+def _run(args: list[str]) -> str:
+    out = io.StringIO()
+    assert conformance_main(["run", "--model", MODEL, *args], out=out) == 0, out.getvalue()
+    return out.getvalue()
+
+
+def test_tiny_nemotron_h_has_an_mtp_head_and_reports_name_its_family():
+    facts = describe_model(MODEL)
+    assert facts.family == "nemotron_h" and facts.has_mtp
+    assert facts.label == f"{MODEL} (nemotron_h)"
+
+
+def test_lean_corpus_passes_on_nemotron_h():
+    text = _run([a for s in LEAN for a in ("--scenario", s)])
+    assert f"{len(LEAN)} passed, 0 failed" in text and "0 skipped" in text, text
+    assert "mtp " in text and "ngram_drafter" in text and "prefix_caching" in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["async:none", "async:piecewise", "async:full", "async:full_and_piecewise",
+                                    "reference"])
+def test_whole_corpus_passes_on_nemotron_h(engine):
+    n = len(scenario_ids("default"))
+    text = _run(["--engine", engine])
+    assert f"{n} passed, 0 failed" in text and "0 skipped" in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["align", "all"])
+def test_whole_corpus_passes_on_nemotron_h_with_prefix_caching(mode):
+    n = len(scenario_ids("default"))
+    text = _run(["--enable-prefix-caching", "--mamba-cache-mode", mode])
+    assert f"{n} passed, 0 failed" in text and "0 skipped" in text, text
+
+
+@pytest.mark.slow
+def test_nightly_tier_passes_on_nemotron_h():
+    text = _run(["--tier", "nightly"])
+    assert " 0 failed" in text and "0 skipped" in text, text
+
+
+def test_fuzz_draws_the_family_and_names_it(tmp_path):
+    from conformance.tiny_models import draw_model
+
+    seed = next(s for s in range(20) if draw_model(s) == MODEL)
+    out = io.StringIO()
+    args = ["fuzz", "--draw-family", "--seed", str(seed), "--examples", "1", "--out", str(tmp_path)]
+    assert conformance_main(args, out=out) == 0, out.getvalue()
+    assert f"model {MODEL} (nemotron_h)" in out.getvalue(), out.getvalue()
+    assert {draw_model(s) for s in range(20)} == {None, MODEL}  # every family drawn
