@@ -817,7 +817,7 @@ MUTANTS += (
 
 
 # The Mamba2 bug record, in a module of its own (it builds on the Mutant class above).
-from conformance.mutants.mamba2 import MAMBA2_MUTANTS  # noqa: I001
+from conformance.mutants.mamba2 import MAMBA2_MUTANTS
 
 MUTANTS += MAMBA2_MUTANTS
 
