@@ -110,7 +110,8 @@ def step_kinds(snap, k: int, drafter: str) -> set[str]:
         out.add(f"verify {drafter}")
     if snap.writes.get(RESTORES) is not None:
         out.add("restore")
-    if bool((rows.checkpoint_slots != snap.sink_checkpoint).any()):  # a slot held for a boundary
+    caching = snap.sink_checkpoint is not None  # without prefix caching the table has no slot columns
+    if caching and bool((rows.checkpoint_slots != snap.sink_checkpoint).any()):  # a slot held for a boundary
         out.add("checkpoint")
     if snap.writes.get(ADMISSION) is not None:
         out.add("admission")
