@@ -31,6 +31,7 @@ from refengine.config import GraphMode
 from tests.helpers.fake_cuda import FakeCuda
 from tests.helpers.fake_engines import (
     FAMILY_CHECKPOINTS,
+    RESTORES,
     SETTINGS,
     WAVES,
     AsyncTwin,
@@ -141,6 +142,32 @@ def test_planted_device_bugs_in_the_step_program_are_caught(default_run, plant, 
     decode = next(s for s in default_run.snaps if s.shape.mode is GraphMode.FULL)
     with pytest.raises(Exception, match=expected):  # unplanted, the same step passes (the test above)
         twin.step(decode)
+
+
+def _stage_host_copy(src, slot0):
+    return src.cpu(), slot0  # the restore index brought back to the host: a CPU tensor in staging
+
+
+def _stage_host_read(src, slot0):
+    int(src.max())  # a device-to-host read in staging
+    return src, slot0
+
+
+@pytest.mark.parametrize("plant,expected", [
+    (_stage_host_copy, "staging created tensors on the CPU.*_to_copy"),
+    (_stage_host_read, "data-dependent|DataDependent|_local_scalar_dense"),
+], ids=["host copy", "host read"])
+def test_planted_device_bugs_in_staging_are_caught(default_run, plant, expected):
+    """Planted bugs in the restores ``runner.stage`` applies from the staged writes' one device copy: a
+    restore index copied to the host, a host read of it."""
+    fc = FakeCuda()
+    twin = AsyncTwin(fc, default_run.llm.engine)
+    caches = twin.runner.caches
+    restore = caches.restore_checkpoints
+    caches.restore_checkpoints = lambda src, slot0: restore(*plant(src, slot0))
+    hit = next(s for s in default_run.snaps if s.writes.get(RESTORES) is not None)
+    with pytest.raises(Exception, match=expected):  # unplanted, the same step passes (a covered restore)
+        twin.step(hit)
 
 
 @pytest.mark.parametrize("family,variant", [

@@ -135,6 +135,8 @@ def test_the_full_program_touches_only_static_buffers_and_repeats_itself(k, draf
     if k:
         persistent += [st.draft_tokens, st.num_drafts]
     persistent += [t for kv in twin.runner.caches.kv.values() for t in kv]
+    # the recurrent state pools: the model's slots, and (prefix caching) the checkpoint copies
+    persistent += [t for states in twin.runner.caches.states.values() for t in states]
     missing = [i for i, t in enumerate(persistent) if storage_key(t) not in one.written]
     assert not missing, f"persistent state the step must advance was not written: {missing}"
 

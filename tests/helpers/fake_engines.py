@@ -5,11 +5,12 @@ and a *twin* of its device side, built by the engine's own constructor for ``dev
 ``FakeTensorMode`` (persistent state, caches and a fake CUDA copy of the model's weights), replays
 the device work of the steps it records:
 
-- async engine: every step's plan is recorded at ``AsyncRunner.enqueue`` (the host staging tensors
-  copied, since the host reuses its buffers); the twin replays ``runner.stage(plan)`` (admissions,
-  block-table growth, prefix-cache restores, checkpoint slots: the host-to-device staging) and then
-  ``runner.program(shape, rows)``, the whole step program a FULL step captures as one graph, on the
-  row table padded as ``StepGraphs.pad`` pads it. ``runner.program`` is the seam: past it the runner
+- async engine: every step's plan is recorded at ``AsyncRunner.enqueue`` (its row table and staged
+  writes copied, since the host reuses its buffers); the twin replays ``runner.stage(plan)`` (the
+  plan's ``StagedWrites``: admissions, block-table growth, prefix-cache restores, one host-to-device
+  copy) and then ``runner.program(shape, rows)``, the whole step program a FULL step captures as one
+  graph, on the row table (the held checkpoint slots among its columns) padded as ``StepGraphs.pad``
+  pads it. ``runner.program`` is the seam: past it the runner
   copies the results back to the host (the one sync per step, by design) and, on CUDA, captures and
   replays graphs, which needs a GPU.
 - reference engine: each step's ``SchedulerOutput`` is executed by the twin's ``runner.execute`` right
@@ -20,13 +21,13 @@ the device work of the steps it records:
 
 A twin step passes when the fake run raises nothing (no device mismatch, no host read, every Triton
 launch as its kernel assumes) and, for the async engine, when no op of ``stage`` or ``program``
-creates a tensor on the CPU.
+creates a tensor on the CPU. Packing the staged writes into the one host tensor that ``stage`` copies
+(``StagedWrites.packed``) is host work, done before the watch; everything from the copy on is checked.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,12 +38,14 @@ import kernels
 from refengine import LLM, SamplingParams
 from refengine.async_engine import engine as async_engine_module
 from refengine.async_engine import runner as runner_module
-from refengine.async_engine.inputs import StepRows
+from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.runner import StepOutputs
 from refengine.config import GraphMode
 from tests.helpers.fake_cuda import CUDA, FakeCuda
 
-PLAN_TENSORS = ("block_idx", "block_rows", "restores", "checkpoint_idx", "checkpoint_rows")
+# The staged writes (``StagedWrites`` piece names, refengine/async_engine/engine.py ``_writes``) that mark a
+# step's kinds: an admission (or a resumption) and a prefix-cache hit's restore.
+ADMISSION, RESTORES = "admit.idx", "restores"
 
 
 class _NoStream:
@@ -105,11 +108,12 @@ def step_kinds(snap, k: int, drafter: str) -> set[str]:
         out.add("full decode")
     if bool(decode.any()) and k:
         out.add(f"verify {drafter}")
-    if snap.restores is not None:
+    if snap.writes.get(RESTORES) is not None:
         out.add("restore")
-    if snap.checkpoint_rows is not None:
+    caching = snap.sink_checkpoint is not None  # without prefix caching the table has no slot columns
+    if caching and bool((rows.checkpoint_slots != snap.sink_checkpoint).any()):  # a slot held for a boundary
         out.add("checkpoint")
-    if snap.admission is not None:
+    if snap.writes.get(ADMISSION) is not None:
         out.add("admission")
     if snap.resumed:
         out.add("resumed")
@@ -129,20 +133,34 @@ def covering(snaps: list, k: int, drafter: str) -> tuple[list, set[str]]:
     return chosen, kinds
 
 
-def _snapshot(plan):
+def _copy_writes(writes: StagedWrites, copy_tensor) -> StagedWrites:
+    out = StagedWrites()
+    for name, tensor in writes.pieces.items():
+        out.add(name, copy_tensor(tensor))
+    return out
+
+
+def _snapshot(plan, sink_checkpoint: int | None):
+    """The plan with what the host may reuse or change copied: the row table [n, F], the staged writes,
+    the row lists. ``sink_checkpoint``: the slot a row holds for a boundary nobody asked for."""
     snap = copy.copy(plan)
     snap.inputs = plan.inputs.tensor[: plan.shape.num_reqs].clone()  # [n, F] the host buffer is reused
-    if plan.admission is not None:
-        a = plan.admission
-        snap.admission = dataclasses.replace(a, **{f.name: getattr(a, f.name).clone()
-                                                   for f in dataclasses.fields(a)
-                                                   if isinstance(getattr(a, f.name), torch.Tensor)})
-    for name in PLAN_TENSORS:
-        value = getattr(plan, name)
-        if value is not None:
-            setattr(snap, name, value.clone())
-    snap.rows, snap.holds = list(plan.rows), list(plan.holds)
+    snap.writes = _copy_writes(plan.writes, torch.Tensor.clone)
+    snap.rows, snap.prefix_rows = list(plan.rows), list(plan.prefix_rows)
+    snap.sink_checkpoint = sink_checkpoint
     return snap
+
+
+class _Packed(StagedWrites):
+    """Staged writes whose host packing was done already: ``packed()`` returns that one host tensor."""
+
+    def __init__(self, writes: StagedWrites, packed: torch.Tensor):
+        super().__init__()
+        self.pieces = writes.pieces
+        self._packed = packed
+
+    def packed(self) -> torch.Tensor:
+        return self._packed
 
 
 @dataclass
@@ -167,7 +185,7 @@ def record_async(prompts: list, *, max_tokens: int = 8, **settings) -> AsyncRun:
     enqueue = runner.enqueue
 
     def record(plan):
-        snaps.append(_snapshot(plan))
+        snaps.append(_snapshot(plan, runner.sink_checkpoint))
         return enqueue(plan)
 
     runner.enqueue = record
@@ -203,10 +221,9 @@ class AsyncTwin:
         """Replay ``runner.stage`` for a recorded plan; returns the ops that made CPU tensors."""
         fc, plan = self.fc, copy.copy(snap)
         memo: dict = {}
-        if plan.admission is not None:
-            plan.admission = fc.host(plan.admission, memo)
-        for name in PLAN_TENSORS:
-            setattr(plan, name, fc.host(getattr(plan, name), memo))
+        writes = _copy_writes(snap.writes, lambda t: fc.host(t, memo))
+        plan.writes = _Packed(writes, writes.packed())  # host work: the one staging tensor [sum of sizes]
+        plan.drafter_admission = fc.host(snap.drafter_admission, memo)
         # Fake tensors have no pinned host memory; the copy itself is what is checked.
         to_device = _patched(runner_module, "to_device", lambda t, dev: t.to(dev, non_blocking=True))
         with to_device, fc.watching() as watch:
@@ -216,7 +233,8 @@ class AsyncTwin:
     def table(self, snap) -> torch.Tensor:
         """The step's row table on the device, padded as ``StepGraphs.pad`` pads it: [Np, F]."""
         n = snap.shape.num_reqs
-        table = torch.empty(n, len(StepRows.columns()), dtype=torch.int64, device=CUDA)
+        width = StepRows.width(self.runner.num_checkpoint_columns)  # as ``AsyncRunner.enqueue`` sizes it
+        table = torch.empty(n, width, dtype=torch.int64, device=CUDA)
         table.copy_(self.fc.host(snap.inputs), non_blocking=True)
         return self.runner.graphs.pad(snap.shape, table, self.runner._inert)
 
