@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._testing import assert_close
 from kernels.constants import PAD_SLOT_ID
 
 HUGE = 1e30  # fills pool slots no call may read; any leak shows as a huge or non-finite value
@@ -36,6 +37,25 @@ def row_tokens(cu, i):
     return slice(int(cu[i]), int(cu[i + 1]))
 
 
+def split_rows(cu, split) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row cut after its first ``split[i]`` tokens: (head token index, head offsets, tail token
+    index, tail offsets), offsets int32 ``[N+1]``, to run a row's prefix and then its rest."""
+    starts, ends = cu[:-1].tolist(), cu[1:].tolist()
+    head = torch.cat([torch.arange(s, s + m) for s, m in zip(starts, split)])
+    tail = torch.cat([torch.arange(s + m, e) for s, m, e in zip(starts, split, ends)])
+    tail_lens = [e - s - m for s, m, e in zip(starts, split, ends)]
+    return head, cu_seqlens_for(split), tail, cu_seqlens_for(tail_lens)
+
+
+def assert_same_run(backend: str, what: str, expected, got, ratio: float) -> None:
+    """Two ways to the same result: bitwise equal from the torch reference, within ``ratio`` from a
+    Triton kernel (its launches for the two ways differ in shape)."""
+    if backend == "torch":
+        assert torch.equal(expected, got), f"{what}: not bitwise the same"
+    else:
+        assert_close(what, expected, got, ratio)
+
+
 def rows_of(cu, rows: slice) -> tuple[slice, torch.Tensor]:
     """The tokens of a run of rows and their offsets rebased to 0 (int32): to call an op on those
     rows alone."""
@@ -49,6 +69,17 @@ def index_table(slots: torch.Tensor, num_rows: int, spec: bool, pad_rows) -> tor
     idx = slots.to(torch.int32).view(num_rows, -1).clone()
     idx[pad_rows, 0] = PAD_SLOT_ID
     return idx if spec else idx[:, 0].contiguous()
+
+
+def assert_batch_invariant(run, cu, target, pool, idx, accepted, has_init):
+    """Runs all rows, then row ``target`` alone, each on its own copy of ``pool``, and checks that row
+    bitwise the same both ways. ``run(pool, rows: slice, idx, accepted, has_init)`` calls the op on the
+    given rows with those rows' slot arguments (``accepted`` None for plain rows)."""
+    batch_pool, alone_pool = pool.clone(), pool.clone()
+    out_batch = run(batch_pool, slice(0, len(has_init)), idx, accepted, has_init)
+    one = slice(target, target + 1)
+    out_alone = run(alone_pool, one, idx[one], None if accepted is None else accepted[one], has_init[one])
+    assert_row_alone_matches_batch(cu, target, idx, out_batch, out_alone, batch_pool, alone_pool)
 
 
 def assert_row_alone_matches_batch(cu, target, idx, out_batch, out_alone, batch_pool, alone_pool):

@@ -16,13 +16,16 @@ from kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gat
 from tests.kernels.conftest import requires_triton
 from tests.kernels.slot_contract import (
     HUGE,
+    assert_batch_invariant,
     assert_row_alone_matches_batch,
+    assert_same_run,
     assert_untouched,
     cu_seqlens_for,
     index_table,
     make_pool,
     row_tokens,
     rows_of,
+    split_rows,
 )
 
 RECURRENT_RATIO = 2e-3
@@ -241,11 +244,7 @@ def test_batch_invariance(backend, op):
         kw = {"num_accepted_tokens": a} if op == "spec" else {}
         return recurrent(*args, has_initial_state=h, backend=backend, **kw)
 
-    batch_pool, alone_pool = pool.clone(), pool.clone()
-    out_batch = run(batch_pool, slice(0, n), idx, accepted, has_init)
-    one = slice(target, target + 1)
-    out_alone = run(alone_pool, one, idx[one], None if accepted is None else accepted[one], has_init[one])
-    assert_row_alone_matches_batch(cu, target, idx, out_batch, out_alone, batch_pool, alone_pool)
+    assert_batch_invariant(run, cu, target, pool, idx, accepted, has_init)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -270,12 +269,8 @@ def test_spec_continuation_matches_fresh_run(backend):
         fresh_cu = torch.tensor([0, a + k_spec + 1], dtype=torch.int32)
         o_fresh = recurrent(q[tok], k[tok], v[tok], g[tok], beta[tok], fresh_pool, fresh_cu,
                             torch.tensor([0], dtype=torch.int32), backend=backend)
-        if backend == "torch":
-            assert torch.equal(o_cont, o_fresh[a:])
-            assert torch.equal(pool[int(cols[0, -1])], fresh_pool[0])
-        else:
-            assert_close(f"o a={a}", o_fresh[a:], o_cont, RECURRENT_RATIO)
-            assert_close(f"ht a={a}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
+        assert_same_run(backend, f"o a={a}", o_fresh[a:], o_cont, RECURRENT_RATIO)
+        assert_same_run(backend, f"ht a={a}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -287,14 +282,9 @@ def test_chunk_prefix_then_recurrent_matches_one_chunk_pass(backend):
     pool = make_pool(3, (2, 16, 12), [0, 2])
     whole_pool = pool.clone()
     o_whole = chunk(q, k, v, g, beta, whole_pool, cu, idx, has_init, chunk_size=16, backend=backend)
-    starts = cu[:-1].tolist()
-    head = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, split)])
-    tail = torch.cat([torch.arange(s + n, s + m) for s, n, m in zip(starts, split, lens)])
-    head_cu = torch.tensor([0, split[0], sum(split)], dtype=torch.int32)
+    head, head_cu, tail, tail_cu = split_rows(cu, split)
     chunk(q[head], k[head], v[head], g[head], beta[head], pool, head_cu, idx, has_init, chunk_size=16,
           backend=backend)
-    tail_lens = [m - n for n, m in zip(split, lens)]
-    tail_cu = torch.tensor([0, tail_lens[0], sum(tail_lens)], dtype=torch.int32)
     o_tail = recurrent(q[tail], k[tail], v[tail], g[tail], beta[tail], pool, tail_cu, idx, backend=backend)
     assert_close("o tail", o_whole[tail], o_tail, CHUNK_RATIO)
     assert_close("ht", whole_pool, pool, CHUNK_RATIO)

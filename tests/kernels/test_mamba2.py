@@ -18,13 +18,16 @@ from kernels.mamba2.naive import chunk_bounds
 from tests.kernels.conftest import requires_triton
 from tests.kernels.slot_contract import (
     HUGE,
+    assert_batch_invariant,
     assert_row_alone_matches_batch,
+    assert_same_run,
     assert_untouched,
     cu_seqlens_for,
     index_table,
     make_pool,
     row_tokens,
     rows_of,
+    split_rows,
 )
 
 RECURRENT_RATIO = 2e-3
@@ -334,11 +337,7 @@ def test_batch_invariance(backend, op):
         kw = {"num_accepted_tokens": acc} if op == "spec" else {}
         return recurrent(*args, has_initial_state=hi, backend=backend, **kw)
 
-    batch_pool, alone_pool = pool.clone(), pool.clone()
-    y_batch = run(batch_pool, slice(0, rows), idx, accepted, has_init)
-    one = slice(target, target + 1)
-    y_alone = run(alone_pool, one, idx[one], None if accepted is None else accepted[one], has_init[one])
-    assert_row_alone_matches_batch(cu, target, idx, y_batch, y_alone, batch_pool, alone_pool)
+    assert_batch_invariant(run, cu, target, pool, idx, accepted, has_init)
 
 
 @pytest.mark.parametrize("backend", BACKENDS_SLOW)
@@ -362,12 +361,8 @@ def test_spec_continuation_matches_fresh_run(backend):
         y_fresh = recurrent(x[tok], dt[tok], a, b[tok], c[tok], d, fresh_pool,
                             torch.tensor([0, acc + k_spec + 1], dtype=torch.int32),
                             torch.tensor([0], dtype=torch.int32), backend=backend)
-        if backend == "torch":
-            assert torch.equal(y_cont, y_fresh[acc:])
-            assert torch.equal(pool[int(cols[0, -1])], fresh_pool[0])
-        else:
-            assert_close(f"y a={acc}", y_fresh[acc:], y_cont, RECURRENT_RATIO)
-            assert_close(f"state a={acc}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
+        assert_same_run(backend, f"y a={acc}", y_fresh[acc:], y_cont, RECURRENT_RATIO)
+        assert_same_run(backend, f"state a={acc}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
 
 
 @pytest.mark.parametrize("backend", BACKENDS_SLOW)
@@ -379,16 +374,10 @@ def test_chunk_prefix_then_recurrent_matches_one_chunk_pass(backend):
     pool = make_pool(3, (2, 4, 8), [0, 2])
     whole_pool = pool.clone()
     y_whole = chunk(x, dt, a, b, c, d, whole_pool, cu, idx, has_init, chunk_size=16, backend=backend)
-    starts = cu[:-1].tolist()
-    head = torch.cat([torch.arange(s, s + m) for s, m in zip(starts, split)])
-    tail = torch.cat([torch.arange(s + m, s + full) for s, m, full in zip(starts, split, lens)])
-    chunk(x[head], dt[head], a, b[head], c[head], d, pool,
-          torch.tensor([0, split[0], sum(split)], dtype=torch.int32), idx, has_init, chunk_size=16,
+    head, head_cu, tail, tail_cu = split_rows(cu, split)
+    chunk(x[head], dt[head], a, b[head], c[head], d, pool, head_cu, idx, has_init, chunk_size=16,
           backend=backend)
-    tail_lens = [full - m for m, full in zip(split, lens)]
-    y_tail = recurrent(x[tail], dt[tail], a, b[tail], c[tail], d, pool,
-                       torch.tensor([0, tail_lens[0], sum(tail_lens)], dtype=torch.int32), idx,
-                       backend=backend)
+    y_tail = recurrent(x[tail], dt[tail], a, b[tail], c[tail], d, pool, tail_cu, idx, backend=backend)
     assert_close("y tail", y_whole[tail], y_tail, CHUNK_RATIO)
     assert_close("state", whole_pool, pool, CHUNK_RATIO)
 
