@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kernels._contract import BOOL, FLOATS, INDEX, Contract, describe
+from kernels._contract import FLOATS, Contract
+from kernels._recurrent_slots import check_slot_inputs
 
 # The Triton chunk kernels keep the state as at most four [64, BV] tiles and launch one program per
 # chunk slot on a grid axis of at most 65535; a chunk of more than 64 tokens does not fit an A100's
@@ -47,16 +48,7 @@ def check_recurrent_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indice
     """The contract of ``fused_recurrent_gated_delta_rule`` (kernels/README.md)."""
     c = Contract("fused_recurrent_gated_delta_rule")
     dims = _check_common(c, q, k, v, g, beta, ssm_state, cu_seqlens, scale, use_qk_l2norm)
-    c.tensor("state_indices", state_indices, INDEX, "N", "N, K+1")
-    if state_indices.dim() == 2:
-        c.at_least("state_indices", "K+1", 1)
-        c.require(num_accepted_tokens is not None, "num_accepted_tokens",
-                  "an int32 or int64 tensor of shape [N] with 2-D state_indices", "None")
-        c.tensor("num_accepted_tokens", num_accepted_tokens, INDEX, "N")
-    else:
-        c.require(num_accepted_tokens is None, "num_accepted_tokens", "None with 1-D state_indices",
-                  describe(num_accepted_tokens))
-    c.tensor("has_initial_state", has_initial_state, BOOL, "N", optional=True)
+    check_slot_inputs(c, state_indices, has_initial_state, num_accepted_tokens, speculative=True)
     return dims
 
 
@@ -67,8 +59,7 @@ def check_chunk_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, h
     dims = _check_common(c, q, k, v, g, beta, ssm_state, cu_seqlens, scale, use_qk_l2norm)
     c.require(dims.dk <= CHUNK_MAX_DK, "q", f"a tensor with Dk <= {CHUNK_MAX_DK} (the chunk kernels' limit)",
               f"Dk = {dims.dk}")
-    c.tensor("state_indices", state_indices, INDEX, "N")
-    c.tensor("has_initial_state", has_initial_state, BOOL, "N", optional=True)
+    check_slot_inputs(c, state_indices, has_initial_state, speculative=False)
     c.choice("chunk_size", chunk_size, CHUNK_SIZES)
     num_slots = dims.num_tokens // chunk_size + dims.num_rows
     c.require(num_slots <= CHUNK_MAX_SLOTS, "q",

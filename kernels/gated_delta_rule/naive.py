@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from kernels._recurrent_slots import (
+    gather_initial_states,
+    initial_state_flags,
+    read_slots,
+    row_bounds,
+    write_token_states,
+)
 from kernels.constants import PAD_SLOT_ID
 from kernels.gated_delta_rule.contract import check_chunk_inputs, check_recurrent_inputs
 
@@ -35,28 +42,6 @@ def prepare_qk(q, k, num_value_heads, scale, use_qk_l2norm):
     return q, k
 
 
-def _row_bounds(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
-    cu = cu_seqlens.tolist()
-    return cu[:-1], [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
-
-
-def _read_slots(state_indices, num_accepted_tokens, lens) -> list[int]:
-    """The pool slot each row reads its initial state from (PAD_SLOT_ID: padding row)."""
-    if state_indices.dim() == 1:
-        return [PAD_SLOT_ID if n == 0 else s for s, n in zip(state_indices.tolist(), lens)]
-    idx = state_indices.tolist()
-    accepted = num_accepted_tokens.tolist()
-    slots = []
-    for i, row in enumerate(idx):
-        if row[0] == PAD_SLOT_ID or lens[i] == 0:
-            slots.append(PAD_SLOT_ID)
-            continue
-        assert 1 <= accepted[i] <= len(row), f"row {i}: num_accepted_tokens {accepted[i]} out of range"
-        assert lens[i] <= len(row), f"row {i}: {lens[i]} tokens but only {len(row)} state columns"
-        slots.append(row[accepted[i] - 1])
-    return slots
-
-
 def naive_recurrent_gated_delta_rule(
     q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, *,
     num_accepted_tokens=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
@@ -75,24 +60,23 @@ def naive_recurrent_gated_delta_rule(
     num_tokens, num_v_heads, dv = v.shape
     dk = q.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
-    starts, lens = _row_bounds(cu_seqlens)
-    read_slots = _read_slots(state_indices, num_accepted_tokens, lens)
+    starts, lens = row_bounds(cu_seqlens)
+    read = read_slots(state_indices, num_accepted_tokens, lens)
     spec = state_indices.dim() == 2
-    init = [True] * len(lens) if has_initial_state is None else has_initial_state.tolist()
+    init = initial_state_flags(has_initial_state, len(lens))
 
     o = torch.zeros(num_tokens, num_v_heads, dv, dtype=torch.float32, device=v.device)
     # Active rows, longest first: the rows with a token t are then always a prefix.
-    rows = sorted((i for i in range(len(lens)) if read_slots[i] != PAD_SLOT_ID), key=lambda i: -lens[i])
+    rows = sorted((i for i in range(len(lens)) if read[i] != PAD_SLOT_ID), key=lambda i: -lens[i])
     if rows:
         qn, kn = prepare_qk(q, k, num_v_heads, scale, use_qk_l2norm)
         decay = torch.exp(g.float())
         vf, bf = v.float(), beta.float()
-        slots = torch.tensor([read_slots[i] for i in rows], dtype=torch.long, device=v.device)
+        slots = torch.tensor([read[i] for i in rows], dtype=torch.long, device=v.device)
         keep = torch.tensor([init[i] for i in rows], dtype=torch.bool, device=v.device)
-        # Gather every initial state before anything is written; masked (not multiplied) so
-        # that garbage or NaN in a recycled slot cannot leak in.
-        state = torch.where(keep[:, None, None, None], ssm_state[slots].float(), 0.0)
-        cols = state_indices.tolist() if spec else None
+        # Gather every initial state before anything is written.
+        state = gather_initial_states(ssm_state, slots, keep)  # [R, Hv, Dk, Dv]
+        cols = state_indices[rows].tolist() if spec else None  # [R][K+1], rows in the order of `state`
         for t in range(lens[rows[0]]):
             n = sum(1 for i in rows if lens[i] > t)
             tok = torch.tensor([starts[i] + t for i in rows[:n]], dtype=torch.long, device=v.device)
@@ -103,9 +87,7 @@ def naive_recurrent_gated_delta_rule(
             s.add_(k_t * delta[:, :, None, :])
             o[tok] = (qn[tok][:, :, :, None] * s).sum(dim=-2)
             if spec:
-                write = [j for j in range(n) if cols[rows[j]][t] != PAD_SLOT_ID]
-                dst = torch.tensor([cols[rows[j]][t] for j in write], dtype=torch.long, device=v.device)
-                ssm_state[dst] = s[write].to(ssm_state.dtype)
+                write_token_states(ssm_state, s, cols, t)
         if not spec:
             ssm_state[slots] = state.to(ssm_state.dtype)
     return o.to(v.dtype)
@@ -171,9 +153,9 @@ def naive_chunk_gated_delta_rule(
     num_tokens, num_v_heads, dv = v.shape
     dk = q.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
-    starts, lens = _row_bounds(cu_seqlens)
+    starts, lens = row_bounds(cu_seqlens)
     slots = state_indices.tolist()
-    init = [True] * len(lens) if has_initial_state is None else has_initial_state.tolist()
+    init = initial_state_flags(has_initial_state, len(lens))
     o = torch.zeros(num_tokens, num_v_heads, dv, dtype=torch.float32, device=v.device)
     for i, (bos, length) in enumerate(zip(starts, lens)):
         if length == 0 or slots[i] == PAD_SLOT_ID:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kernels._contract import BOOL, FLOATS, INDEX, Contract, describe
+from kernels._contract import FLOATS, INDEX, Contract, describe
+from kernels._recurrent_slots import check_slot_inputs
 
 # The Triton chunk-scan kernel holds a [chunk, chunk] float32 tile of C B^T per program, and walks
 # a row's chunks in one program per (row, head, block of P); 128 is what the released models use.
@@ -48,16 +49,7 @@ def check_selective_state_update_inputs(x, dt, A, B, C, D, ssm_state, cu_seqlens
     """The contract of ``selective_state_update`` (kernels/README.md)."""
     c = Contract("selective_state_update")
     dims = _check_common(c, x, dt, A, B, C, D, ssm_state, cu_seqlens)
-    c.tensor("state_indices", state_indices, INDEX, "N", "N, K+1")
-    if state_indices.dim() == 2:
-        c.at_least("state_indices", "K+1", 1)
-        c.require(num_accepted_tokens is not None, "num_accepted_tokens",
-                  "an int32 or int64 tensor of shape [N] with 2-D state_indices", "None")
-        c.tensor("num_accepted_tokens", num_accepted_tokens, INDEX, "N")
-    else:
-        c.require(num_accepted_tokens is None, "num_accepted_tokens", "None with 1-D state_indices",
-                  describe(num_accepted_tokens))
-    c.tensor("has_initial_state", has_initial_state, BOOL, "N", optional=True)
+    check_slot_inputs(c, state_indices, has_initial_state, num_accepted_tokens, speculative=True)
     return dims
 
 
@@ -66,8 +58,7 @@ def check_ssd_chunk_scan_inputs(x, dt, A, B, C, D, ssm_state, cu_seqlens, state_
     """The contract of ``ssd_chunk_scan`` (kernels/README.md), with the Triton kernel's limits."""
     c = Contract("ssd_chunk_scan")
     dims = _check_common(c, x, dt, A, B, C, D, ssm_state, cu_seqlens)
-    c.tensor("state_indices", state_indices, INDEX, "N")
-    c.tensor("has_initial_state", has_initial_state, BOOL, "N", optional=True)
+    check_slot_inputs(c, state_indices, has_initial_state, speculative=False)
     c.tensor("start_positions", start_positions, INDEX, "N", optional=True)
     c.choice("chunk_size", chunk_size, CHUNK_SIZES)
     num_slots = dims.num_tokens // chunk_size + 2 * dims.num_rows

@@ -10,30 +10,15 @@ from __future__ import annotations
 
 import torch
 
+from kernels._recurrent_slots import (
+    gather_initial_states,
+    initial_state_flags,
+    read_slots,
+    row_bounds,
+    write_token_states,
+)
 from kernels.constants import PAD_SLOT_ID
 from kernels.mamba2.contract import check_selective_state_update_inputs, check_ssd_chunk_scan_inputs
-
-
-def _row_bounds(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
-    cu = cu_seqlens.tolist()
-    return cu[:-1], [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
-
-
-def _read_slots(state_indices, num_accepted_tokens, lens) -> list[int]:
-    """The pool slot each row reads its initial state from (PAD_SLOT_ID: the row is skipped)."""
-    if state_indices.dim() == 1:
-        return [PAD_SLOT_ID if n == 0 else s for s, n in zip(state_indices.tolist(), lens)]
-    idx = state_indices.tolist()
-    accepted = num_accepted_tokens.tolist()
-    slots = []
-    for i, row in enumerate(idx):
-        if row[0] == PAD_SLOT_ID or lens[i] == 0:
-            slots.append(PAD_SLOT_ID)
-            continue
-        assert 1 <= accepted[i] <= len(row), f"row {i}: num_accepted_tokens {accepted[i]} out of range"
-        assert lens[i] <= len(row), f"row {i}: {lens[i]} tokens but only {len(row)} state columns"
-        slots.append(row[accepted[i] - 1])
-    return slots
 
 
 def per_head(t: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -58,27 +43,26 @@ def naive_selective_state_update(
     check_selective_state_update_inputs(x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices,
                                         num_accepted_tokens, has_initial_state)
     num_tokens, num_heads, head_dim = x.shape
-    starts, lens = _row_bounds(cu_seqlens)
-    read_slots = _read_slots(state_indices, num_accepted_tokens, lens)
+    starts, lens = row_bounds(cu_seqlens)
+    read = read_slots(state_indices, num_accepted_tokens, lens)
     spec = state_indices.dim() == 2
-    init = [True] * len(lens) if has_initial_state is None else has_initial_state.tolist()
+    init = initial_state_flags(has_initial_state, len(lens))
     dev = x.device
 
     y = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float32, device=dev)
     # Active rows, longest first: the rows with a token t are then always a prefix.
-    rows = sorted((i for i in range(len(lens)) if read_slots[i] != PAD_SLOT_ID), key=lambda i: -lens[i])
+    rows = sorted((i for i in range(len(lens)) if read[i] != PAD_SLOT_ID), key=lambda i: -lens[i])
     if rows:
         xf, dtf = x.float(), dt.float()
         decay = torch.exp(dtf * A.float())                      # [T, H]
         xdt = xf * dtf[:, :, None]                              # [T, H, P]
         bh, ch = per_head(B, num_heads), per_head(C, num_heads)  # [T, H, N]
         skip = D.float()[:, None] * xf                          # [T, H, P]
-        slots = torch.tensor([read_slots[i] for i in rows], dtype=torch.long, device=dev)
+        slots = torch.tensor([read[i] for i in rows], dtype=torch.long, device=dev)
         keep = torch.tensor([init[i] for i in rows], dtype=torch.bool, device=dev)
-        # Every initial state is gathered before anything is written; masked (not multiplied) so that
-        # garbage or NaN in a recycled slot cannot leak in.
-        state = torch.where(keep[:, None, None, None], ssm_state[slots].float(), 0.0)  # [R, H, P, N]
-        cols = state_indices.tolist() if spec else None
+        # Every initial state is gathered before anything is written.
+        state = gather_initial_states(ssm_state, slots, keep)  # [R, H, P, N]
+        cols = state_indices[rows].tolist() if spec else None  # [R][K+1], rows in the order of `state`
         for t in range(lens[rows[0]]):
             n = sum(1 for i in rows if lens[i] > t)
             tok = torch.tensor([starts[i] + t for i in rows[:n]], dtype=torch.long, device=dev)
@@ -87,9 +71,7 @@ def naive_selective_state_update(
             s.add_(xdt[tok][:, :, :, None] * bh[tok][:, :, None, :])
             y[tok] = (s * ch[tok][:, :, None, :]).sum(dim=-1) + skip[tok]
             if spec:
-                write = [j for j in range(n) if cols[rows[j]][t] != PAD_SLOT_ID]
-                dst = torch.tensor([cols[rows[j]][t] for j in write], dtype=torch.long, device=dev)
-                ssm_state[dst] = s[write].to(ssm_state.dtype)
+                write_token_states(ssm_state, s, cols, t)
         if not spec:
             ssm_state[slots] = state.to(ssm_state.dtype)
     return y.to(x.dtype)
@@ -143,9 +125,9 @@ def naive_ssd_chunk_scan(
     check_ssd_chunk_scan_inputs(x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices, has_initial_state,
                                 start_positions, chunk_size, block_size, block_state_indices)
     num_tokens, num_heads, head_dim = x.shape
-    starts, lens = _row_bounds(cu_seqlens)
+    starts, lens = row_bounds(cu_seqlens)
     slots = state_indices.tolist()
-    init = [True] * len(lens) if has_initial_state is None else has_initial_state.tolist()
+    init = initial_state_flags(has_initial_state, len(lens))
     pos0 = [0] * len(lens) if start_positions is None else start_positions.tolist()
     blocks = None if block_state_indices is None else block_state_indices.tolist()
     af = A.float()

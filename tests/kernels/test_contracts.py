@@ -29,6 +29,7 @@ from kernels import KernelInputError
 from kernels._testing import assert_close
 from kernels.constants import PAD_SLOT_ID
 from tests.kernels.conftest import generator, requires_triton
+from tests.kernels.slot_contract import cu_seqlens_for
 from tests.kernels.test_input_prep import build
 
 ACCEPTED = "accepted"
@@ -92,6 +93,51 @@ def on_meta(x):
     return torch.empty(x.shape, dtype=x.dtype, device="meta")
 
 
+# ------------------------------------------------- the slot contract of the recurrent-state ops
+
+def slot_inputs(lens) -> dict:
+    """Offsets of rows with the given lengths (three rows) and their int32 pool slots 2, 0, 1."""
+    return {"cu_seqlens": cu_seqlens_for(lens), "state_indices": torch.tensor([2, 0, 1], dtype=torch.int32)}
+
+
+def speculative(inputs: dict) -> None:
+    """2-D state_indices (K = 2) with accepted counts: row 0 reads slot 3 and writes slots 2, 3; row 2
+    reads slot 1 and writes slots 1, 0 (its last column is padding). Rows own distinct slots."""
+    inputs["state_indices"] = torch.tensor([[2, 3, PAD_SLOT_ID], [PAD_SLOT_ID] * 3, [1, 0, PAD_SLOT_ID]],
+                                           dtype=torch.int64)
+    inputs["num_accepted_tokens"] = torch.tensor([2, 1, 1], dtype=torch.int64)
+    inputs["has_initial_state"] = None
+
+
+def slot_rows(base: Callable[[], dict], accepted: Callable[[Row], Row] = lambda row: row) -> tuple[Row, ...]:
+    """Rows on the slot arguments both forms of both recurrent-state ops share (kernels/_recurrent_slots.py);
+    ``accepted`` wraps the accepted ones (``slow`` where their kernel runs are costly)."""
+    return (
+        accepted(Row("int64 cu_seqlens and state_indices",
+                     variant(base, cu_seqlens=long, state_indices=long))),
+        accepted(Row("no has_initial_state", variant(base, has_initial_state=None))),
+        Row("float cu_seqlens", variant(base, cu_seqlens=lambda x: x.float()),
+            "cu_seqlens must be an int32 or int64 tensor of shape [N+1]"),
+        Row("int16 state_indices", variant(base, state_indices=lambda x: x.short()),
+            "state_indices must be an int32 or int64 tensor"),
+        Row("integer has_initial_state", variant(base, has_initial_state=lambda x: x.int()),
+            "has_initial_state must be None or a bool tensor of shape [N] = [3]"),
+    )
+
+
+def speculative_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
+    """Rows on the speculative (2-D) state_indices the recurrent forms take."""
+    return (
+        Row("speculative rows: 2-D int64 state_indices, int64 num_accepted_tokens",
+            variant(base, speculative)),
+        Row("no accepted counts with 2-D state_indices", variant(base, speculative, num_accepted_tokens=None),
+            "num_accepted_tokens must be an int32 or int64 tensor of shape [N] with 2-D state_indices"),
+        Row("accepted counts with 1-D state_indices",
+            variant(base, num_accepted_tokens=torch.ones(3, dtype=torch.int32)),
+            "num_accepted_tokens must be None with 1-D state_indices"),
+    )
+
+
 # ------------------------------------------------------------------------------ gated delta rule
 
 def gdn_inputs(seed: int, hk: int = 1, hv: int = 2, dk: int = 16, dv: int = 16, lens=(2, 0, 3)) -> dict:
@@ -102,23 +148,12 @@ def gdn_inputs(seed: int, hk: int = 1, hv: int = 2, dk: int = 16, dv: int = 16, 
         "q": torch.randn(t, hk, dk, generator=g), "k": torch.randn(t, hk, dk, generator=g),
         "v": torch.randn(t, hv, dv, generator=g),
         "g": F.logsigmoid(torch.randn(t, hv, generator=g) + 2.0), "beta": torch.rand(t, hv, generator=g),
-        "ssm_state": 0.5 * torch.randn(4, hv, dk, dv, generator=g),
-        "cu_seqlens": torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
-        "state_indices": torch.tensor([2, 0, 1], dtype=torch.int32),
+        "ssm_state": 0.5 * torch.randn(4, hv, dk, dv, generator=g), **slot_inputs(lens),
     }
 
 
 def recurrent_base() -> dict:
     return {**gdn_inputs(1), "has_initial_state": torch.tensor([True, False, True])}
-
-
-def speculative(inputs: dict) -> None:
-    """2-D state_indices (K = 2) with accepted counts: row 0 reads slot 3 and writes slots 2, 3; row 2
-    reads slot 1 and writes slots 1, 0 (its last column is padding). Rows own distinct slots."""
-    inputs["state_indices"] = torch.tensor([[2, 3, PAD_SLOT_ID], [PAD_SLOT_ID] * 3, [1, 0, PAD_SLOT_ID]],
-                                           dtype=torch.int64)
-    inputs["num_accepted_tokens"] = torch.tensor([2, 1, 1], dtype=torch.int64)
-    inputs["has_initial_state"] = None
 
 
 def gqa(inputs: dict) -> None:
@@ -140,7 +175,7 @@ def gdn_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
     """Rows both gated delta rule ops share."""
     return (
         Row("the engines' form: int32 indices, float32, contiguous", base),
-        Row("int64 cu_seqlens and state_indices", variant(base, cu_seqlens=long, state_indices=long)),
+        *slot_rows(base),
         Row("bfloat16 g and beta", variant(base, g=bf16, beta=bf16)),
         Row("bfloat16 ssm_state pool", variant(base, ssm_state=bf16)),
         Row("bfloat16 q, k, v", variant(base, q=bf16, k=bf16, v=bf16)),
@@ -149,7 +184,6 @@ def gdn_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
         Row("g and beta with a stride over heads", variant(base, g=strided, beta=strided)),
         Row("ssm_state with a stride over Dv (a view of a wider pool)", variant(base, ssm_state=strided)),
         Row("has_initial_state with a stride", variant(base, has_initial_state=lambda x: x.repeat(2)[::2])),
-        Row("no has_initial_state", variant(base, has_initial_state=None)),
         Row("grouped value heads (Hv a multiple of Hk)", variant(base, gqa)),
         Row("float64 q", variant(base, q=lambda x: x.double()),
             "q must be a float32, bfloat16 or float16 tensor of shape [T, Hk, Dk], got float64"),
@@ -162,16 +196,10 @@ def gdn_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
         Row("ssm_state with another Dk", variant(base, ssm_state=lambda x: x[:, :, :8]),
             "ssm_state must be a float32, bfloat16 or float16 tensor of shape [S, Hv, Dk, Dv] = "
             "[*, 2, 16, 16]"),
-        Row("float cu_seqlens", variant(base, cu_seqlens=lambda x: x.float()),
-            "cu_seqlens must be an int32 or int64 tensor of shape [N+1]"),
         Row("empty cu_seqlens", variant(base, cu_seqlens=lambda x: x[:0]),
             "cu_seqlens must be a tensor with N+1 >= 1"),
-        Row("int16 state_indices", variant(base, state_indices=lambda x: x.short()),
-            "state_indices must be an int32 or int64 tensor"),
         Row("state_indices for another row count", variant(base, state_indices=lambda x: x[:2]),
             "state_indices must be an int32 or int64 tensor of shape [N] = [3]"),
-        Row("integer has_initial_state", variant(base, has_initial_state=lambda x: x.int()),
-            "has_initial_state must be None or a bool tensor of shape [N] = [3]"),
         Row("a tensor scale", variant(base, scale=torch.tensor(0.25)), "scale must be None or a float"),
         Row("use_qk_l2norm as 1", variant(base, use_qk_l2norm=1),
             "use_qk_l2norm must be True or False, got 1"),
@@ -179,15 +207,7 @@ def gdn_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
     )
 
 
-RECURRENT_ROWS = gdn_common_rows(recurrent_base) + (
-    Row("speculative rows: 2-D int64 state_indices, int64 num_accepted_tokens",
-        variant(recurrent_base, speculative)),
-    Row("no accepted counts with 2-D state_indices",
-        variant(recurrent_base, speculative, num_accepted_tokens=None),
-        "num_accepted_tokens must be an int32 or int64 tensor of shape [N] with 2-D state_indices"),
-    Row("accepted counts with 1-D state_indices",
-        variant(recurrent_base, num_accepted_tokens=torch.ones(3, dtype=torch.int32)),
-        "num_accepted_tokens must be None with 1-D state_indices"),
+RECURRENT_ROWS = gdn_common_rows(recurrent_base) + speculative_rows(recurrent_base) + (
     Row("3-D state_indices", variant(recurrent_base, state_indices=lambda x: x[:, None, None]),
         "state_indices must be an int32 or int64 tensor of shape [N] = [3] or [N, K+1] = [3, *]"),
 )
@@ -600,9 +620,7 @@ def mamba_inputs(seed: int, h: int = 2, p: int = 4, g: int = 1, n: int = 8, lens
         "x": torch.randn(t, h, p, generator=gen), "dt": F.softplus(torch.randn(t, h, generator=gen)),
         "A": -torch.rand(h, generator=gen), "B": torch.randn(t, g, n, generator=gen),
         "C": torch.randn(t, g, n, generator=gen), "D": torch.randn(h, generator=gen),
-        "ssm_state": 0.5 * torch.randn(4, h, p, n, generator=gen),
-        "cu_seqlens": torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
-        "state_indices": torch.tensor([2, 0, 1], dtype=torch.int32),
+        "ssm_state": 0.5 * torch.randn(4, h, p, n, generator=gen), **slot_inputs(lens),
     }
 
 
@@ -620,7 +638,7 @@ def mamba_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
     """Rows both Mamba2 ops share."""
     return (
         Row("the engines' form: int32 indices, float32, contiguous", base),
-        slow(Row("int64 cu_seqlens and state_indices", variant(base, cu_seqlens=long, state_indices=long))),
+        *slot_rows(base, accepted=slow),
         Row("bfloat16 x, B, C", variant(base, x=bf16, B=bf16, C=bf16)),
         slow(Row("bfloat16 dt and D", variant(base, dt=bf16, D=bf16))),
         slow(Row("bfloat16 ssm_state pool", variant(base, ssm_state=bf16))),
@@ -628,7 +646,6 @@ def mamba_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
         slow(Row("dt with a stride over heads", variant(base, dt=strided))),
         slow(Row("A and D with a stride", variant(base, A=strided, D=strided))),
         Row("ssm_state with a stride over N (a view of a wider pool)", variant(base, ssm_state=strided)),
-        slow(Row("no has_initial_state", variant(base, has_initial_state=None))),
         slow(Row("heads in groups (H a multiple of G)", variant(base, mamba_groups))),
         Row("float64 x", variant(base, x=lambda x: x.double()),
             "x must be a float32, bfloat16 or float16 tensor of shape [T, H, P], got float64"),
@@ -644,31 +661,11 @@ def mamba_common_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
         Row("a state of N = 264",
             variant(base, B=lambda b: b.repeat(1, 1, 33), C=lambda c: c.repeat(1, 1, 33)),
             "B must be a tensor with Ns <= 256 (the kernels' limit), got Ns = 264"),
-        Row("float cu_seqlens", variant(base, cu_seqlens=lambda x: x.float()),
-            "cu_seqlens must be an int32 or int64 tensor of shape [N+1]"),
-        Row("int16 state_indices", variant(base, state_indices=lambda x: x.short()),
-            "state_indices must be an int32 or int64 tensor"),
-        Row("integer has_initial_state", variant(base, has_initial_state=lambda x: x.int()),
-            "has_initial_state must be None or a bool tensor of shape [N] = [3]"),
         Row("D on another device", variant(base, D=on_meta), "D must be on the device of the other inputs"),
     )
 
 
-def mamba_speculative(inputs: dict) -> None:
-    """2-D state_indices (K = 2) with accepted counts, as for the gated delta rule."""
-    speculative(inputs)
-
-
-SSU_ROWS = mamba_common_rows(ssu_base) + (
-    Row("speculative rows: 2-D int64 state_indices, int64 num_accepted_tokens",
-        variant(ssu_base, mamba_speculative)),
-    Row("no accepted counts with 2-D state_indices",
-        variant(ssu_base, mamba_speculative, num_accepted_tokens=None),
-        "num_accepted_tokens must be an int32 or int64 tensor of shape [N] with 2-D state_indices"),
-    Row("accepted counts with 1-D state_indices",
-        variant(ssu_base, num_accepted_tokens=torch.ones(3, dtype=torch.int32)),
-        "num_accepted_tokens must be None with 1-D state_indices"),
-)
+SSU_ROWS = mamba_common_rows(ssu_base) + speculative_rows(ssu_base)
 
 
 def ssd_base() -> dict:

@@ -14,8 +14,20 @@ from kernels._testing import assert_close
 from kernels.constants import PAD_SLOT_ID
 from kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from tests.kernels.conftest import requires_triton
+from tests.kernels.slot_contract import (
+    HUGE,
+    assert_batch_invariant,
+    assert_row_alone_matches_batch,
+    assert_same_run,
+    assert_untouched,
+    cu_seqlens_for,
+    index_table,
+    make_pool,
+    row_tokens,
+    rows_of,
+    split_rows,
+)
 
-HUGE = 1e30
 RECURRENT_RATIO = 2e-3
 CHUNK_RATIO = 5e-3
 BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
@@ -29,26 +41,8 @@ def make_inputs(lens, hk, hv, dk, dv, dtype=torch.float32, extra_tokens=0):
     v = torch.randn(t, hv, dv, dtype=dtype)
     g = F.logsigmoid(torch.randn(t, hv) + 2.0)          # log decay in (-inf, 0), mostly near 0
     beta = torch.rand(t, hv)
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+    cu = cu_seqlens_for(lens)
     return q, k, v, g, beta, cu
-
-
-def make_pool(num_slots, hv, dk, dv, live):
-    """Pool full of HUGE, with random states in the ``live`` slots."""
-    pool = torch.full((num_slots, hv, dk, dv), HUGE)
-    for s in live:
-        pool[s] = torch.randn(hv, dk, dv) * 0.5
-    return pool
-
-
-def assert_untouched(before, after, touched):
-    keep = torch.ones(before.shape[0], dtype=torch.bool)
-    keep[list(touched)] = False
-    assert torch.equal(before[keep], after[keep]), "a slot the call must not touch was modified"
-
-
-def row_tokens(cu, i):
-    return slice(int(cu[i]), int(cu[i + 1]))
 
 
 def recurrent(*args, backend, **kw):
@@ -80,7 +74,7 @@ def test_recurrent_triton_matches_reference(lens, hk, hv, dk, dv):
     n = len(lens)
     idx = torch.randperm(2 * n + 1)[:n].to(torch.int32)
     has_init = torch.rand(n) > 0.3
-    pool = make_pool(2 * n + 1, hv, dk, dv, idx.tolist())
+    pool = make_pool(2 * n + 1, (hv, dk, dv), idx.tolist())
     pools = {b: pool.clone() for b in ("torch", "triton")}
     outs = {b: recurrent(q, k, v, g, beta, pools[b], cu, idx, has_initial_state=has_init, backend=b)
             for b in pools}
@@ -103,7 +97,7 @@ def test_recurrent_spec_triton_matches_reference(lens, k_spec, hk, hv, dk, dv):
     idx = torch.randperm(n * (k_spec + 1) + 3)[: n * (k_spec + 1)].view(n, k_spec + 1).to(torch.int32)
     idx[n // 2, 0] = PAD_SLOT_ID                                   # a padding row
     accepted = torch.randint(1, k_spec + 2, (n,), dtype=torch.int32)
-    pool = make_pool(n * (k_spec + 1) + 3, hv, dk, dv, idx[idx >= 0].tolist())
+    pool = make_pool(n * (k_spec + 1) + 3, (hv, dk, dv), idx[idx >= 0].tolist())
     pools = {b: pool.clone() for b in ("torch", "triton")}
     outs = {b: recurrent(q, k, v, g, beta, pools[b], cu, idx, num_accepted_tokens=accepted, backend=b)
             for b in pools}
@@ -139,7 +133,7 @@ def test_chunk_triton_matches_reference(lens, hk, hv, dk, dv, bt):
     n = len(lens)
     idx = torch.randperm(n + 2)[:n].to(torch.int32)
     has_init = torch.tensor([i % 2 == 0 for i in range(n)])
-    pool = make_pool(n + 2, hv, dk, dv, idx.tolist())
+    pool = make_pool(n + 2, (hv, dk, dv), idx.tolist())
     pools = {b: pool.clone() for b in ("torch", "triton")}
     outs = {b: chunk(q, k, v, g, beta, pools[b], cu, idx, has_init, chunk_size=bt, backend=b) for b in pools}
     assert_close("o", outs["torch"], outs["triton"], CHUNK_RATIO)
@@ -166,7 +160,7 @@ def test_chunk_triton_with_correlated_keys(bt):
     beta = 0.9 + 0.1 * torch.rand(t, hv)
     idx = torch.tensor([1, 0], dtype=torch.int32)
     has_init = torch.tensor([True, False])
-    pool = make_pool(2, hv, dk, dv, [0, 1])
+    pool = make_pool(2, (hv, dk, dv), [0, 1])
     p_ref, p_tri = pool.clone(), pool.clone()
     ref = recurrent(q, k, v, g, beta, p_ref, cu, idx, has_initial_state=has_init, backend="torch")
     out = chunk(q, k, v, g, beta, p_tri, cu, idx, has_init, chunk_size=bt, backend="triton")
@@ -181,7 +175,7 @@ def test_chunk_reference_matches_recurrent(lens, bt):
     q, k, v, g, beta, cu = make_inputs(lens, 2, 4, 16, 12)
     idx = torch.arange(len(lens), dtype=torch.int32)
     has_init = torch.ones(len(lens), dtype=torch.bool)
-    pool = make_pool(len(lens), 4, 16, 12, idx.tolist())
+    pool = make_pool(len(lens), (4, 16, 12), idx.tolist())
     p_rec, p_chunk = pool.clone(), pool.clone()
     o_rec = recurrent(q, k, v, g, beta, p_rec, cu, idx, has_initial_state=has_init, backend="torch")
     o_chunk = chunk(q, k, v, g, beta, p_chunk, cu, idx, has_init, chunk_size=bt, backend="torch")
@@ -196,7 +190,7 @@ def test_recurrent_chunking_invariance(backend, split):
     length = 20
     q, k, v, g, beta, cu = make_inputs([length], 1, 2, 12, 16)
     idx = torch.tensor([1], dtype=torch.int32)
-    pool = make_pool(3, 2, 12, 16, [1])
+    pool = make_pool(3, (2, 12, 16), [1])
     whole_pool = pool.clone()
     whole = recurrent(q, k, v, g, beta, whole_pool, cu, idx, backend=backend)
     parts = []
@@ -237,30 +231,20 @@ def test_batch_invariance(backend, op):
     q, k, v, g, beta, cu = make_inputs(lens, hk, hv, dk, dv, extra_tokens=3)
     n, target = len(lens), 1
     cols = k_spec + 1 if op == "spec" else 1
-    idx = torch.arange(n * cols, dtype=torch.int32).view(n, cols)
-    idx[2, 0] = PAD_SLOT_ID
-    if op != "spec":
-        idx = idx[:, 0].contiguous()
+    idx = index_table(torch.arange(n * cols), n, op == "spec", pad_rows=[2])
     accepted = torch.tensor([2, 3, 1, 4], dtype=torch.int32) if op == "spec" else None
     has_init = torch.tensor([True, True, False, False])
-    pool = make_pool(n * cols, hv, dk, dv, range(n * cols))
+    pool = make_pool(n * cols, (hv, dk, dv), range(n * cols))
 
     def run(p, sl, i, a, h):
-        c = cu[sl.start:sl.stop + 1] - cu[sl.start]
-        tok = slice(int(cu[sl.start]), int(cu[sl.stop]))
-        args = (q[tok], k[tok], v[tok], g[tok], beta[tok], p, c.to(torch.int32), i)
+        tok, c = rows_of(cu, sl)
+        args = (q[tok], k[tok], v[tok], g[tok], beta[tok], p, c, i)
         if op == "chunk":
             return chunk(*args, h, chunk_size=16, backend=backend)
         kw = {"num_accepted_tokens": a} if op == "spec" else {}
         return recurrent(*args, has_initial_state=h, backend=backend, **kw)
 
-    batch_pool, alone_pool = pool.clone(), pool.clone()
-    out_batch = run(batch_pool, slice(0, n), idx, accepted, has_init)
-    one = slice(target, target + 1)
-    out_alone = run(alone_pool, one, idx[one], None if accepted is None else accepted[one], has_init[one])
-    assert torch.equal(out_batch[row_tokens(cu, target)], out_alone)
-    mine = idx[target].long().flatten()
-    assert torch.equal(batch_pool[mine], alone_pool[mine])
+    assert_batch_invariant(run, cu, target, pool, idx, accepted, has_init)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -270,7 +254,7 @@ def test_spec_continuation_matches_fresh_run(backend):
     hk, hv, dk, dv, k_spec = 1, 2, 16, 12, 3
     q, k, v, g, beta, _ = make_inputs([2 * (k_spec + 1)], hk, hv, dk, dv)
     draft, nxt = slice(0, k_spec + 1), slice(k_spec + 1, 2 * (k_spec + 1))
-    base = make_pool(2 * (k_spec + 1), hv, dk, dv, [0])
+    base = make_pool(2 * (k_spec + 1), (hv, dk, dv), [0])
     cu = torch.tensor([0, k_spec + 1], dtype=torch.int32)
     cols = torch.arange(k_spec + 1, dtype=torch.int32).view(1, -1)    # slot of column j: j
     for a in range(1, k_spec + 2):
@@ -285,12 +269,8 @@ def test_spec_continuation_matches_fresh_run(backend):
         fresh_cu = torch.tensor([0, a + k_spec + 1], dtype=torch.int32)
         o_fresh = recurrent(q[tok], k[tok], v[tok], g[tok], beta[tok], fresh_pool, fresh_cu,
                             torch.tensor([0], dtype=torch.int32), backend=backend)
-        if backend == "torch":
-            assert torch.equal(o_cont, o_fresh[a:])
-            assert torch.equal(pool[int(cols[0, -1])], fresh_pool[0])
-        else:
-            assert_close(f"o a={a}", o_fresh[a:], o_cont, RECURRENT_RATIO)
-            assert_close(f"ht a={a}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
+        assert_same_run(backend, f"o a={a}", o_fresh[a:], o_cont, RECURRENT_RATIO)
+        assert_same_run(backend, f"ht a={a}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -299,17 +279,12 @@ def test_chunk_prefix_then_recurrent_matches_one_chunk_pass(backend):
     q, k, v, g, beta, cu = make_inputs(lens, 2, 2, 16, 12)
     idx = torch.tensor([2, 0], dtype=torch.int32)
     has_init = torch.tensor([False, True])
-    pool = make_pool(3, 2, 16, 12, [0, 2])
+    pool = make_pool(3, (2, 16, 12), [0, 2])
     whole_pool = pool.clone()
     o_whole = chunk(q, k, v, g, beta, whole_pool, cu, idx, has_init, chunk_size=16, backend=backend)
-    starts = cu[:-1].tolist()
-    head = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, split)])
-    tail = torch.cat([torch.arange(s + n, s + m) for s, n, m in zip(starts, split, lens)])
-    head_cu = torch.tensor([0, split[0], sum(split)], dtype=torch.int32)
+    head, head_cu, tail, tail_cu = split_rows(cu, split)
     chunk(q[head], k[head], v[head], g[head], beta[head], pool, head_cu, idx, has_init, chunk_size=16,
           backend=backend)
-    tail_lens = [m - n for n, m in zip(split, lens)]
-    tail_cu = torch.tensor([0, tail_lens[0], sum(tail_lens)], dtype=torch.int32)
     o_tail = recurrent(q[tail], k[tail], v[tail], g[tail], beta[tail], pool, tail_cu, idx, backend=backend)
     assert_close("o tail", o_whole[tail], o_tail, CHUNK_RATIO)
     assert_close("ht", whole_pool, pool, CHUNK_RATIO)
@@ -344,22 +319,16 @@ def test_reference_batch_invariance_large_batch(spec):
     lens[target] = k_spec + 1
     q, k, v, g, beta, cu = make_inputs(lens, hk, hv, d, d)
     cols = k_spec + 1 if spec else 1
-    idx = torch.randperm(rows * cols).to(torch.int32).view(rows, cols)
-    idx[::7, 0] = PAD_SLOT_ID                                    # padding rows (target = 5 is not one)
-    if not spec:
-        idx = idx[:, 0].contiguous()
+    idx = index_table(torch.randperm(rows * cols), rows, spec, pad_rows=slice(None, None, 7))  # not target 5
     accepted = torch.randint(1, k_spec + 2, (rows,), dtype=torch.int32) if spec else None
-    pool = make_pool(rows * cols, hv, d, d, range(rows * cols))
+    pool = make_pool(rows * cols, (hv, d, d), range(rows * cols))
     batch_pool, alone_pool = pool.clone(), pool.clone()
     o_batch = recurrent(q, k, v, g, beta, batch_pool, cu, idx, num_accepted_tokens=accepted, backend="torch")
-    tok = row_tokens(cu, target)
-    one_cu = torch.tensor([0, lens[target]], dtype=torch.int32)
-    o_alone = recurrent(q[tok], k[tok], v[tok], g[tok], beta[tok], alone_pool, one_cu, idx[target:target + 1],
-                        num_accepted_tokens=None if accepted is None else accepted[target:target + 1],
-                        backend="torch")
-    assert torch.equal(o_batch[tok], o_alone)
-    mine = idx[target].long().flatten()
-    assert torch.equal(batch_pool[mine], alone_pool[mine])
+    one = slice(target, target + 1)
+    tok, one_cu = rows_of(cu, one)
+    o_alone = recurrent(q[tok], k[tok], v[tok], g[tok], beta[tok], alone_pool, one_cu, idx[one],
+                        num_accepted_tokens=None if accepted is None else accepted[one], backend="torch")
+    assert_row_alone_matches_batch(cu, target, idx, o_batch, o_alone, batch_pool, alone_pool)
 
 
 SWEEP = [  # lens, Hk, Hv, Dk, Dv
@@ -378,7 +347,7 @@ def test_sweep_triton_matches_reference(lens, hk, hv, dk, dv):
     n = len(lens)
     idx = torch.arange(n, dtype=torch.int32)
     has_init = torch.ones(n, dtype=torch.bool)
-    pool = make_pool(n, hv, dk, dv, range(n))
+    pool = make_pool(n, (hv, dk, dv), range(n))
     pools = {name: pool.clone() for name in ("ref", "rec", "chunk")}
     ref = recurrent(q, k, v, g, beta, pools["ref"], cu, idx, has_initial_state=has_init, backend="torch")
     rec = recurrent(q, k, v, g, beta, pools["rec"], cu, idx, has_initial_state=has_init, backend="triton")

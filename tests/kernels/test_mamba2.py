@@ -16,8 +16,20 @@ from kernels.constants import PAD_SLOT_ID
 from kernels.mamba2 import selective_state_update, ssd_chunk_scan
 from kernels.mamba2.naive import chunk_bounds
 from tests.kernels.conftest import requires_triton
+from tests.kernels.slot_contract import (
+    HUGE,
+    assert_batch_invariant,
+    assert_row_alone_matches_batch,
+    assert_same_run,
+    assert_untouched,
+    cu_seqlens_for,
+    index_table,
+    make_pool,
+    row_tokens,
+    rows_of,
+    split_rows,
+)
 
-HUGE = 1e30
 RECURRENT_RATIO = 2e-3
 CHUNK_RATIO = 5e-3
 BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
@@ -35,26 +47,8 @@ def make_inputs(lens, h, p, g, n, dtype=torch.float32, extra_tokens=0):
     b = torch.randn(t, g, n, dtype=dtype) * 0.5
     c = torch.randn(t, g, n, dtype=dtype) * 0.5
     d = torch.randn(h)
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+    cu = cu_seqlens_for(lens)
     return x, dt, a, b, c, d, cu
-
-
-def make_pool(num_slots, h, p, n, live):
-    """Pool full of HUGE, with random states in the ``live`` slots."""
-    pool = torch.full((num_slots, h, p, n), HUGE)
-    for s in live:
-        pool[s] = torch.randn(h, p, n) * 0.5
-    return pool
-
-
-def assert_untouched(before, after, touched):
-    keep = torch.ones(before.shape[0], dtype=torch.bool)
-    keep[list(touched)] = False
-    assert torch.equal(before[keep], after[keep]), "a slot the call must not touch was modified"
-
-
-def row_tokens(cu, i):
-    return slice(int(cu[i]), int(cu[i + 1]))
 
 
 def recurrent(*args, backend, **kw):
@@ -90,7 +84,7 @@ def test_reference_matches_per_token_loop(op):
     x, dt, a, b, c, d, cu = make_inputs(lens, h, p, g, n)
     idx = torch.tensor([3, 0, 1, 4], dtype=torch.int32)
     has_init = torch.tensor([True, True, False, True])
-    pool = make_pool(5, h, p, n, [1, 3, 4])
+    pool = make_pool(5, (h, p, n), [1, 3, 4])
     before = pool.clone()
     kw = {"has_initial_state": has_init}
     if op == "chunk":
@@ -135,7 +129,7 @@ def test_recurrent_triton_matches_reference(lens, h, p, g, n):
     rows = len(lens)
     idx = torch.randperm(2 * rows + 1)[:rows].to(torch.int32)
     has_init = torch.rand(rows) > 0.3
-    pool = make_pool(2 * rows + 1, h, p, n, idx.tolist())
+    pool = make_pool(2 * rows + 1, (h, p, n), idx.tolist())
     pools = {be: pool.clone() for be in ("torch", "triton")}
     ys = {be: recurrent(x, dt, a, b, c, d, pools[be], cu, idx, has_initial_state=has_init, backend=be)
           for be in pools}
@@ -156,7 +150,7 @@ def test_recurrent_spec_triton_matches_reference():
     idx[rows // 2, 0] = PAD_SLOT_ID                                  # a padding row
     idx[0, 1] = PAD_SLOT_ID                                          # a column that is not written
     accepted = torch.tensor([1, 4, 2, 1, 3], dtype=torch.int32)
-    pool = make_pool(num_slots + 3, h, p, n, idx[idx >= 0].tolist())
+    pool = make_pool(num_slots + 3, (h, p, n), idx[idx >= 0].tolist())
     pools = {be: pool.clone() for be in ("torch", "triton")}
     ys = {be: recurrent(x, dt, a, b, c, d, pools[be], cu, idx, num_accepted_tokens=accepted, backend=be)
           for be in pools}
@@ -194,7 +188,7 @@ def test_chunk_triton_matches_reference(lens, starts, h, p, g, n, bt):
     start = torch.tensor(starts, dtype=torch.int32)
     blocks = torch.full((rows, 2), PAD_SLOT_ID, dtype=torch.int32)
     blocks[0, 0] = rows + 2                                         # the boundary row 0 crosses
-    pool = make_pool(rows + 3, h, p, n, idx.tolist())
+    pool = make_pool(rows + 3, (h, p, n), idx.tolist())
     pools = {be: pool.clone() for be in ("torch", "triton")}
     ys = {be: chunk(x, dt, a, b, c, d, pools[be], cu, idx, has_init, start_positions=start, chunk_size=bt,
                     block_size=2 * bt, block_state_indices=blocks, backend=be) for be in pools}
@@ -217,7 +211,7 @@ def test_chunk_triton_with_bfloat16_inputs():
     lens, h, p, g, n = [37], 2, 16, 1, 16
     x, dt, a, b, c, d, cu = make_inputs(lens, h, p, g, n, dtype=torch.bfloat16)
     idx, has_init = torch.tensor([0], dtype=torch.int32), torch.tensor([True])
-    pool = make_pool(1, h, p, n, [0])
+    pool = make_pool(1, (h, p, n), [0])
     pools = {be: pool.clone() for be in ("torch", "triton")}
     ys = {be: chunk(x, dt, a, b, c, d, pools[be], cu, idx, has_init, chunk_size=16, backend=be)
           for be in pools}
@@ -238,7 +232,7 @@ def test_chunk_states_at_block_boundaries(backend):
     idx = torch.tensor([0, 1, 2], dtype=torch.int32)
     has_init = torch.tensor([True, False, True])
     blocks = torch.tensor([[3, 4, 5], [6, 7, PAD_SLOT_ID], [PAD_SLOT_ID, 8, 9]], dtype=torch.int32)
-    pool = make_pool(10, h, p, n, [0, 1, 2])
+    pool = make_pool(10, (h, p, n), [0, 1, 2])
     before = pool.clone()
     chunk(x, dt, a, b, c, d, pool, cu, idx, has_init, start_positions=torch.tensor(starts, dtype=torch.int32),
           chunk_size=bt, block_size=block, block_state_indices=blocks, backend=backend)
@@ -262,7 +256,7 @@ def test_chunk_split_at_chunk_multiples_is_bitwise(backend):
     h, p, g, n, bt, length, first = 2, 4, 1, 8, 16, 45, 5
     x, dt, a, b, c, d, cu = make_inputs([length], h, p, g, n)
     idx = torch.tensor([1], dtype=torch.int32)
-    pool = make_pool(2, h, p, n, [1])
+    pool = make_pool(2, (h, p, n), [1])
     whole_pool = pool.clone()
     whole = chunk(x, dt, a, b, c, d, whole_pool, cu, idx, None, chunk_size=bt,
                   start_positions=torch.tensor([first], dtype=torch.int32), backend=backend)
@@ -289,7 +283,7 @@ def test_recurrent_chunking_invariance(backend, split):
     length = 12
     x, dt, a, b, c, d, cu = make_inputs([length], 2, 4, 1, 8)
     idx = torch.tensor([1], dtype=torch.int32)
-    pool = make_pool(3, 2, 4, 8, [1])
+    pool = make_pool(3, (2, 4, 8), [1])
     whole_pool = pool.clone()
     whole = recurrent(x, dt, a, b, c, d, whole_pool, cu, idx, backend=backend)
     parts = []
@@ -329,31 +323,21 @@ def test_batch_invariance(backend, op):
     x, dt, a, b, c, d, cu = make_inputs(lens, h, p, g, n, extra_tokens=3)
     rows, target = len(lens), 1
     cols = k_spec + 1 if op == "spec" else 1
-    idx = torch.arange(rows * cols, dtype=torch.int32).view(rows, cols)
-    idx[2, 0] = PAD_SLOT_ID
-    if op != "spec":
-        idx = idx[:, 0].contiguous()
+    idx = index_table(torch.arange(rows * cols), rows, op == "spec", pad_rows=[2])
     accepted = torch.tensor([2, 3, 1, 4], dtype=torch.int32) if op == "spec" else None
     has_init = torch.tensor([True, True, False, False])
     starts = torch.tensor([5, 13, 0, 2], dtype=torch.int32)
-    pool = make_pool(rows * cols, h, p, n, range(rows * cols))
+    pool = make_pool(rows * cols, (h, p, n), range(rows * cols))
 
     def run(pl, sl, i, acc, hi):
-        cuts = cu[sl.start:sl.stop + 1] - cu[sl.start]
-        tok = slice(int(cu[sl.start]), int(cu[sl.stop]))
-        args = (x[tok], dt[tok], a, b[tok], c[tok], d, pl, cuts.to(torch.int32), i)
+        tok, cuts = rows_of(cu, sl)
+        args = (x[tok], dt[tok], a, b[tok], c[tok], d, pl, cuts, i)
         if op == "chunk":
             return chunk(*args, hi, start_positions=starts[sl], chunk_size=16, backend=backend)
         kw = {"num_accepted_tokens": acc} if op == "spec" else {}
         return recurrent(*args, has_initial_state=hi, backend=backend, **kw)
 
-    batch_pool, alone_pool = pool.clone(), pool.clone()
-    y_batch = run(batch_pool, slice(0, rows), idx, accepted, has_init)
-    one = slice(target, target + 1)
-    y_alone = run(alone_pool, one, idx[one], None if accepted is None else accepted[one], has_init[one])
-    assert torch.equal(y_batch[row_tokens(cu, target)], y_alone)
-    mine = idx[target].long().flatten()
-    assert torch.equal(batch_pool[mine], alone_pool[mine])
+    assert_batch_invariant(run, cu, target, pool, idx, accepted, has_init)
 
 
 @pytest.mark.parametrize("backend", BACKENDS_SLOW)
@@ -363,7 +347,7 @@ def test_spec_continuation_matches_fresh_run(backend):
     h, p, g, n, k_spec = 2, 4, 1, 8, 3
     x, dt, a, b, c, d, _ = make_inputs([2 * (k_spec + 1)], h, p, g, n)
     draft, nxt = slice(0, k_spec + 1), slice(k_spec + 1, 2 * (k_spec + 1))
-    base = make_pool(2 * (k_spec + 1), h, p, n, [0])
+    base = make_pool(2 * (k_spec + 1), (h, p, n), [0])
     cu = torch.tensor([0, k_spec + 1], dtype=torch.int32)
     cols = torch.arange(k_spec + 1, dtype=torch.int32).view(1, -1)    # slot of column j: j
     for acc in range(1, k_spec + 2):
@@ -377,12 +361,8 @@ def test_spec_continuation_matches_fresh_run(backend):
         y_fresh = recurrent(x[tok], dt[tok], a, b[tok], c[tok], d, fresh_pool,
                             torch.tensor([0, acc + k_spec + 1], dtype=torch.int32),
                             torch.tensor([0], dtype=torch.int32), backend=backend)
-        if backend == "torch":
-            assert torch.equal(y_cont, y_fresh[acc:])
-            assert torch.equal(pool[int(cols[0, -1])], fresh_pool[0])
-        else:
-            assert_close(f"y a={acc}", y_fresh[acc:], y_cont, RECURRENT_RATIO)
-            assert_close(f"state a={acc}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
+        assert_same_run(backend, f"y a={acc}", y_fresh[acc:], y_cont, RECURRENT_RATIO)
+        assert_same_run(backend, f"state a={acc}", fresh_pool[0], pool[int(cols[0, -1])], RECURRENT_RATIO)
 
 
 @pytest.mark.parametrize("backend", BACKENDS_SLOW)
@@ -391,19 +371,13 @@ def test_chunk_prefix_then_recurrent_matches_one_chunk_pass(backend):
     x, dt, a, b, c, d, cu = make_inputs(lens, 2, 4, 2, 8)
     idx = torch.tensor([2, 0], dtype=torch.int32)
     has_init = torch.tensor([False, True])
-    pool = make_pool(3, 2, 4, 8, [0, 2])
+    pool = make_pool(3, (2, 4, 8), [0, 2])
     whole_pool = pool.clone()
     y_whole = chunk(x, dt, a, b, c, d, whole_pool, cu, idx, has_init, chunk_size=16, backend=backend)
-    starts = cu[:-1].tolist()
-    head = torch.cat([torch.arange(s, s + m) for s, m in zip(starts, split)])
-    tail = torch.cat([torch.arange(s + m, s + full) for s, m, full in zip(starts, split, lens)])
-    chunk(x[head], dt[head], a, b[head], c[head], d, pool,
-          torch.tensor([0, split[0], sum(split)], dtype=torch.int32), idx, has_init, chunk_size=16,
+    head, head_cu, tail, tail_cu = split_rows(cu, split)
+    chunk(x[head], dt[head], a, b[head], c[head], d, pool, head_cu, idx, has_init, chunk_size=16,
           backend=backend)
-    tail_lens = [full - m for m, full in zip(split, lens)]
-    y_tail = recurrent(x[tail], dt[tail], a, b[tail], c[tail], d, pool,
-                       torch.tensor([0, tail_lens[0], sum(tail_lens)], dtype=torch.int32), idx,
-                       backend=backend)
+    y_tail = recurrent(x[tail], dt[tail], a, b[tail], c[tail], d, pool, tail_cu, idx, backend=backend)
     assert_close("y tail", y_whole[tail], y_tail, CHUNK_RATIO)
     assert_close("state", whole_pool, pool, CHUNK_RATIO)
 
@@ -429,22 +403,16 @@ def test_reference_batch_invariance_large_batch(spec):
     lens[target] = k_spec + 1
     x, dt, a, b, c, d, cu = make_inputs(lens, h, p, g, n)
     cols = k_spec + 1 if spec else 1
-    idx = torch.randperm(rows * cols).to(torch.int32).view(rows, cols)
-    idx[::7, 0] = PAD_SLOT_ID                                    # padding rows (target = 5 is not one)
-    if not spec:
-        idx = idx[:, 0].contiguous()
+    idx = index_table(torch.randperm(rows * cols), rows, spec, pad_rows=slice(None, None, 7))  # not target 5
     accepted = torch.randint(1, k_spec + 2, (rows,), dtype=torch.int32) if spec else None
-    pool = make_pool(rows * cols, h, p, n, range(rows * cols))
+    pool = make_pool(rows * cols, (h, p, n), range(rows * cols))
     batch_pool, alone_pool = pool.clone(), pool.clone()
     y_batch = recurrent(x, dt, a, b, c, d, batch_pool, cu, idx, num_accepted_tokens=accepted, backend="torch")
-    tok = row_tokens(cu, target)
-    y_alone = recurrent(x[tok], dt[tok], a, b[tok], c[tok], d, alone_pool,
-                        torch.tensor([0, lens[target]], dtype=torch.int32), idx[target:target + 1],
-                        num_accepted_tokens=None if accepted is None else accepted[target:target + 1],
-                        backend="torch")
-    assert torch.equal(y_batch[tok], y_alone)
-    mine = idx[target].long().flatten()
-    assert torch.equal(batch_pool[mine], alone_pool[mine])
+    one = slice(target, target + 1)
+    tok, one_cu = rows_of(cu, one)
+    y_alone = recurrent(x[tok], dt[tok], a, b[tok], c[tok], d, alone_pool, one_cu, idx[one],
+                        num_accepted_tokens=None if accepted is None else accepted[one], backend="torch")
+    assert_row_alone_matches_batch(cu, target, idx, y_batch, y_alone, batch_pool, alone_pool)
 
 
 SWEEP = [  # lens, H, P, G, N, chunk_size
@@ -464,7 +432,7 @@ def test_sweep_triton_matches_reference(lens, h, p, g, n, bt):
     idx = torch.arange(rows, dtype=torch.int32)
     has_init = torch.ones(rows, dtype=torch.bool)
     starts = torch.arange(rows, dtype=torch.int32) * 37
-    pool = make_pool(rows, h, p, n, range(rows))
+    pool = make_pool(rows, (h, p, n), range(rows))
     pools = {name: pool.clone() for name in ("ref", "rec", "chunk")}
     ref = recurrent(x, dt, a, b, c, d, pools["ref"], cu, idx, has_initial_state=has_init, backend="torch")
     rec = recurrent(x, dt, a, b, c, d, pools["rec"], cu, idx, has_initial_state=has_init, backend="triton")
