@@ -109,7 +109,8 @@ def test_an_interrupted_run_says_so_and_its_junit_too(tiny_checkpoint, tmp_path)
     assert tag == "error"
 
 
-@pytest.mark.parametrize("argv", [["--conformance-fail-on-skip"], ["--conformance-min-scenarios", "2"]])
+@pytest.mark.parametrize("argv", [["--conformance-fail-on-skip"],
+                                  pytest.param(["--conformance-min-scenarios", "2"], marks=pytest.mark.slow)])
 def test_the_plugin_has_the_same_gate(argv, tiny_checkpoint, tmp_path):
     picked = ("short-prompts-k0", "short-prompts-k3")
     proc = run_suite(tmp_path, "--conformance-engine", DECLINING, "--conformance-model", tiny_checkpoint,

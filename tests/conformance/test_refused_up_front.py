@@ -92,6 +92,7 @@ def _pytest(cwd, *args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, check=False, timeout=300)
 
 
+@pytest.mark.slow  # three pytest processes
 def test_the_header_only_in_runs_that_use_the_suite_and_no_benchmarks_folder(tmp_path):
     other = tmp_path / "other"
     other.mkdir()

@@ -47,10 +47,11 @@ def test_the_summary_names_the_async_graph_mode_and_ngram_flags_reach_the_engine
 
 
 def test_a_capped_max_tokens_is_said(capsys):
-    assert main(["generate", "--prompt-ids", "1,2,3", "--max-tokens", "100000000"]) == 0
+    prompt = ",".join(str(1 + i % 200) for i in range(1019))  # 5 tokens short of the model length
+    assert main(["generate", "--prompt-ids", prompt, "--max-tokens", "100000000"]) == 0
     out = capsys.readouterr().out
-    assert ("note: --max-tokens 100000000 is capped at the model length: this prompt of 3 tokens can "
-            "generate at most 1021 (max_model_len 1024)") in out
+    assert ("note: --max-tokens 100000000 is capped at the model length: this prompt of 1019 tokens can "
+            "generate at most 5 (max_model_len 1024)") in out
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
