@@ -63,19 +63,22 @@ def _stale_accepted(engine) -> None:
     The host copy is what the host knew when it planned the step: the counts of the step it had
     processed last, which under asynchronous scheduling is the one before the step in flight.
     """
-    known: dict[int, int] = {}  # id(request) -> kept count (bonus included) the host last saw
+    # request id -> kept count (bonus included) the host last saw; keyed by the id string, not by
+    # id(request): a finished request's object address can be handed to a new request, which would then
+    # inherit its count and make the mutant's effect depend on the allocator.
+    known: dict[str, int] = {}
     process = engine.process
 
     def processed(fut):
         finished = process(fut)
         for row, valid in zip(fut.plan.rows, fut.num_valid.tolist()):
             if row.samples:
-                known[id(row.request)] = valid
+                known[row.request.request_id] = valid
         return finished
 
     engine.process = processed
     stale = _PlanSnapshots(
-        engine, lambda sched: {id(r.request): known.get(id(r.request), 1) for r in sched.rows}
+        engine, lambda sched: {id(r.request): known.get(r.request.request_id, 1) for r in sched.rows}
     )
     runner = engine.runner
     prepare = runner.prepare
