@@ -12,6 +12,18 @@ from refengine.model.config import ModelConfig
 from refengine.model.layers import Linear, PartialRotary, RMSNorm, sigmoid
 
 
+def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext,
+                 cache_key: int | str, scale: float) -> torch.Tensor:
+    """Write this step's k/v ([T, Hkv, D], contiguous) into the paged cache ``ctx.kv_caches[cache_key]``
+    and attend q ([T, Hq, D]) over it; returns [T, Hq, D]. Every attention mixer's cache step."""
+    attn = ctx.attn
+    k_cache, v_cache = ctx.kv_caches[cache_key]
+    kernels.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+    return kernels.paged_attention(
+        q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_table, scale=scale
+    )
+
+
 class GatedAttention(nn.Module):
     """q_proj yields, per head, D query dims then D gate dims; the output is attn * sigmoid(gate).
 
@@ -58,11 +70,6 @@ class GatedAttention(nn.Module):
         q, k = self.rotary(q, k, positions)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
 
-        attn = ctx.attn
-        k_cache, v_cache = ctx.kv_caches[cache_key]
-        kernels.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-        o = kernels.paged_attention(
-            q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_table, scale=self.scale
-        )  # [T, Hq, D]
+        o = paged_attend(q, k, v, ctx, cache_key, self.scale)  # [T, Hq, D]
         o = o.reshape(num_tokens, self.num_heads * d) * sigmoid(gate)
         return self.o_proj(o)

@@ -17,6 +17,7 @@ from torch import nn
 
 import kernels
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
+from refengine.model.attention import paged_attend
 from refengine.model.cache_specs import PagedKV
 from refengine.model.layers import Linear, RMSNorm
 from refengine.model.mamba2 import Mamba2Mixer
@@ -53,12 +54,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, d).contiguous()  # [T, Hq, D]
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d).contiguous()  # [T, Hkv, D]
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, d).contiguous()  # [T, Hkv, D]
-        attn = ctx.attn
-        k_cache, v_cache = ctx.kv_caches[cache_key]
-        kernels.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-        o = kernels.paged_attention(
-            q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_table, scale=self.scale
-        )  # [T, Hq, D]
+        o = paged_attend(q, k, v, ctx, cache_key, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(num_tokens, self.num_heads * d))
 
 
