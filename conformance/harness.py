@@ -26,8 +26,6 @@ from conformance.workloads import EngineSettings, RequestSpec, Scenario, get_def
 REFERENCE_LABEL = "reference"
 PLAIN_LABEL = "plain greedy (K=0, no aborts)"
 CACHED_LABEL = "reference with prefix caching"
-# Checks that do not read the engine under test's trace: they still run when it broke.
-OWN_TRACE_FREE = ("runs", "workload-triggers", "cache-lossless")
 
 
 class NoProgress(RuntimeError):
@@ -391,7 +389,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
              scenario_file: str | None = None, fail_fast: bool = False, early: bool = False,
              ) -> list[CheckResult]:
     """Every check over ``traces``. ``fail_fast``: up to the first failing one; ``early``: only the checks
-    that read neither the "plain" nor the "cached" run (``checks.LATE`` names those that do)."""
+    that read neither the "plain" nor the "cached" run (a check's declaration says whether it is late)."""
     inputs = checks.CheckInputs(
         scenario,
         traces["reference"],
@@ -405,18 +403,18 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
     )
     test = inputs.test
     results = []
-    for name, check in checks.CHECKS:
-        if early and name in checks.LATE:
+    for c in checks.declared():
+        if early and c.late:
             continue
-        if test.error is not None and name not in OWN_TRACE_FREE:
-            results.append(CheckResult(name, NA, "the engine under test did not finish the workload"))
+        if test.error is not None and not c.runs_when_test_broke:
+            results.append(CheckResult(c.name, NA, "the engine under test did not finish the workload"))
             continue
-        lacks = checks.lacking(name, test.missing_fields)
+        lacks = c.lacking(test.missing_fields)
         if lacks:
-            results.append(CheckResult(name, NA, f"the engine's records lack {', '.join(lacks)}"))
+            results.append(CheckResult(c.name, NA, f"the engine's records lack {', '.join(lacks)}"))
             continue
-        result = check(inputs)
-        if result.failed and result.request_id is not None and name != "workload-triggers":
+        result = c.fn(inputs)
+        if result.failed and result.request_id is not None and c.replay:
             result.details["replay"] = case.replay_command(scenario.id, result.request_id, scenario_file)
         results.append(result)
         if fail_fast and result.failed:

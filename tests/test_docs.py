@@ -416,6 +416,59 @@ def test_the_expected_failures_example_names_real_scenarios_and_checks(tmp_path)
     assert unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES) == []
 
 
+# ---- conformance/README.md table of checks, against the checks' declarations ------------------------------
+CHECKS_HEADER = "| check | over | passes when |"
+
+
+def _check_rows(readme: str) -> list[str]:
+    """The rows of the table of checks, as written."""
+    after = readme.split("\n" + CHECKS_HEADER + "\n", 1)[1].splitlines()[1:]  # past the |---| line
+    return list(itertools.takewhile(lambda line: line.startswith("|"), after))
+
+
+def _declared_row(c) -> str:
+    return f"| `{c.name}` | {', '.join(c.reads)} | {c.passes_when} |"
+
+
+def checks_table_drift(readme: str, declared) -> list[str]:
+    """What the README's table of checks gets wrong about the declarations (empty: nothing)."""
+    have, want = _check_rows(readme), [_declared_row(c) for c in declared]
+    problems = [f"README lacks this row (or words it otherwise):\n{row}" for row in want if row not in have]
+    problems += [f"README row matches no declaration:\n{row}" for row in have if row not in want]
+    if not problems and have != want:
+        problems.append("the rows are not in report order: " + ", ".join(c.name for c in declared))
+    return problems
+
+
+def test_the_table_of_checks_is_the_declarations():
+    """Every declared check has its row, in report order: its name, the traces it reads (``reads``) and
+    what it asserts (``passes_when``), word for word; no row names a check that is not declared."""
+    from conformance.checks import declared
+
+    problems = checks_table_drift((REPO / "conformance" / "README.md").read_text(), declared())
+    assert not problems, "\n\n".join(problems)
+
+
+def test_the_table_of_checks_test_sees_drift():
+    """An edited row, a row out of order and a check declared without a row each fail the test above."""
+    from conformance.checks import check, declared, declaring
+
+    readme = (REPO / "conformance" / "README.md").read_text()
+    row = next(r for r in _check_rows(readme) if r.startswith("| `state-slots` |"))
+    assert checks_table_drift(readme.replace(row, row.replace("| test |", "| ref, test |")), declared())
+    assert checks_table_drift(readme.replace(row, row.replace("one step", "a step")), declared())
+    rows = _check_rows(readme)
+    swapped = readme.replace(rows[0] + "\n" + rows[1], rows[1] + "\n" + rows[0])
+    assert checks_table_drift(swapped, declared()) == [
+        "the rows are not in report order: " + ", ".join(c.name for c in declared())
+    ]
+    with declaring():
+        check("undocumented", reads=("test",), passes_when="a row nobody wrote")(lambda c: None)
+        (problem,) = checks_table_drift(readme, declared())
+    assert problem.endswith("| `undocumented` | test | a row nobody wrote |")
+    assert checks_table_drift(readme, declared()) == []
+
+
 # ---- set-up off this machine: the CPU torch from the PyTorch CPU wheel index ---------------------------
 CPU_WHEEL_INDEX = "https://download.pytorch.org/whl/cpu"
 

@@ -25,6 +25,7 @@ and that its blocks and slots are freed is "pools-empty".
 from __future__ import annotations
 
 from conformance.checks.compare import first_difference, token_window
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 from conformance.workloads import Scenario
@@ -98,6 +99,19 @@ def check_aborts(scenario: Scenario, reference: Trace, test: Trace, plain: Trace
         + ", ".join(kept[:6])
         + (" ..." if len(kept) > 6 else ""),
     )
+
+
+@check(
+    "aborts",
+    reads=("plain", "ref", "test"),
+    passes_when=(
+        "each engine's aborted request ends `abort` with a prefix of its un-aborted output (the plain run), "
+        "or, if it had finished before the abort reached it, with that whole output; it is never scheduled "
+        "again after the step in flight"
+    ),
+)
+def _aborts(c: CheckInputs) -> CheckResult:
+    return check_aborts(c.scenario, c.ref, c.test, c.plain)
 
 
 def _problem(tokens: list[int], reason: str | None, full: list[int], full_reason: str | None) -> str | None:

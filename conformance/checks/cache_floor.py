@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conformance.checks.prefix_cache import Geometry, Timeline, blocks_by, ceiling, settled
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 
@@ -113,3 +114,17 @@ def check_cache_floor(scenario, test: Trace) -> CheckResult:
                 sources=list(f.sources),
             )
     return passed(name, f"{bounded} requests at or above their floors ({floored} with a floor above 0)")
+
+
+@check(
+    "cache-floor",
+    reads=("test",),
+    needs=("num_cached_tokens", "rows", "num_computed_tokens", "query_len"),
+    passes_when=(
+        "with prefix caching and a scenario-sized KV pool: no request gets fewer cached tokens than what "
+        "the requests that finished before it arrived left, wherever those blocks cannot have been evicted "
+        "by its first step, under memory pressure too (see *Prefix caching*)"
+    ),
+)
+def _cache_floor(c: CheckInputs) -> CheckResult:
+    return check_cache_floor(c.scenario, c.test)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import RequestTrace, Trace
 
@@ -141,6 +142,18 @@ def check_tokens(
                   diverging_requests=[r for _, r, _ in sorted(diverged)])
 
 
+@check(
+    "tokens",
+    reads=("ref", "test"),
+    passes_when=(
+        "every request's output tokens and finish reason are identical (aborted requests: see `aborts`); "
+        "where a token was produced is read from the engine's step records"
+    ),
+)
+def _tokens(c: CheckInputs) -> CheckResult:
+    return check_tokens(c.ref, c.test, skip=c.aborted)
+
+
 def _verify_index(req: RequestTrace, position: int) -> int | None:
     for v in req.verify_steps:
         if v.position is not None and v.position <= position < v.position + v.accepted + 1:
@@ -212,6 +225,20 @@ def check_acceptance(
     return passed(name, f"{steps} verify steps identical ({matched} matched by position)")
 
 
+@check(
+    "acceptance",
+    reads=("ref", "test"),
+    needs=("rows", "kind", "draft_token_ids", "output_token_ids", "num_accepted"),
+    passes_when=(
+        "(drafted, accepted) identical per request per verify step, a step that verified no drafts (n-gram "
+        "lookup found none) included (preempted and aborted requests: where both verified the same "
+        "position)"
+    ),
+)
+def _acceptance(c: CheckInputs) -> CheckResult:
+    return check_acceptance(c.ref, c.test, aborted=c.aborted)
+
+
 def _fmt(step: tuple[int, int] | None) -> str:
     return "none (no such step)" if step is None else f"{step[0]}/{step[1]}"
 
@@ -244,6 +271,18 @@ def check_logits_digests(reference: Trace, test: Trace) -> CheckResult:
     return passed(name, f"{compared} logits digests identical")
 
 
+@check(
+    "logits-digests",
+    reads=("ref", "test"),
+    needs=("rows", "logits_digest"),
+    passes_when="verify logits bitwise equal wherever both recorded a digest (batch-invariant engines)",
+)
+def _logits_digests(c: CheckInputs) -> CheckResult:
+    if not c.batch_invariant:
+        return not_applicable("logits-digests", "the engine under test is not batch-invariant")
+    return check_logits_digests(c.ref, c.test)
+
+
 def check_spec_lossless(
     plain: Trace | None,
     test: Trace,
@@ -262,6 +301,20 @@ def check_spec_lossless(
     if result.failed:
         result.report = _spec_blame(plain, test_plain, skip) + "\n" + result.report
     return result
+
+
+@check(
+    "spec-lossless",
+    reads=("plain", "test", "test_plain"),
+    passes_when=(
+        "output equals plain greedy output (same workload, K=0, reference engine); when it does not, the "
+        "engine under test is run once more with K=0, and speculation is blamed only if that run agrees "
+        "with plain greedy output (else the report says the bug is not in speculative decoding)"
+    ),
+)
+def _spec_lossless(c: CheckInputs) -> CheckResult:
+    plain = c.plain if c.scenario.k else None
+    return check_spec_lossless(plain, c.test, skip=c.aborted, test_plain=c.test_plain)
 
 
 def _spec_blame(plain: Trace, test_plain: Trace | None, skip) -> str:
@@ -334,6 +387,20 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
     counted = sum(r.num_draft_tokens is not None for t in (reference, test) for r in t.requests.values())
     return passed(name, f"{len(reference.requests)} requests: prompts{' and texts' if texts else ''} agree, "
                   f"{counted} outputs' draft counters match their acceptance histories")
+
+
+@check(
+    "request-outputs",
+    reads=("ref", "test"),
+    passes_when=(
+        "the other public `RequestOutput` fields: per engine `num_draft_tokens` / `num_accepted_tokens` are "
+        "the sums of its `acceptance` (each step 0 <= accepted <= drafted <= K); `prompt_token_ids` equal, "
+        "`text` equal where the tokens are; `num_preemptions` not compared (an async engine may preempt "
+        "elsewhere), `num_cached_tokens` is `cached-tokens`'"
+    ),
+)
+def _request_outputs(c: CheckInputs) -> CheckResult:
+    return check_request_outputs(c.ref, c.test, c.scenario.k)
 
 
 def _counter_problem(req: RequestTrace, k: int) -> str | None:

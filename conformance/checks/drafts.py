@@ -18,6 +18,7 @@ abort could have reached in either engine.
 
 from __future__ import annotations
 
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import RowTrace, Trace
 
@@ -89,3 +90,20 @@ def check_drafts(reference: Trace, test: Trace, k: int, aborted: set[str] | froz
     if compared == 0:
         return not_applicable(name, "no row ran alike in both engines")
     return passed(name, f"{compared} rows: drafter inputs and next drafts identical ({ids} ids)")
+
+
+@check(
+    "drafts",
+    reads=("ref", "test"),
+    needs=("rows", "kind", "num_computed_tokens", "query_len", "output_token_ids", "drafter_input_ids",
+           "next_draft_token_ids"),
+    passes_when=(
+        "every drafter (MTP, n-gram, scripted) was fed the same ids (`drafter_input_ids`: for MTP the token "
+        "paired with each kept position, prompt chunks included, and the chained passes' drafts) and "
+        "proposed the same next drafts as the reference's, row by row (rows matched by request, kind, first "
+        "position, length and whether they sampled; each request's last sampling row, where it may have "
+        "finished, and an aborted request's rows from its abort on are left out)"
+    ),
+)
+def _drafts(c: CheckInputs) -> CheckResult:
+    return check_drafts(c.ref, c.test, c.scenario.k, aborted=c.aborted)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import RowTrace, StepTrace, Trace
 
@@ -43,6 +44,16 @@ def check_runs(test: Trace, expected_requests: list[str]) -> CheckResult:
     return passed("runs", f"{len(expected_requests)} requests finished in {test.num_engine_steps} steps")
 
 
+@check(
+    "runs",
+    reads=("test",),
+    judges_broken_runs=True,
+    passes_when="the engine finished every request without raising",
+)
+def _runs(c: CheckInputs) -> CheckResult:
+    return check_runs(c.test, [r.request_id for r in c.scenario.requests])
+
+
 def check_full_graph_metadata(test: Trace) -> CheckResult:
     """In FULL-graph steps every per-request GDN tensor is sized by the padded request count."""
     name = "full-graph-metadata"
@@ -61,6 +72,19 @@ def check_full_graph_metadata(test: Trace) -> CheckResult:
                           step.rows[0].request_id if step.rows else None, step=step.index,
                           num_reqs_padded=step.num_reqs_padded, shapes=step.gdn_metadata_shapes)
     return passed(name, f"{len(full)} FULL-graph steps sized by their padded request count")
+
+
+@check(
+    "full-graph-metadata",
+    reads=("test",),
+    needs=("rows", "graph_mode", "num_reqs_padded", "gdn_metadata_shapes"),
+    passes_when=(
+        "in FULL-graph steps every per-request GDN tensor has `num_reqs_padded` rows, `query_start_loc` has "
+        "`num_reqs_padded + 1`"
+    ),
+)
+def _full_graph_metadata(c: CheckInputs) -> CheckResult:
+    return check_full_graph_metadata(c.test)
 
 
 def _full_step_problem(step: StepTrace) -> str | None:
@@ -113,6 +137,17 @@ def check_new_prompt_prefill(test: Trace) -> CheckResult:
     )
 
 
+@check(
+    "new-prompt-prefill",
+    reads=("test",),
+    needs=("rows", "kind", "num_computed_tokens", "query_len", "has_initial_state", "state_slot_read",
+           "input_ids"),
+    passes_when="rows with no computed tokens are prefills, without initial state, reading no state slot",
+)
+def _new_prompt_prefill(c: CheckInputs) -> CheckResult:
+    return check_new_prompt_prefill(c.test)
+
+
 def _classification_problem(row: RowTrace) -> str | None:
     if row.kind != "prefill":
         return f"was classified {row.kind!r}"
@@ -162,6 +197,19 @@ def check_id_range(test: Trace, vocab_size: int) -> CheckResult:
     return passed(name, f"{seen} ids fed to the model and drafter, all in [0, {vocab_size})")
 
 
+@check(
+    "id-range",
+    reads=("test",),
+    needs=("rows", "input_ids", "drafter_input_ids", "draft_token_ids", "next_draft_token_ids"),
+    passes_when=(
+        "no id < 0 or >= vocab in `input_ids`, `drafter_input_ids`, `draft_token_ids`, "
+        "`next_draft_token_ids`, outputs"
+    ),
+)
+def _id_range(c: CheckInputs) -> CheckResult:
+    return check_id_range(c.test, c.vocab_size)
+
+
 def check_state_slots(test: Trace) -> CheckResult:
     """No two requests in one step read the same GDN state slot."""
     name = "state-slots"
@@ -184,6 +232,16 @@ def check_state_slots(test: Trace) -> CheckResult:
                 )
             owner[slot] = row.request_id
     return passed(name, f"{len(test.steps)} steps, no state slot read by two requests")
+
+
+@check(
+    "state-slots",
+    reads=("test",),
+    needs=("rows", "state_slot_read"),
+    passes_when="no two requests read the same GDN state slot in one step",
+)
+def _state_slots(c: CheckInputs) -> CheckResult:
+    return check_state_slots(c.test)
 
 
 # What an instance's occupancy() reports: a pool's used / free counts, and its request queues.
@@ -218,6 +276,20 @@ def check_pools_empty(test: Trace) -> CheckResult:
     if slots is not None:
         covered.append("request slots")
     return passed("pools-empty", " and ".join(covered) + " empty at the end")
+
+
+@check(
+    "pools-empty",
+    reads=("test",),
+    passes_when=(
+        "no KV block, state slot or request slot allocated and no request waiting or running once "
+        "everything finished, from the instance's `occupancy()` (each pool's used / free counts in the "
+        "verdict; a cached block no request references counts as free, so one a finished request still "
+        "holds is used), else its `pools_empty()`"
+    ),
+)
+def _pools_empty(c: CheckInputs) -> CheckResult:
+    return check_pools_empty(c.test)
 
 
 def _occupancy_verdict(occ: dict[str, int], pools_empty: bool | None) -> CheckResult:

@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 from conformance.checks.compare import check_acceptance, check_logits_digests, check_tokens
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import RequestTrace, RowTrace, Trace
 
@@ -254,6 +255,22 @@ def check_cached_tokens(scenario, test: Trace) -> CheckResult:
                   f"{hits} cached tokens in all")
 
 
+@check(
+    "cached-tokens",
+    reads=("test",),
+    needs=("num_cached_tokens",),
+    passes_when=(
+        "every request's `num_cached_tokens` lies within the bounds its mode and prompt geometry allow (see "
+        "*Prefix caching*): at most what the requests that ran before it can have left, at least what "
+        "those that had finished before it arrived must have left; 0 without caching. The "
+        "`prefix_cache_hits` / `prefix_cache_queries` counters of `occupancy()`, when reported, add up to "
+        "the counts"
+    ),
+)
+def _cached_tokens(c: CheckInputs) -> CheckResult:
+    return check_cached_tokens(c.scenario, c.test)
+
+
 def _out_of_bounds(name: str, scenario, test: Trace, rid: str, got: int, b: Bounds) -> CheckResult:
     req = test.requests[rid]
     g = Geometry.of(scenario.settings)
@@ -329,6 +346,20 @@ def check_restored_state(scenario, ref: Trace, test: Trace, batch_invariant: boo
                   + (f", {compared} first logits bitwise the uncached run's" if compared else ""))
 
 
+@check(
+    "restored-state",
+    reads=("ref", "test"),
+    needs=("num_cached_tokens", "rows", "kind", "num_computed_tokens", "query_len", "has_initial_state"),
+    passes_when=(
+        "with prefix caching: a request served from the cache first runs after the hit, as a prefill from "
+        "the restored state (however few tokens it has left), and its first logits are bitwise the uncached "
+        "run's (batch-invariant engines)"
+    ),
+)
+def _restored_state(c: CheckInputs) -> CheckResult:
+    return check_restored_state(c.scenario, c.ref, c.test, c.batch_invariant)
+
+
 def _restore_problem(row: RowTrace, hit: int) -> str | None:
     if row.num_computed_tokens != hit:
         return f"first ran with {row.num_computed_tokens} computed tokens, not after the hit"
@@ -373,3 +404,16 @@ def check_cache_lossless(scenario, ref: Trace, cached: Trace | None) -> CheckRes
         f"{len(cached.requests)} requests ({hits} cached tokens): tokens, acceptance and logits "
         "digests as without the cache",
     )
+
+
+@check(
+    "cache-lossless",
+    reads=("ref", "cached"),
+    passes_when=(
+        "with prefix caching: the reference engine with the scenario's cache gives the same tokens, "
+        "acceptance and logits digests as without it (the oracle the engine under test is held to runs "
+        "uncached)"
+    ),
+)
+def _cache_lossless(c: CheckInputs) -> CheckResult:
+    return check_cache_lossless(c.scenario, c.ref, c.cached)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 
@@ -39,6 +40,18 @@ def check_degenerate_run(ref: Trace, test: Trace) -> CheckResult:
     return passed(name, f"{len(tokens)} distinct output tokens; {checked} rows' verify logits finite")
 
 
+@check(
+    "degenerate-run",
+    reads=("ref", "test"),
+    passes_when=(
+        "no verify logits that are not finite in either engine, and a reference run that is not one token "
+        "repeated for every request (NaN or constant weights): a broken model never passes"
+    ),
+)
+def _degenerate_run(c: CheckInputs) -> CheckResult:
+    return check_degenerate_run(c.ref, c.test)
+
+
 def check_output_records(test: Trace) -> CheckResult:
     """Every request's output is what the engine's own step records say it produced: its output tokens
     are, in order, the output tokens of its rows (a row may record tokens past the end of the output,
@@ -73,3 +86,17 @@ def check_output_records(test: Trace) -> CheckResult:
     total = sum(len(r.token_ids) for r in test.requests.values())
     return passed(name, f"{len(test.requests)} requests' {total} output tokens match the engine's step "
                   "records")
+
+
+@check(
+    "output-records",
+    reads=("test",),
+    needs=("rows", "output_token_ids"),
+    passes_when=(
+        "every request's output is what the engine's own step records show its rows produced, in order (a "
+        "record may run past the end of the output, e.g. after a stop token inside a verified window): an "
+        "engine that hands tokens to the wrong request fails"
+    ),
+)
+def _output_records(c: CheckInputs) -> CheckResult:
+    return check_output_records(c.test)

@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from conformance.checks.cache_floor import floor
 from conformance.checks.prefix_cache import Timeline, bounds, no_eviction_before, tokens_of
+from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 from conformance.workloads import Scenario
@@ -380,6 +381,21 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
             missed=missed,
         )
     return passed(name, "reference run hit " + ", ".join(scenario.triggers))
+
+
+@check(
+    "workload-triggers",
+    reads=("ref", "cached"),
+    replay=False,
+    passes_when=(
+        "the reference run actually hit what the scenario exists for (preemption, chunk tails, a zero-draft "
+        "step after accepted drafts, ...: the table below; the prefix-caching triggers, such as a hit at "
+        "all, on the reference engine's cached run); on the embedded default model a miss fails, on any "
+        "other checkpoint it is reported as *not exercised* (n/a plus a warning naming the scenario)"
+    ),
+)
+def _workload_triggers(c: CheckInputs) -> CheckResult:
+    return check_triggers(c.scenario, c.ref, strict=c.strict_triggers, cached=c.cached)
 
 
 def _hit(trigger: str, scenario: Scenario, reference: Trace, cached: Trace | None) -> bool:
