@@ -130,13 +130,13 @@ SPECS: dict[str, LaunchSpec] = {
          "conv_state": Ptr(FLOATS, rows("stride_s_n", "stride_s_c", 1)), "cu_seqlens": Ptr(I32, CONTIGUOUS),
          "state_indices": Ptr(I32, (("stride_idx_n",), ("stride_idx_n", None))),  # column 0 only
          "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True),
-         "num_accepted_tokens": Ptr(I32, CONTIGUOUS, optional=True)},
+         "num_valid": Ptr(I32, CONTIGUOUS, optional=True)},
         lambda a: (a.cu_seqlens.shape[0] - 1, _cdiv(a.C, a.BC))),
     "fused_recurrent_gated_delta_rule_fwd_kernel": LaunchSpec(
         {**_gdn("q"), **_gdn("k"), **_gdn("v"),
          "g": Ptr(FLOATS, rows("stride_g_t", 1)), "beta": Ptr(FLOATS, rows("stride_b_t", 1)),
          "o": Ptr("=v", CONTIGUOUS), "ssm_state": Ptr(FLOATS, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS),
-         "state_indices": Ptr(I32, _IDX_ROWS), "num_accepted_tokens": Ptr(I32, CONTIGUOUS, optional=True),
+         "state_indices": Ptr(I32, _IDX_ROWS), "num_valid": Ptr(I32, CONTIGUOUS, optional=True),
          "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True)},
         lambda a: (_rows(a) * a.HV, _cdiv(a.DV, a.BV))),
     "chunk_gdn_wy_kernel": LaunchSpec(
@@ -217,7 +217,7 @@ SPECS: dict[str, LaunchSpec] = {
     "selective_state_update_kernel": LaunchSpec(
         {**_mamba("x", "dt", "A", "B", "C", "D", "cu_seqlens"), "y": Ptr("=x", CONTIGUOUS),
          "ssm_state": Ptr(FLOATS, CONTIGUOUS), "state_indices": Ptr(I32, _IDX_ROWS),
-         "num_accepted_tokens": Ptr(I32, CONTIGUOUS, optional=True),
+         "num_valid": Ptr(I32, CONTIGUOUS, optional=True),
          "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True)},
         lambda a: (_rows(a) * a.H, _cdiv(a.P, a.BP)),
         requires=(("BN >= N (the whole state row in one block)", lambda a: a.BN >= a.N),

@@ -3,7 +3,7 @@
 Both ops keep one state per sequence in a pool ``ssm_state[S, ...]`` and take the same slot
 arguments (kernels/README.md): ``cu_seqlens [N+1]``, ``state_indices [N]`` (plain rows: read from
 and write back to ``idx[i]``) or ``[N, K+1]`` (speculative rows: read column
-``num_accepted_tokens[i] - 1``, write the state after token t to column t, PAD columns not
+``num_valid[i] - 1``, write the state after token t to column t, PAD columns not
 written), and ``has_initial_state [N]`` (False: start from zeros whatever the slot holds). A row
 whose read slot is ``PAD_SLOT_ID`` and a row of length 0 read and write nothing.
 
@@ -21,10 +21,10 @@ from kernels.constants import PAD_SLOT_ID
 # ------------------------------------------------------------------------------ input contract
 
 
-def check_slot_inputs(c: Contract, state_indices, has_initial_state, num_accepted_tokens=None, *,
+def check_slot_inputs(c: Contract, state_indices, has_initial_state, num_valid=None, *,
                       speculative: bool) -> None:
     """Checks ``state_indices`` (``[N]``, or also ``[N, K+1]`` when ``speculative``), the
-    ``num_accepted_tokens [N]`` that 2-D indices need, and the optional ``has_initial_state [N]``.
+    ``num_valid [N]`` that 2-D indices need, and the optional ``has_initial_state [N]``.
     ``N`` must already be bound (by ``c.offsets("cu_seqlens", ...)``)."""
     if not speculative:
         c.tensor("state_indices", state_indices, INDEX, "N")
@@ -32,12 +32,12 @@ def check_slot_inputs(c: Contract, state_indices, has_initial_state, num_accepte
         c.tensor("state_indices", state_indices, INDEX, "N", "N, K+1")
         if state_indices.dim() == 2:
             c.at_least("state_indices", "K+1", 1)
-            c.require(num_accepted_tokens is not None, "num_accepted_tokens",
+            c.require(num_valid is not None, "num_valid",
                       "an int32 or int64 tensor of shape [N] with 2-D state_indices", "None")
-            c.tensor("num_accepted_tokens", num_accepted_tokens, INDEX, "N")
+            c.tensor("num_valid", num_valid, INDEX, "N")
         else:
-            c.require(num_accepted_tokens is None, "num_accepted_tokens", "None with 1-D state_indices",
-                      describe(num_accepted_tokens))
+            c.require(num_valid is None, "num_valid", "None with 1-D state_indices",
+                      describe(num_valid))
     c.tensor("has_initial_state", has_initial_state, BOOL, "N", optional=True)
 
 
@@ -55,19 +55,19 @@ def initial_state_flags(has_initial_state: torch.Tensor | None, num_rows: int) -
     return [True] * num_rows if has_initial_state is None else has_initial_state.tolist()
 
 
-def read_slots(state_indices: torch.Tensor, num_accepted_tokens, lens: list[int]) -> list[int]:
+def read_slots(state_indices: torch.Tensor, num_valid, lens: list[int]) -> list[int]:
     """The pool slot each row reads its initial state from; PAD_SLOT_ID where the row is skipped
-    (a PAD read slot, or length 0). 1-D indices: ``idx[i]``; 2-D: column ``num_accepted_tokens[i] - 1``."""
+    (a PAD read slot, or length 0). 1-D indices: ``idx[i]``; 2-D: column ``num_valid[i] - 1``."""
     if state_indices.dim() == 1:
         return [PAD_SLOT_ID if n == 0 else s for s, n in zip(state_indices.tolist(), lens)]
     idx = state_indices.tolist()
-    accepted = num_accepted_tokens.tolist()
+    accepted = num_valid.tolist()
     slots = []
     for i, row in enumerate(idx):
         if row[0] == PAD_SLOT_ID or lens[i] == 0:
             slots.append(PAD_SLOT_ID)
             continue
-        assert 1 <= accepted[i] <= len(row), f"row {i}: num_accepted_tokens {accepted[i]} out of range"
+        assert 1 <= accepted[i] <= len(row), f"row {i}: num_valid {accepted[i]} out of range"
         assert lens[i] <= len(row), f"row {i}: {lens[i]} tokens but only {len(row)} state columns"
         slots.append(row[accepted[i] - 1])
     return slots

@@ -1,9 +1,9 @@
 """The engine core both engines are built on, by composition.
 
 It owns what does not depend on how a step runs: the live requests, validation of new ones,
-add and abort, the scheduler and its pools, stop rules, acceptance counters, the public outputs,
-observers, and pool occupancy. An engine (reference or async) holds one ``EngineCore`` and adds
-its own step: schedule -> run -> commit through the core.
+add, abort and finish, the scheduler and its pools, stop rules, the public outputs, observers, and
+pool occupancy. An engine (reference or async) holds one ``EngineCore`` and adds its own step:
+schedule -> run -> postprocess (``refengine.postprocess``, the one writer of what a step changed).
 """
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ class Occupancy:
     def empty(self) -> bool:
         return not (self.kv_blocks_used or self.state_slots_used or self.request_slots_used
                     or self.waiting or self.running or self.checkpoint_slots_held)
-
-
-def num_rejected(row, valid: list[int]) -> int:
-    """Drafts of a sampling row the verifier rejected: its positions past the kept tokens."""
-    return len(row.draft_token_ids) - (len(valid) - 1)
 
 
 def check_kernel_settings(config: EngineConfig) -> None:
@@ -125,22 +120,10 @@ class EngineCore:
             return None
         if req is None:
             raise EngineError(f"abort: no live request with id {request_id!r}")
-        self.scheduler.finish(req, "abort")
-        del self.requests[request_id]
+        self.finish(req, "abort")
         return self.output(req)
 
-    # ---- committing a step's tokens ------------------------------------------------------------
-    def append(self, req: Request, tokens: list[int]) -> bool:
-        """Commit ``tokens`` to ``req`` one at a time until a stop condition; True if it finished."""
-        for token in tokens:
-            req.output_token_ids.append(token)
-            reason = self.stop_reason(req, token)
-            if reason is not None:
-                self.scheduler.finish(req, reason)
-                del self.requests[req.request_id]
-                return True
-        return False
-
+    # ---- stop rules (``refengine.postprocess`` applies them as it appends a step's tokens) ---------------
     def stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids):
@@ -150,18 +133,10 @@ class EngineCore:
             return "length"
         return None
 
-    def commit(self, req: Request, valid: list[int], *, num_drafts: int | None) -> bool:
-        """Commit a sampling row's verifier output (``valid``: kept tokens, bonus included) to ``req``:
-        a decode row's draft acceptance is counted, then the tokens are appended. True if it finished.
-
-        ``num_drafts``: the drafts a decode row verified (0..K: a drafter may propose fewer than K),
-        None for a prefill row (it verified nothing)."""
-        if num_drafts is not None and self.config.speculative.enabled:
-            req.num_verify_steps += 1
-            req.num_draft_tokens += num_drafts
-            req.num_accepted_tokens += len(valid) - 1
-            req.acceptance.append((num_drafts, len(valid) - 1))
-        return self.append(req, valid)
+    def finish(self, req: Request, reason: str) -> None:
+        """End a live request: its pools go back, and it leaves the live set."""
+        self.scheduler.finish(req, reason)
+        del self.requests[req.request_id]
 
     # ---- faults -------------------------------------------------------------------------------------
     def check_usable(self) -> None:

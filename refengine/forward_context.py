@@ -40,7 +40,7 @@ class RecurrentGroup:
     state_indices: torch.Tensor  # [Ng] int32 (plain rows) or [Ng, K+1] int32 (speculative rows)
     has_initial_state: torch.Tensor | None = None  # [Ng] bool; prefill group only
     num_valid: torch.Tensor | None = None  # [Ng] int32, tokens the previous step kept (bonus included);
-    # speculative decode group only. The kernels take it as ``num_accepted_tokens`` (their upstream name).
+    # speculative decode group only (vLLM's kernels call it ``num_accepted_tokens``).
 
 
 @dataclass

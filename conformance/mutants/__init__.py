@@ -42,7 +42,7 @@ class _PlanSnapshots:
 
     def __init__(self, engine, capture: Callable):
         self.values: deque = deque()
-        plan = engine.plan
+        plan = engine.planner.plan
 
         def planned(sched):
             before = capture(sched)
@@ -50,7 +50,7 @@ class _PlanSnapshots:
             self.values.append((result, [before[id(row.request)] for row in result.rows]))
             return result
 
-        engine.plan = planned
+        engine.planner.plan = planned
 
     def pop(self) -> tuple:
         """(plan, per-row values) of the oldest step not yet run."""
@@ -107,8 +107,8 @@ def _token_count_metadata(engine) -> None:
     builder = engine.builder
     build = builder.build
 
-    def build_by_tokens(t, shape):
-        attn, recurrent = build(t, shape)
+    def build_by_tokens(shape, *tables):
+        attn, recurrent = build(shape, *tables)
         rows = shape.num_tokens_padded
         if shape.mode.value != "full" or rows <= shape.num_reqs_padded:
             return attn, recurrent
@@ -130,7 +130,7 @@ def _token_count_metadata(engine) -> None:
 def _short_prompt_as_decode(engine) -> None:
     """Seed 004: rows are classified by query length, so a new prompt of <= 1+K tokens is a decode."""
     k = engine.config.speculative.num_speculative_tokens
-    place = engine.place
+    place = engine.planner.place
 
     def place_by_length(sched):
         rows, num_decode, admitted = place(sched)
@@ -138,7 +138,7 @@ def _short_prompt_as_decode(engine) -> None:
         rest = [r for r in rows[num_decode:] if r.num_tokens > 1 + k]
         return rows[:num_decode] + short + rest, num_decode + len(short), admitted
 
-    engine.place = place_by_length
+    engine.planner.place = place_by_length
 
 
 def _optimistic_backup_token(engine) -> None:
@@ -317,19 +317,31 @@ def _select_value(value, keep: torch.Tensor):
 
 
 def _resume_without_reset(engine) -> None:
-    """Own (contract 2): a request resumed after preemption keeps the device row of its old slot."""
-    plan = engine.plan
+    """Own (contract 2): a request resumed after preemption keeps the device row of its old slot.
+
+    Wraps ``StepPlanner.plan``: the admission of a resumed request is dropped from the step's staged
+    writes (``admit.*`` pieces, and the drafter's staged tables), so its device row is never reset."""
+    plan = engine.planner.plan
 
     def admit_fresh_only(sched):
         result = plan(sched)
-        a = result.admission
-        if a is not None:
-            resumed = {row.request.idx for row in result.rows if row.request.num_preemptions}
-            keep = [i for i, idx in enumerate(a.idx.tolist()) if idx not in resumed]
-            result.admission = _select(a, torch.tensor(keep, dtype=torch.int64)) if keep else None
+        w = result.writes
+        idx = w.get("admit.idx")
+        if idx is None:
+            return result
+        resumed = {row.request.idx for row in result.rows if row.request.num_preemptions}
+        keep = torch.tensor([i for i, x in enumerate(idx.tolist()) if x not in resumed], dtype=torch.int64)
+        if len(keep) == len(idx):
+            return result
+        for name in [n for n in w.pieces if n.startswith("admit.")]:
+            if len(keep):
+                w.replace(name, w.pieces[name][keep])
+            else:
+                del w.pieces[name]
+        result.drafter_admission = _select(result.drafter_admission, keep) if len(keep) else None
         return result
 
-    engine.plan = admit_fresh_only
+    engine.planner.plan = admit_fresh_only
 
 
 def _preempted_keeps_placeholders(engine) -> None:
@@ -421,10 +433,10 @@ def _restore_repeated(engine) -> None:
     """Prefix caching: a hit's restore copy is queued again with the request's next step, so it runs
     back over the newer state the request's first step left in s_0.
 
-    Wraps ``AsyncEngine.plan`` (the protocol's restore, staged with the step's writes)."""
+    Wraps ``StepPlanner.plan`` (the protocol's restore, staged with the step's writes)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
-    plan = engine.plan
+    plan = engine.planner.plan
     pending: dict[str, tuple[int, int]] = {}  # request id -> (checkpoint slot, s_0) restored last step
 
     def plan_with_a_stale_restore(sched):
@@ -440,18 +452,18 @@ def _restore_repeated(engine) -> None:
             result.writes.replace("restores", stale if restores is None else torch.cat([restores, stale]))
         return result
 
-    engine.plan = plan_with_a_stale_restore
+    engine.planner.plan = plan_with_a_stale_restore
 
 
 def _checkpoint_slots_in_schedule_order(engine) -> None:
     """Prefix caching: the checkpoint slots held per row are staged in scheduling order while the step
     program reads them in batch order, so after rows move a row's state lands in another's checkpoint.
 
-    Wraps ``AsyncEngine.plan`` (planning: the row table's ``checkpoint_slots`` columns, staged for the
+    Wraps ``StepPlanner.plan`` (planning: the row table's ``checkpoint_slots`` columns, staged for the
     device; the host keys the slots by batch row as before)."""
     if engine.prefix is None:  # caching is off: nothing to break
         return
-    plan = engine.plan
+    plan = engine.planner.plan
     first = len(StepRows.columns())  # the checkpoint_slots columns come after the one-column fields
 
     def plan_in_schedule_order(sched):
@@ -462,7 +474,7 @@ def _checkpoint_slots_in_schedule_order(engine) -> None:
         table[:, first:] = table[order, first:].clone()
         return result
 
-    engine.plan = plan_in_schedule_order
+    engine.planner.plan = plan_in_schedule_order
 
 
 def _stale_kept_counts_for_checkpoints(engine) -> None:

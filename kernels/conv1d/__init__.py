@@ -2,7 +2,7 @@
 
 Window contract (kernels/README.md): the conv state of one request lives in the pool row of its
 first state slot, ``conv_state[s]`` of shape ``[C, W-1+K]`` (K speculative tokens, 0 without
-speculation). With ``a`` the number of tokens the previous step kept (``num_accepted_tokens``,
+speculation). With ``a`` the number of tokens the previous step kept (``num_valid``,
 1 when absent), the live window of the last ``W-1`` inputs, oldest first, is
 ``conv_state[s, :, a-1 : a-1+W-1]``.
 """
@@ -69,7 +69,7 @@ def causal_conv1d_update(
     query_start_loc: torch.Tensor,
     state_indices: torch.Tensor,
     *,
-    num_accepted_tokens: torch.Tensor | None = None,
+    num_valid: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     activation: str | None = "silu",
     backend: str | None = None,
@@ -81,11 +81,11 @@ def causal_conv1d_update(
         query_start_loc: int32 ``[N+1]``.
         state_indices: int32 ``[N]`` or ``[N, K+1]`` (only column 0 is used); ``PAD_SLOT_ID``
             rows read and write nothing.
-        num_accepted_tokens: int32 ``[N]`` (``1 <= a <= K+1``), None meaning all 1.
+        num_valid: int32 ``[N]`` (``1 <= a <= K+1``), None meaning all 1.
         bias: ``[C]`` or None; each output's sum starts from it.
         activation: ``"silu"`` or None.
 
-    Window contract, for row i with slot ``s``, ``a = num_accepted_tokens[i]`` and ``L`` tokens:
+    Window contract, for row i with slot ``s``, ``a = num_valid[i]`` and ``L`` tokens:
 
     - ``window_in = conv_state[s, :, a-1 : a-1+W-1]`` (read before anything is written);
     - ``full = concat(window_in, x_row^T)``;
@@ -100,7 +100,7 @@ def causal_conv1d_update(
         out ``[T, C]`` in ``x.dtype``.
     """
     args = (x, weight, conv_state, query_start_loc, state_indices)
-    opts = {"num_accepted_tokens": num_accepted_tokens, "bias": bias, "activation": activation}
+    opts = {"num_valid": num_valid, "bias": bias, "activation": activation}
     if resolve_backend(backend, x, conv_state) == "torch":
         return naive_causal_conv1d_update(*args, **opts)
     from kernels.conv1d.triton_conv1d import triton_causal_conv1d_update

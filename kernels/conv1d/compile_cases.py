@@ -35,7 +35,7 @@ def compile_cases():
                     "conv_state": "*bf16",
                     "cu_seqlens": "*i32",
                     "state_indices": "*i32",
-                    **({"num_accepted_tokens": "*i32"} if update else {"has_initial_state": "*i1"}),
+                    **({"num_valid": "*i32"} if update else {"has_initial_state": "*i1"}),
                 },
                 constexprs={
                     "W": WIDTH,
@@ -48,7 +48,7 @@ def compile_cases():
                     "HAS_ACCEPTED": update,
                     "HAS_BIAS": bias,
                     **({} if bias else {"bias": None}),
-                    **({"has_initial_state": None} if update else {"num_accepted_tokens": None}),
+                    **({"has_initial_state": None} if update else {"num_valid": None}),
                 },
                 representative=update and channels != 10240,
             )

@@ -41,7 +41,7 @@ def check_conv1d_fn_inputs(x, weight, conv_state, cu_seqlens, state_indices, has
     return dims
 
 
-def check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices, num_accepted_tokens,
+def check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices, num_valid,
                                activation, bias=None) -> ConvDims:
     """The contract of ``causal_conv1d_update`` (kernels/README.md); only column 0 of 2-D indices is read."""
     c = Contract("causal_conv1d_update")
@@ -49,5 +49,5 @@ def check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_ind
     c.tensor("state_indices", state_indices, INDEX, "N", "N, K+1")
     if state_indices.dim() == 2:
         c.at_least("state_indices", "K+1", 1)
-    c.tensor("num_accepted_tokens", num_accepted_tokens, INDEX, "N", optional=True)
+    c.tensor("num_valid", num_valid, INDEX, "N", optional=True)
     return dims

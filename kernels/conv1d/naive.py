@@ -72,19 +72,19 @@ def naive_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, has
 
 
 def naive_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_indices, *,
-                               num_accepted_tokens=None, bias=None, activation="silu"):
-    """Decode / verify form: with ``a = num_accepted_tokens[i]`` (1 when None),
+                               num_valid=None, bias=None, activation="silu"):
+    """Decode / verify form: with ``a = num_valid[i]`` (1 when None),
     ``window_in = conv_state[s, :, a-1 : a-1+W-1]``; afterwards
     ``conv_state[s, :, 0 : W-2+L] = full[:, 1:]``. All rows are processed together: they are
     padded to the longest row and only elementwise ops run across them."""
-    check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices, num_accepted_tokens,
+    check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices, num_valid,
                                activation, bias)
     num_tokens, channels = x.shape
     width = weight.shape[1]
     state_len = conv_state.shape[2]
     cu = query_start_loc.tolist()
     col0 = (state_indices if state_indices.dim() == 1 else state_indices[:, 0]).tolist()
-    accepted = [1] * len(col0) if num_accepted_tokens is None else num_accepted_tokens.tolist()
+    accepted = [1] * len(col0) if num_valid is None else num_valid.tolist()
     rows = [i for i in range(len(col0)) if col0[i] != PAD_SLOT_ID and cu[i + 1] > cu[i]]
     out = torch.zeros(num_tokens, channels, dtype=x.dtype, device=x.device)
     if not rows:
@@ -93,7 +93,7 @@ def naive_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_ind
     longest = max(lens)
     for i, length in zip(rows, lens):
         assert 1 <= accepted[i] and accepted[i] - 1 + width - 1 <= state_len, (
-            f"row {i}: num_accepted_tokens {accepted[i]} does not fit a conv state of {state_len} columns")
+            f"row {i}: num_valid {accepted[i]} does not fit a conv state of {state_len} columns")
         assert width - 2 + length <= state_len, f"row {i}: {length} tokens do not fit the conv state"
     dev = x.device
     slots = torch.tensor([col0[i] for i in rows], dtype=torch.long, device=dev)

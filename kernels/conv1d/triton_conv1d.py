@@ -23,12 +23,12 @@ from kernels.conv1d.contract import check_conv1d_fn_inputs, check_conv1d_update_
 
 @triton.heuristics({
     "HAS_INIT_FLAGS": lambda args: args["has_initial_state"] is not None,
-    "HAS_ACCEPTED": lambda args: args["num_accepted_tokens"] is not None,
+    "HAS_ACCEPTED": lambda args: args["num_valid"] is not None,
     "HAS_BIAS": lambda args: args["bias"] is not None,
 })
 @triton.jit
 def causal_conv1d_fwd_kernel(
-    x, weight, bias, out, conv_state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
+    x, weight, bias, out, conv_state, cu_seqlens, state_indices, has_initial_state, num_valid,
     C, stride_x_t, stride_o_t, stride_w_c, stride_s_n, stride_s_c, stride_idx_n,
     W: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, PAD: tl.constexpr,
     IS_UPDATE: tl.constexpr, SILU: tl.constexpr, HAS_INIT_FLAGS: tl.constexpr, HAS_ACCEPTED: tl.constexpr,
@@ -45,7 +45,7 @@ def causal_conv1d_fwd_kernel(
     mask_c = o_c < C
     off = 0
     if HAS_ACCEPTED:
-        off = tl.load(num_accepted_tokens + i_n) - 1
+        off = tl.load(num_valid + i_n) - 1
     # Columns of `full` read from the state: W-1, or none without an initial state.
     state_cols = W - 1
     if HAS_INIT_FLAGS:
@@ -90,16 +90,16 @@ def causal_conv1d_fwd_kernel(
 
 
 def _launch(dims, x, weight, bias, conv_state, cu_seqlens, state_indices, has_initial_state,
-            num_accepted_tokens, activation, is_update):
+            num_valid, activation, is_update):
     """Convert what the kernel cannot take as given (only where needed), launch, write the state back."""
     num_tokens, channels, width, n = dims
     x, weight, bias = with_unit_stride(x), with_unit_stride(weight), as_contiguous(bias)
-    cu_seqlens, state_indices, num_accepted_tokens = (as_index(t) for t in (cu_seqlens, state_indices,
-                                                                              num_accepted_tokens))
+    cu_seqlens, state_indices, num_valid = (as_index(t) for t in (cu_seqlens, state_indices,
+                                                                              num_valid))
     has_initial_state = as_contiguous(has_initial_state)
     assert unit_stride(x) and unit_stride(weight), "x and weight need a unit stride on their last dim"
     assert cu_seqlens.dtype == state_indices.dtype == torch.int32, "cu_seqlens and state_indices: int32"
-    assert num_accepted_tokens is None or num_accepted_tokens.dtype == torch.int32
+    assert num_valid is None or num_valid.dtype == torch.int32
     out = torch.zeros(num_tokens, channels, dtype=x.dtype, device=x.device)
     if n == 0 or num_tokens == 0:
         return out
@@ -108,7 +108,7 @@ def _launch(dims, x, weight, bias, conv_state, cu_seqlens, state_indices, has_in
     bc = min(triton.next_power_of_2(channels), 128)
     grid = (n, triton.cdiv(channels, bc))
     causal_conv1d_fwd_kernel[grid](
-        x, weight, bias, out, state, cu_seqlens, state_indices, has_initial_state, num_accepted_tokens,
+        x, weight, bias, out, state, cu_seqlens, state_indices, has_initial_state, num_valid,
         channels, x.stride(0), out.stride(0), weight.stride(0), state.stride(0), state.stride(1),
         state_indices.stride(0),
         W=width, BC=bc, BS=triton.next_power_of_2(state.shape[2]), PAD=PAD_SLOT_ID,
@@ -128,9 +128,9 @@ def triton_causal_conv1d_fn(x, weight, conv_state, cu_seqlens, state_indices, ha
 
 
 def triton_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_indices, *,
-                                num_accepted_tokens=None, bias=None, activation="silu"):
+                                num_valid=None, bias=None, activation="silu"):
     """Triton wrapper; same contract as ``kernels.conv1d.causal_conv1d_update``."""
     dims = check_conv1d_update_inputs(x, weight, conv_state, query_start_loc, state_indices,
-                                      num_accepted_tokens, activation, bias)
+                                      num_valid, activation, bias)
     return _launch(dims, x, weight, bias, conv_state, query_start_loc, state_indices, None,
-                   num_accepted_tokens, activation, is_update=True)
+                   num_valid, activation, is_update=True)

@@ -29,7 +29,7 @@ def fused_recurrent_gated_delta_rule(
     cu_seqlens: torch.Tensor,
     state_indices: torch.Tensor,
     *,
-    num_accepted_tokens: torch.Tensor | None = None,
+    num_valid: torch.Tensor | None = None,
     has_initial_state: torch.Tensor | None = None,
     scale: float | None = None,
     use_qk_l2norm: bool = True,
@@ -45,10 +45,10 @@ def fused_recurrent_gated_delta_rule(
         cu_seqlens: int32 ``[N+1]``, row i owns tokens ``cu[i]:cu[i+1]``.
         state_indices: int32 ``[N]`` (plain rows: initial state read from and final state
             written to ``ssm_state[idx[i]]``) or ``[N, K+1]`` (speculative rows: initial state
-            from column ``num_accepted_tokens[i] - 1``, the state after token t written to
+            from column ``num_valid[i] - 1``, the state after token t written to
             column t; needs ``len_i <= K+1``). A row whose read slot is ``PAD_SLOT_ID`` reads
             and writes nothing and outputs zeros; so does a row of length 0.
-        num_accepted_tokens: int32 ``[N]``, required with 2-D indices, ``1 <= a <= K+1``.
+        num_valid: int32 ``[N]``, required with 2-D indices, ``1 <= a <= K+1``.
         has_initial_state: bool ``[N]``; where False the initial state is zeros whatever the
             slot holds. None means all True.
         scale: multiplies q after the L2 norm; default ``Dk ** -0.5``.
@@ -59,7 +59,7 @@ def fused_recurrent_gated_delta_rule(
         o ``[T, Hv, Dv]`` in ``v.dtype``; zeros for tokens of skipped rows and past ``cu[N]``.
     """
     args = (q, k, v, g, beta, ssm_state, cu_seqlens, state_indices)
-    opts = {"num_accepted_tokens": num_accepted_tokens, "has_initial_state": has_initial_state,
+    opts = {"num_valid": num_valid, "has_initial_state": has_initial_state,
             "scale": scale, "use_qk_l2norm": use_qk_l2norm}
     if resolve_backend(backend, q, v, ssm_state) == "torch":
         return naive_recurrent_gated_delta_rule(*args, **opts)

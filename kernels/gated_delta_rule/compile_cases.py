@@ -33,7 +33,7 @@ def _recurrent(hv: int, d: int, spec: bool, representative: bool):
             "state_indices": "*i32",
             "has_initial_state": "*i1",
             "scale": "fp32",
-            **({"num_accepted_tokens": "*i32"} if spec else {}),
+            **({"num_valid": "*i32"} if spec else {}),
         },
         constexprs={
             "HK": HK,
@@ -46,7 +46,7 @@ def _recurrent(hv: int, d: int, spec: bool, representative: bool):
             "USE_QK_L2NORM": True,
             "IS_SPEC": spec,
             "HAS_INIT_FLAGS": True,
-            **({} if spec else {"num_accepted_tokens": None}),
+            **({} if spec else {"num_valid": None}),
         },
         num_warps=cfg["num_warps"],
         representative=representative,

@@ -43,12 +43,12 @@ def _check_common(c: Contract, q, k, v, g, beta, ssm_state, cu_seqlens, scale, u
     return GdnDims(s["T"], s["Hk"], s["Hv"], s["Dk"], s["Dv"], s["N"])
 
 
-def check_recurrent_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_accepted_tokens,
+def check_recurrent_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_valid,
                            has_initial_state, scale, use_qk_l2norm) -> GdnDims:
     """The contract of ``fused_recurrent_gated_delta_rule`` (kernels/README.md)."""
     c = Contract("fused_recurrent_gated_delta_rule")
     dims = _check_common(c, q, k, v, g, beta, ssm_state, cu_seqlens, scale, use_qk_l2norm)
-    check_slot_inputs(c, state_indices, has_initial_state, num_accepted_tokens, speculative=True)
+    check_slot_inputs(c, state_indices, has_initial_state, num_valid, speculative=True)
     return dims
 
 

@@ -44,24 +44,24 @@ def prepare_qk(q, k, num_value_heads, scale, use_qk_l2norm):
 
 def naive_recurrent_gated_delta_rule(
     q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, *,
-    num_accepted_tokens=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
+    num_valid=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
 ):
     """Token-by-token gated delta rule over a pooled, paged state (see kernels/README.md).
 
     q, k: [T, Hk, Dk]; v: [T, Hv, Dv]; g, beta: [T, Hv]; ssm_state: [S, Hv, Dk, Dv] (float32
     arithmetic whatever the dtypes), updated in place; cu_seqlens: [N+1]; state_indices: [N] (plain rows,
     final state written to idx[i]) or [N, K+1] (speculative rows: initial state from column
-    num_accepted_tokens[i] - 1, state after token t written to column t; PAD columns are not
+    num_valid[i] - 1, state after token t written to column t; PAD columns are not
     written). Rows whose read slot is PAD_SLOT_ID, and rows of length 0, read and write nothing.
     Returns o: [T, Hv, Dv] in v.dtype, zeros for tokens of skipped rows.
     """
-    check_recurrent_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_accepted_tokens,
+    check_recurrent_inputs(q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_valid,
                            has_initial_state, scale, use_qk_l2norm)
     num_tokens, num_v_heads, dv = v.shape
     dk = q.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     starts, lens = row_bounds(cu_seqlens)
-    read = read_slots(state_indices, num_accepted_tokens, lens)
+    read = read_slots(state_indices, num_valid, lens)
     spec = state_indices.dim() == 2
     init = initial_state_flags(has_initial_state, len(lens))
 

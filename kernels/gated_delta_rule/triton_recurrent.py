@@ -18,12 +18,12 @@ from kernels.gated_delta_rule.contract import check_recurrent_inputs
 
 
 @triton.heuristics({
-    "IS_SPEC": lambda args: args["num_accepted_tokens"] is not None,
+    "IS_SPEC": lambda args: args["num_valid"] is not None,
     "HAS_INIT_FLAGS": lambda args: args["has_initial_state"] is not None,
 })
 @triton.jit(do_not_specialize=["num_cols"])
 def fused_recurrent_gated_delta_rule_fwd_kernel(
-    q, k, v, g, beta, o, ssm_state, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
+    q, k, v, g, beta, o, ssm_state, cu_seqlens, state_indices, num_valid, has_initial_state,
     scale, num_cols,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_g_t, stride_b_t, stride_idx_n,
@@ -43,7 +43,7 @@ def fused_recurrent_gated_delta_rule_fwd_kernel(
         # Padding rows have PAD in column 0; only then is the accepted count meaningful.
         if tl.load(p_idx) == PAD:
             return
-        i_read = tl.load(p_idx + tl.load(num_accepted_tokens + i_n) - 1).to(tl.int64)
+        i_read = tl.load(p_idx + tl.load(num_valid + i_n) - 1).to(tl.int64)
     else:
         i_read = tl.load(p_idx).to(tl.int64)
     if i_read == PAD:
@@ -122,17 +122,17 @@ def launch_config(dk: int, dv: int) -> dict:
 
 def triton_recurrent_gated_delta_rule(
     q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, *,
-    num_accepted_tokens=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
+    num_valid=None, has_initial_state=None, scale=None, use_qk_l2norm=True,
 ):
     """Triton wrapper; same contract as ``kernels.gated_delta_rule.fused_recurrent_gated_delta_rule``."""
     num_tokens, hk, hv, dk, dv, n = check_recurrent_inputs(
-        q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state, scale,
+        q, k, v, g, beta, ssm_state, cu_seqlens, state_indices, num_valid, has_initial_state, scale,
         use_qk_l2norm)
     q, k, v, g, beta, cu_seqlens = kernel_inputs(q, k, v, g, beta, cu_seqlens)
-    state_indices, num_accepted_tokens = as_index(state_indices), as_index(num_accepted_tokens)
+    state_indices, num_valid = as_index(state_indices), as_index(num_valid)
     has_initial_state = as_contiguous(has_initial_state)
     assert state_indices.dtype == torch.int32 and unit_stride(state_indices), "state_indices: int32 rows"
-    assert num_accepted_tokens is None or num_accepted_tokens.dtype == torch.int32
+    assert num_valid is None or num_valid.dtype == torch.int32
     scale = dk ** -0.5 if scale is None else float(scale)
     o = torch.zeros(num_tokens, hv, dv, dtype=v.dtype, device=v.device)
     if num_tokens == 0 or n == 0:
@@ -141,7 +141,7 @@ def triton_recurrent_gated_delta_rule(
     cfg = launch_config(dk, dv)
     grid = (n * hv, triton.cdiv(dv, cfg["BV"]))  # axis 0 takes 2^31 - 1 programs, axes 1 and 2 65535
     fused_recurrent_gated_delta_rule_fwd_kernel[grid](
-        q, k, v, g, beta, o, pool, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
+        q, k, v, g, beta, o, pool, cu_seqlens, state_indices, num_valid, has_initial_state,
         scale, state_indices.shape[-1] if state_indices.dim() == 2 else 1,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), state_indices.stride(0),

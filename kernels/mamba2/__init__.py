@@ -25,7 +25,7 @@ def selective_state_update(
     cu_seqlens: torch.Tensor,
     state_indices: torch.Tensor,
     *,
-    num_accepted_tokens: torch.Tensor | None = None,
+    num_valid: torch.Tensor | None = None,
     has_initial_state: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -40,10 +40,10 @@ def selective_state_update(
         cu_seqlens: int32 ``[N+1]``, row i owns tokens ``cu[i]:cu[i+1]``.
         state_indices: int32 ``[N]`` (plain rows: initial state read from and final state written
             to ``ssm_state[idx[i]]``) or ``[N, K+1]`` (speculative rows: initial state from column
-            ``num_accepted_tokens[i] - 1``, the state after token t written to column t; needs
+            ``num_valid[i] - 1``, the state after token t written to column t; needs
             ``len_i <= K+1``; PAD columns are not written). A row whose read slot is ``PAD_SLOT_ID``
             reads and writes nothing and outputs zeros; so does a row of length 0.
-        num_accepted_tokens: int32 ``[N]``, required with 2-D indices, ``1 <= a <= K+1``.
+        num_valid: int32 ``[N]``, required with 2-D indices, ``1 <= a <= K+1``.
         has_initial_state: bool ``[N]``; where False the initial state is zeros whatever the slot
             holds. None means all True.
         backend: ``"torch"``, ``"triton"`` or None/``"auto"`` (see kernels/_dispatch.py).
@@ -55,7 +55,7 @@ def selective_state_update(
         y ``[T, H, P]`` in ``x.dtype``; zeros for tokens of skipped rows and past ``cu[N]``.
     """
     args = (x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices)
-    opts = {"num_accepted_tokens": num_accepted_tokens, "has_initial_state": has_initial_state}
+    opts = {"num_valid": num_valid, "has_initial_state": has_initial_state}
     if resolve_backend(backend, x, ssm_state) == "torch":
         return naive_selective_state_update(*args, **opts)
     from kernels.mamba2.triton_state_update import triton_selective_state_update

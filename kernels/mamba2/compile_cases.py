@@ -26,11 +26,11 @@ def _state_update(name: str, h: int, spec: bool, representative: bool):
         types={
             "x": ACT, "dt": F32, "A": F32, "B": ACT, "C": ACT, "D": F32, "y": ACT, "ssm_state": F32,
             "cu_seqlens": "*i32", "state_indices": "*i32", "has_initial_state": "*i1",
-            **({"num_accepted_tokens": "*i32"} if spec else {}),
+            **({"num_valid": "*i32"} if spec else {}),
         },
         constexprs={
             "H": h, "G": G, "P": P, "N": N, "BP": cfg["BP"], "BN": cfg["BN"], "PAD": PAD_SLOT_ID,
-            "IS_SPEC": spec, "HAS_INIT_FLAGS": True, **({} if spec else {"num_accepted_tokens": None}),
+            "IS_SPEC": spec, "HAS_INIT_FLAGS": True, **({} if spec else {"num_valid": None}),
         },
         num_warps=cfg["num_warps"],
         representative=representative,

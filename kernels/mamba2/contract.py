@@ -45,11 +45,11 @@ def _check_common(c: Contract, x, dt, A, B, C, D, ssm_state, cu_seqlens) -> Mamb
 
 
 def check_selective_state_update_inputs(x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices,
-                                        num_accepted_tokens, has_initial_state) -> MambaDims:
+                                        num_valid, has_initial_state) -> MambaDims:
     """The contract of ``selective_state_update`` (kernels/README.md)."""
     c = Contract("selective_state_update")
     dims = _check_common(c, x, dt, A, B, C, D, ssm_state, cu_seqlens)
-    check_slot_inputs(c, state_indices, has_initial_state, num_accepted_tokens, speculative=True)
+    check_slot_inputs(c, state_indices, has_initial_state, num_valid, speculative=True)
     return dims
 
 

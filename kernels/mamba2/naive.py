@@ -30,7 +30,7 @@ def per_head(t: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def naive_selective_state_update(
     x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices, *,
-    num_accepted_tokens=None, has_initial_state=None,
+    num_valid=None, has_initial_state=None,
 ):
     """Token-by-token Mamba2 recurrence over a pooled state (see kernels/README.md).
 
@@ -41,10 +41,10 @@ def naive_selective_state_update(
     Returns y: [T, H, P] in x.dtype, zeros for tokens of skipped rows.
     """
     check_selective_state_update_inputs(x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices,
-                                        num_accepted_tokens, has_initial_state)
+                                        num_valid, has_initial_state)
     num_tokens, num_heads, head_dim = x.shape
     starts, lens = row_bounds(cu_seqlens)
-    read = read_slots(state_indices, num_accepted_tokens, lens)
+    read = read_slots(state_indices, num_valid, lens)
     spec = state_indices.dim() == 2
     init = initial_state_flags(has_initial_state, len(lens))
     dev = x.device

@@ -17,12 +17,12 @@ from kernels.mamba2.contract import check_selective_state_update_inputs
 
 
 @triton.heuristics({
-    "IS_SPEC": lambda args: args["num_accepted_tokens"] is not None,
+    "IS_SPEC": lambda args: args["num_valid"] is not None,
     "HAS_INIT_FLAGS": lambda args: args["has_initial_state"] is not None,
 })
 @triton.jit(do_not_specialize=["num_cols"])
 def selective_state_update_kernel(
-    x, dt, A, B, C, D, y, ssm_state, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
+    x, dt, A, B, C, D, y, ssm_state, cu_seqlens, state_indices, num_valid, has_initial_state,
     num_cols,
     stride_x_t, stride_x_h, stride_dt_t, stride_b_t, stride_b_g, stride_c_t, stride_c_g, stride_idx_n,
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
@@ -41,7 +41,7 @@ def selective_state_update_kernel(
         # Padding rows have PAD in column 0; only then is the accepted count meaningful.
         if tl.load(p_idx) == PAD:
             return
-        i_read = tl.load(p_idx + tl.load(num_accepted_tokens + i_n) - 1).to(tl.int64)
+        i_read = tl.load(p_idx + tl.load(num_valid + i_n) - 1).to(tl.int64)
     else:
         i_read = tl.load(p_idx).to(tl.int64)
     if i_read == PAD:
@@ -114,16 +114,16 @@ def launch_config(p: int, n: int) -> dict:
 
 def triton_selective_state_update(
     x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices, *,
-    num_accepted_tokens=None, has_initial_state=None,
+    num_valid=None, has_initial_state=None,
 ):
     """Triton wrapper; same contract as ``kernels.mamba2.selective_state_update``."""
     num_tokens, h, p, g, n, rows = check_selective_state_update_inputs(
-        x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state)
+        x, dt, A, B, C, D, ssm_state, cu_seqlens, state_indices, num_valid, has_initial_state)
     x, dt, A, B, C, D, cu_seqlens = kernel_inputs(x, dt, A, B, C, D, cu_seqlens)
-    state_indices, num_accepted_tokens = as_index(state_indices), as_index(num_accepted_tokens)
+    state_indices, num_valid = as_index(state_indices), as_index(num_valid)
     has_initial_state = as_contiguous(has_initial_state)
     assert state_indices.dtype == torch.int32 and unit_stride(state_indices), "state_indices: int32 rows"
-    assert num_accepted_tokens is None or num_accepted_tokens.dtype == torch.int32
+    assert num_valid is None or num_valid.dtype == torch.int32
     y = torch.zeros(num_tokens, h, p, dtype=x.dtype, device=x.device)
     if num_tokens == 0 or rows == 0:
         return y
@@ -131,7 +131,7 @@ def triton_selective_state_update(
     cfg = launch_config(p, n)
     grid = (rows * h, triton.cdiv(p, cfg["BP"]))  # axis 0 takes 2^31 - 1 programs, axes 1 and 2 65535
     selective_state_update_kernel[grid](
-        x, dt, A, B, C, D, y, pool, cu_seqlens, state_indices, num_accepted_tokens, has_initial_state,
+        x, dt, A, B, C, D, y, pool, cu_seqlens, state_indices, num_valid, has_initial_state,
         state_indices.shape[-1] if state_indices.dim() == 2 else 1,
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         state_indices.stride(0),

@@ -6,8 +6,9 @@ output and prepares the next step's inputs itself, so nothing optimistic ever fe
 slot mapping or state offset. Work scheduled for a request that turns out to have finished is
 discarded when its output arrives.
 
-A step: plan (schedule, place rows, stage host inputs) -> enqueue on the device -> process the
-previous step's output (commit tokens through the core, notify observers).
+A step: schedule -> plan (``planner.py``: place rows, stage host inputs) -> enqueue on the device ->
+process the previous step's output (the post-step writer, ``refengine.postprocess``, commits its
+tokens; observers get its records).
 
 With prefix caching (``prefix.py``) planning also stages the restores of hits and holds checkpoint
 slots for the boundaries a step may reach; processing runs the prefix cache's step protocol (hold,
@@ -24,28 +25,22 @@ import torch
 
 from refengine.async_engine.batch import PersistentBatch
 from refengine.async_engine.graphs import GraphDispatcher
-from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.metadata import MetadataBuilder
-from refengine.async_engine.optimistic import (
-    AsyncRequest,
-    assume_accepted,
-    forget,
-    scheduled_num_tokens,
-    settle,
-)
+from refengine.async_engine.optimistic import AsyncRequest, forget, scheduled_num_tokens, settle
+from refengine.async_engine.planner import StepPlan, StepPlanner
 from refengine.async_engine.prefix import AsyncPrefixCache
 from refengine.async_engine.records import build_records
-from refengine.async_engine.runner import AsyncRunner, StepFuture, StepPlan
+from refengine.async_engine.runner import AsyncRunner, StepFuture
 from refengine.async_engine.state import DeviceState, RequestSlots
-from refengine.async_engine.stream import DeviceWorkError, HostBuffer, Stream
+from refengine.async_engine.stream import DeviceWorkError, Stream
 from refengine.cache import ModelCaches
 from refengine.config import EngineConfig, torch_dtype
 from refengine.core import EngineCore
 from refengine.drafters import DeviceDraftContext, make_drafter
 from refengine.engine import Engine
 from refengine.outputs import StepRecord
+from refengine.postprocess import RowOutcome, postprocess
 from refengine.request import Request
-from refengine.scheduler import ScheduledRow, SchedulerOutput
 
 
 @dataclass
@@ -73,17 +68,6 @@ class AsyncStats:
         for j in range(drafted):
             self.drafted_per_position[j] += 1
             self.accepted_per_position[j] += int(j < accepted)
-
-
-def backup_token(req: Request, num_tokens: int) -> int:
-    """The token after a row's last position when it is a prompt token the host knows (else -1).
-
-    A prompt chunk that does not reach the end of the prompt samples nothing; the drafter pairs its
-    last position with this next prompt token instead.
-    """
-    nxt = req.num_computed_tokens + num_tokens
-    known = len(req.prompt_token_ids) + len(req.output_token_ids)
-    return req.all_token_ids[nxt] if nxt < known else -1
 
 
 class AsyncEngine(Engine):
@@ -129,8 +113,11 @@ class AsyncEngine(Engine):
                                   sink_checkpoint=sink_checkpoint,
                                   num_checkpoint_columns=c.num_checkpoint_columns if caching else 0)
         self.stats = AsyncStats()
+        self.planner = StepPlanner(
+            slots=self.slots, batch=self.batch, graphs=self.graphs, state=self.state, stream=self.stream,
+            prefix=self.prefix, proposer=proposer, stats=self.stats, num_speculative_tokens=k,
+            observed=lambda: bool(self.core.observers))
         self._inflight: StepFuture | None = None
-        self._plans = 0
 
     def _on_release(self, req: AsyncRequest) -> None:
         # Safe while a step that uses these resources is in flight: device work runs in order, so
@@ -150,7 +137,7 @@ class AsyncEngine(Engine):
         try:
             scheduler = self.core.scheduler
             sched = scheduler.schedule()
-            future = self.runner.enqueue(self.plan(sched)) if sched.rows else None
+            future = self.runner.enqueue(self.planner.plan(sched)) if sched.rows else None
             previous, self._inflight = self._inflight, future
             finished = self.process(previous) if previous is not None else []
             if future is not None and not scheduler.has_unfinished():
@@ -181,109 +168,6 @@ class AsyncEngine(Engine):
             raise RuntimeError("the device timeline did not drain after the fault")
         if self.prefix is not None:
             self.prefix.reset()
-
-    def place(self, sched: SchedulerOutput) -> tuple[list[ScheduledRow], int, list[AsyncRequest]]:
-        """Place the scheduled rows in the persistent batch: (rows, decode rows, admitted requests).
-
-        Rows come decode rows first. A decode row belongs to a request past its prompt (contract 2):
-        never judged by query length.
-        """
-        admitted = [row.request for row in sched.rows if row.request.idx < 0]
-        for req in admitted:
-            req.idx = self.slots.allocate()
-            self.batch.add(req)
-        moves = self.batch.num_moves
-        self.batch.condense()
-        self.batch.reorder()
-        self.stats.row_moves += self.batch.num_moves - moves
-        by_req = {id(r.request): r for r in sched.rows}
-        ordered = [by_req[id(q)] for q in self.batch.order(set(by_req))]
-        decode = [r for r in ordered if not r.request.is_prefilling]
-        return decode + [r for r in ordered if r.request.is_prefilling], len(decode), admitted
-
-    def plan(self, sched: SchedulerOutput) -> StepPlan:
-        """Place the scheduled rows and stage the step's host inputs: the row table and the writes to
-        persistent state (admissions, block-table growth, restores)."""
-        rows, num_decode, admitted = self.place(sched)
-        qsl = [0]
-        for row in rows:
-            qsl.append(qsl[-1] + row.num_tokens)
-        shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))],
-                                     [len(r.draft_token_ids) for r in rows])
-        # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
-        prefix_rows = self.prefix.stage(self._plans, rows) if self.prefix is not None else []
-        width = self.prefix.num_columns if self.prefix is not None else 0
-        inputs = HostBuffer("step-inputs", self.stream, (len(rows), StepRows.width(width)), torch.int64)
-        inputs.write(
-            StepRows.pack(
-                [
-                    {
-                        "idx": r.request.idx,
-                        "query_len": r.num_tokens,
-                        "is_decode": i < num_decode,
-                        "has_initial_state": r.request.has_initial_state,
-                        "is_sampling": r.samples,
-                        "num_draft_positions": len(r.draft_token_ids),
-                        "backup_token": backup_token(r.request, r.num_tokens),
-                        "checkpoint_slots": prefix_rows[i].held if prefix_rows else [],
-                    }
-                    for i, r in enumerate(rows)
-                ]
-            )
-        )
-        proposer = self.runner.proposer
-        plan = StepPlan(
-            self._plans,
-            rows,
-            shape,
-            num_decode,
-            qsl,
-            inputs,
-            [list(r.request.state_slots) for r in rows],
-            list(sched.preempted),
-            list(sched.resumed),
-            record=bool(self.core.observers),
-            writes=self._writes(sched, rows, admitted),
-            drafter_admission=proposer.stage(admitted) if proposer is not None and admitted else None,
-            prefix_rows=prefix_rows,
-        )
-        self._plans += 1
-        for row in rows:
-            assume_accepted(row, self.config.speculative.num_speculative_tokens)
-        mode = shape.mode.value
-        self.stats.graph_steps[mode] = self.stats.graph_steps.get(mode, 0) + 1
-        return plan
-
-    def _writes(self, sched: SchedulerOutput, rows: list[ScheduledRow],
-                admitted: list[AsyncRequest]) -> StagedWrites:
-        """The step's writes to persistent state: admitted rows, grown block-table rows, restores of hits."""
-        w = StagedWrites()
-        if admitted:
-            width = self.state.token_ids.shape[1]
-            tokens = torch.full((len(admitted), width), -1, dtype=torch.int64)
-            for i, req in enumerate(admitted):
-                ids = req.prompt_token_ids + req.output_token_ids
-                tokens[i, : len(ids)] = torch.tensor(ids)
-            i32 = {"dtype": torch.int32}
-            w.add("admit.idx", torch.tensor([r.idx for r in admitted]))  # [n] request slots
-            w.add("admit.token_rows", tokens)  # [n, L] committed tokens, then -1
-            w.add("admit.num_tokens", torch.tensor([r.num_tokens for r in admitted], **i32))  # [n]
-            w.add("admit.num_prompt", torch.tensor([len(r.prompt_token_ids) for r in admitted], **i32))  # [n]
-            w.add("admit.slots", torch.tensor([r.state_slots for r in admitted], **i32))  # [n, K+1]
-            # [n] tokens a prefix-cache hit serves (0 without one)
-            w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
-        grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
-        if grown:
-            table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,
-                               dtype=torch.int32)
-            for i, req in enumerate(grown):
-                table[i, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
-                req.num_staged_blocks = len(req.block_ids)
-            w.add("blocks.idx", torch.tensor([r.idx for r in grown]))  # [m] request slots
-            w.add("blocks.rows", table)  # [m, B] block ids, the sink block past the request's own
-        if sched.restores:  # [h, 2] (checkpoint slot, s_0) per request admitted on a hit
-            w.add("restores", torch.tensor([(r.checkpoint, r.slot) for r in sched.restores]))
-        return w
 
     def process(self, fut: StepFuture) -> list[Request]:
         """Commit a finished step's tokens through the core; the requests it finished are returned."""
@@ -322,21 +206,18 @@ class AsyncEngine(Engine):
     def _commit(self, plan: StepPlan, tokens: list[list[int]], drafted: list[int],
                 discarded: set[int]) -> list[Request]:
         """Commit the kept tokens of every row not discarded; the requests that finished are returned."""
-        finished = []
+        outcomes = []
         for i, row in enumerate(plan.rows):
-            req = row.request
             if i in discarded:
                 self.stats.wasted_tokens += row.num_tokens
                 continue
             if not row.samples:
+                outcomes.append(RowOutcome(row, None, None))
                 continue
-            valid = tokens[i]
-            settle(req, row, valid)
             num_drafts = drafted[i] if i < plan.num_decode else None
             if num_drafts is not None:
-                self.stats.count_acceptance(num_drafts, len(valid) - 1)
-            self.stats.tokens += len(valid)
-            if self.core.commit(req, valid, num_drafts=num_drafts):
-                finished.append(req)
-        self.core.finished(finished)
+                self.stats.count_acceptance(num_drafts, len(tokens[i]) - 1)
+            self.stats.tokens += len(tokens[i])
+            outcomes.append(RowOutcome(row, tokens[i], num_drafts))
+        finished, _ = postprocess(self.core, outcomes, undo=settle)
         return finished

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from refengine.core import num_rejected
-from refengine.request import Request, RequestStatus
+from refengine.postprocess import RowOutcome
+from refengine.request import Request
 from refengine.scheduler import ScheduledRow
 
 PLACEHOLDER = -1  # a draft the host has not seen yet
@@ -41,11 +41,13 @@ def assume_accepted(row: ScheduledRow, num_speculative_tokens: int) -> None:
     req.num_computed_tokens += row.num_tokens
 
 
-def settle(req: AsyncRequest, row: ScheduledRow, valid: list[int]) -> None:
-    """At processing: replace the assumption with what the verifier kept (``valid``, bonus included)."""
-    if req.status is RequestStatus.RUNNING:  # a preempted request restarts from its tokens anyway
+def settle(outcome: RowOutcome) -> None:
+    """At processing, for a running request: take back what planning assumed of the row; the post-step
+    writer (``refengine.postprocess``) then adds what the verifier kept."""
+    req, row = outcome.request, outcome.row
+    if row.samples:
         req.num_output_placeholders -= 1 + len(row.draft_token_ids)
-        req.num_computed_tokens -= num_rejected(row, valid)
+    req.num_computed_tokens -= row.num_tokens
 
 
 def forget(req: AsyncRequest) -> None:

@@ -25,40 +25,21 @@ the host waits on), with how many drafts each row verified.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 import kernels
 from kernels.input_prep import post_update, prepare_inputs
 from refengine.async_engine.graphs import StepGraphs, StepShape
-from refengine.async_engine.inputs import StagedWrites, StepRows
-from refengine.async_engine.metadata import MetadataBuilder, StepTensors
+from refengine.async_engine.inputs import StepRows
+from refengine.async_engine.metadata import MetadataBuilder
+from refengine.async_engine.planner import StepPlan
 from refengine.async_engine.state import DeviceState
-from refengine.async_engine.stream import Event, HostBuffer, Stream
+from refengine.async_engine.stream import Event, Stream
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 from refengine.prefix_cache import geometry
-
-
-@dataclass
-class StepPlan:
-    """One planned step: host bookkeeping for processing it, and what is staged for the device (``inputs``,
-    the row table, and ``writes``, the persistent-state writes before the program)."""
-
-    index: int
-    rows: list  # ScheduledRow, in batch order (decode rows first); n real rows
-    shape: StepShape
-    num_decode: int  # real decode rows (the first ``num_decode`` of ``rows``)
-    qsl: list[int]  # [n+1] host query_start_loc of the real rows
-    inputs: HostBuffer  # StepRows table [n, F]
-    slots: list[list[int]]  # per row: the request's recurrent slots s_0..s_K (snapshot, for records)
-    preempted: list[str] = field(default_factory=list)  # for records: preempted when this step was scheduled
-    resumed: list[str] = field(default_factory=list)  # for records: readmitted after a preemption
-    record: bool = False  # observers want this step's payload
-    writes: StagedWrites = field(default_factory=StagedWrites)  # persistent-state writes, one copy
-    drafter_admission: object = None  # what the drafter's proposer staged for the admitted rows, or None
-    prefix_rows: list = field(default_factory=list)  # per row: what prefix caching set aside (RowStage)
 
 
 @dataclass
@@ -268,9 +249,7 @@ class AsyncRunner:
             idx_mapping=idx, query_start_loc=qsl, is_decode=is_decode, num_computed=num_computed,
             last_sampled=st.last_sampled, draft_tokens=st.draft_tokens, token_ids=st.token_ids,
             block_table=st.block_table, block_size=self.block_size, num_tokens_padded=shape.num_tokens_padded)
-        has_initial_state = rows.has_initial_state.bool()
-        tensors = StepTensors(idx, qsl, has_initial_state, seq_lens, slot_mapping)
-        attn, recurrent = self.builder.build(tensors, shape)
+        attn, recurrent = self.builder.build(shape, rows, qsl, seq_lens, slot_mapping)
         used_num_valid = torch.ones(n_pad, dtype=torch.int32, device=dev)
         decode = recurrent.decode
         if decode is not None and decode.num_valid is not None:

@@ -13,6 +13,7 @@ from refengine.drafters.base import (
     DrafterInputError,
     DraftInputs,
     HostDraftContext,
+    Proposal,
 )
 from refengine.drafters.mtp import MTPDrafter
 from refengine.drafters.ngram import NgramDrafter
@@ -46,4 +47,4 @@ def make_drafter(spec, vocab_size: int, max_model_len: int) -> Drafter | None:
 
 
 __all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "Drafter", "DrafterInputError",
-           "HostDraftContext", "MTPDrafter", "NgramDrafter", "ScriptedDrafter", "make_drafter"]
+           "HostDraftContext", "MTPDrafter", "NgramDrafter", "Proposal", "ScriptedDrafter", "make_drafter"]

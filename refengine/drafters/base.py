@@ -3,8 +3,9 @@
 A ``Drafter`` is the method's configuration (how many tokens it proposes, what it needs from the
 model and the caches). Each engine asks it for a proposer of its own kind:
 
-- ``host_proposer``: the reference engine's. After the engine committed a step, it sets the next
-  ``draft_token_ids`` of every request that sampled, reading plain request state.
+- ``host_proposer``: the reference engine's. After the engine committed a step, it returns the next
+  drafts of every request that sampled (a ``Proposal`` per row), reading plain request state; the
+  post-step writer (``refengine.postprocess``) writes them.
 - ``device_proposer``: the async engine's. It runs on the device timeline right after
   verification, from device-authoritative state only, and returns the next drafts
   (``DraftOutputs.drafts``; the runner writes those of the sampling rows into ``state.draft_tokens``);
@@ -101,9 +102,19 @@ class DraftOutputs:
     num_drafts: torch.Tensor | None = None  # [Np] int64 drafts proposed per sampling row (0..K); None: K each
 
 
+@dataclass
+class Proposal:
+    """What a host proposer returns for one row of a committed step (it writes nothing itself)."""
+
+    drafts: list[int] | None  # the request's next drafts; None: it gets none (finished, or did not sample)
+    input_ids: list[int]  # ids the drafter was fed for the row (for observer records)
+
+
 class HostProposer(Protocol):
-    def propose(self, rows: list, result: Any) -> None:
-        """Set ``draft_token_ids`` (and the rows' drafter records) after the engine committed a step."""
+    def propose(self, outcomes: list, result: Any) -> list[Proposal | None]:
+        """After the engine committed a step (``outcomes``: its ``refengine.postprocess.RowOutcome``s, the
+        runner's ``StepResult``): one proposal per row, None for a row it has nothing for. It reads the
+        committed requests and writes nothing; ``refengine.postprocess`` writes the drafts."""
 
 
 class DeviceProposer(Protocol):

@@ -19,6 +19,7 @@ from refengine.drafters.base import (
     DraftInputs,
     DraftOutputs,
     HostDraftContext,
+    Proposal,
     attn_shapes,
     check_vocab_ids,
 )
@@ -50,50 +51,47 @@ class MTPHostProposer:
     def __init__(self, ctx: HostDraftContext):
         self.ctx = ctx
 
-    def propose(self, rows: list, result) -> None:
+    def propose(self, outcomes: list, result) -> list[Proposal]:
         ctx, model = self.ctx, self.ctx.model
         dev, kv = ctx.device, ctx.caches.kv[MTP_CACHE_KEY]
-        ids, hid_rows, attn_rows, owners = [], [], [], []
-        for i, row in enumerate(rows):  # a request that finished too: its KV completes its last blocks
-            req = row.request
-            nc = result.num_computed_before[i]
+        ids, hid_rows, attn_rows = [], [], []
+        proposals = []
+        for i, o in enumerate(outcomes):  # a request that finished too: its KV completes its last blocks
+            req, nc = o.request, result.num_computed_before[i]
             # positions nc .. nc+kept-1 are now committed; a request that stopped inside the step knows the
             # next token of those before its last token only
-            kept = min(req.num_computed_tokens, req.num_tokens - 1) - nc
+            kept = min(nc + o.num_kept, req.num_tokens - 1) - nc
             nxt = req.all_token_ids[nc + 1: nc + kept + 1]  # the token after each kept position
             ids += nxt
             hid_rows += range(result.query_start[i], result.query_start[i] + kept)
             attn_rows.append((result.block_ids[i], list(range(nc, nc + kept)), nc + kept))
-            result.records[i].drafter_input_ids = list(nxt)
-            owners.append(i)
-        if not owners:
-            return
+            proposals.append(Proposal(None, list(nxt)))
+        if not outcomes:
+            return proposals
         positions = torch.tensor([p for _, pos, _ in attn_rows for p in pos], dtype=torch.int64, device=dev)
         mtp_hidden = model.mtp(torch.tensor(ids, dtype=torch.int64, device=dev), result.hidden[hid_rows],
                                positions, ctx.attn_metadata(attn_rows), kv)
         ends = torch.tensor([len(pos) for _, pos, _ in attn_rows], device=dev).cumsum(0) - 1
-        sampling = [j for j, i in enumerate(owners)
-                    if result.valid_tokens[i] is not None and not rows[i].request.is_finished]
+        sampling = [i for i, o in enumerate(outcomes) if o.tokens is not None and not o.request.is_finished]
         if not sampling:
-            return
+            return proposals
         hidden = mtp_hidden[ends[sampling]]
         drafts = [model.compute_logits(hidden).argmax(dim=-1)]
-        reqs = [rows[owners[j]].request for j in sampling]
+        rows = [(outcomes[i].request, result.num_computed_before[i] + outcomes[i].num_kept) for i in sampling]
         for step in range(1, ctx.num_speculative_tokens):
             prev = drafts[-1]
             chain = []
-            for r in reqs:
-                pos = r.num_computed_tokens + step - 1  # MTP row p pairs token p+1 with hidden p
+            for r, computed in rows:
+                pos = computed + step - 1  # MTP row p pairs token p+1 with hidden p
                 chain.append((r.block_ids, [pos], pos + 1))
             positions = torch.tensor([p[0] for _, p, _ in chain], dtype=torch.int64, device=dev)
             hidden = model.mtp(prev, hidden, positions, ctx.attn_metadata(chain), kv)
             drafts.append(model.compute_logits(hidden).argmax(dim=-1))
-            for j, token in zip(sampling, prev.tolist()):
-                result.records[owners[j]].drafter_input_ids.append(token)
-        table = torch.stack(drafts, dim=1).tolist()
-        for j, r, d in zip(sampling, reqs, table):
-            r.draft_token_ids = d
-            result.records[owners[j]].next_draft_token_ids = list(d)
+            for i, token in zip(sampling, prev.tolist()):
+                proposals[i].input_ids.append(token)
+        for i, d in zip(sampling, torch.stack(drafts, dim=1).tolist()):
+            proposals[i].drafts = d
+        return proposals
 
 
 class MTPDeviceProposer:

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from refengine.drafters.base import DeviceDraftContext, DraftInputs, DraftOutputs, HostDraftContext
+from refengine.drafters.base import (
+    DeviceDraftContext,
+    DraftInputs,
+    DraftOutputs,
+    HostDraftContext,
+    Proposal,
+)
 
 FILLER_TOKEN = 0  # what a draft column past a row's proposed drafts holds: an id in every vocabulary
 
@@ -131,13 +137,11 @@ class NgramHostProposer:
     def __init__(self, drafter: NgramDrafter):
         self.drafter = drafter
 
-    def propose(self, rows: list, result) -> None:
-        for row, rec, valid in zip(rows, result.records, result.valid_tokens):
-            req = row.request
-            if valid is not None and not req.is_finished:
-                rec.drafter_input_ids = [req.all_token_ids[-1]]
-                req.draft_token_ids = self.drafter.lookup(req.all_token_ids)
-                rec.next_draft_token_ids = list(req.draft_token_ids)
+    def propose(self, outcomes: list, result) -> list[Proposal | None]:
+        """Drafts for every row that sampled and still runs, from its committed tokens."""
+        return [Proposal(self.drafter.lookup(o.request.all_token_ids), [o.request.all_token_ids[-1]])
+                if o.tokens is not None and not o.request.is_finished else None
+                for o in outcomes]
 
 
 class NgramDeviceProposer:

@@ -28,6 +28,7 @@ from refengine.drafters.base import (
     DraftInputs,
     DraftOutputs,
     HostDraftContext,
+    Proposal,
 )
 
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
@@ -105,13 +106,11 @@ class ScriptedHostProposer:
             drafts.append(true if j < c else (true + 1) % d.vocab_size)
         return drafts
 
-    def propose(self, rows: list, result) -> None:
-        for row, rec, valid in zip(rows, result.records, result.valid_tokens):
-            req = row.request
-            if valid is not None and not req.is_finished:
-                rec.drafter_input_ids = [req.all_token_ids[-1]]
-                req.draft_token_ids = self.drafts_for(req)
-                rec.next_draft_token_ids = list(req.draft_token_ids)
+    def propose(self, outcomes: list, result) -> list[Proposal | None]:
+        """Drafts for every row that sampled and still runs, from its committed tokens."""
+        return [Proposal(self.drafts_for(o.request), [o.request.all_token_ids[-1]])
+                if o.tokens is not None and not o.request.is_finished else None
+                for o in outcomes]
 
 
 @dataclass

@@ -102,7 +102,7 @@ class GatedDeltaNet(nn.Module):
             )
         else:
             x = kernels.causal_conv1d_update(
-                x, weight, conv_state, qsl, slots, num_accepted_tokens=group.num_valid, activation="silu"
+                x, weight, conv_state, qsl, slots, num_valid=group.num_valid, activation="silu"
             )
         tg = x.shape[0]
         q, k, v = torch.split(x, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -124,7 +124,7 @@ class GatedDeltaNet(nn.Module):
                 q, k, v, g, beta, ssm_state, qsl, slots, has_initial_state=group.has_initial_state,
                 use_qk_l2norm=True,
             )
-        accepted = group.num_valid if slots.dim() == 2 else None
+        num_valid = group.num_valid if slots.dim() == 2 else None
         return kernels.fused_recurrent_gated_delta_rule(
-            q, k, v, g, beta, ssm_state, qsl, slots, num_accepted_tokens=accepted, use_qk_l2norm=True
+            q, k, v, g, beta, ssm_state, qsl, slots, num_valid=num_valid, use_qk_l2norm=True
         )

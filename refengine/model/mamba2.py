@@ -96,7 +96,7 @@ class Mamba2Mixer(nn.Module):
                                          bias=bias, activation="silu")
         else:
             h = kernels.causal_conv1d_update(h, weight, conv_state, qsl, slots, bias=bias, activation="silu",
-                                             num_accepted_tokens=group.num_valid)
+                                             num_valid=group.num_valid)
         tg, gn = h.shape[0], self.n_groups * self.state_size
         xs, b, c = torch.split(h, [self.inner, gn, gn], dim=-1)
         xs = xs.reshape(tg, self.num_heads, self.head_dim).contiguous()  # [Tg, Hm, P]
@@ -113,9 +113,9 @@ class Mamba2Mixer(nn.Module):
             y = kernels.selective_state_update(xs, dt, a, b, c, self.D, ssm_state, qsl, slots,
                                                has_initial_state=group.has_initial_state)
         else:
-            accepted = group.num_valid if slots.dim() == 2 else None
+            num_valid = group.num_valid if slots.dim() == 2 else None
             y = kernels.selective_state_update(xs, dt, a, b, c, self.D, ssm_state, qsl, slots,
-                                               num_accepted_tokens=accepted)
+                                               num_valid=num_valid)
         return y.reshape(tg, self.inner)
 
 

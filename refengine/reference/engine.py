@@ -1,5 +1,5 @@
-"""The reference engine: a step is schedule -> restore -> execute -> hold -> commit -> propose -> publish
--> release.
+"""The reference engine: a step is schedule -> restore -> execute -> hold -> postprocess (commit, propose)
+-> publish -> release.
 
 Synchronous and readable: the runner rebuilds every step's inputs from request state, so what
 this engine does defines correct behaviour for the async engine.
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from refengine.cache import ModelCaches
 from refengine.config import EngineConfig, torch_dtype
-from refengine.core import EngineCore, num_rejected
+from refengine.core import EngineCore
 from refengine.drafters import make_drafter
 from refengine.engine import Engine
 from refengine.outputs import StepRecord
+from refengine.postprocess import RowOutcome, postprocess
 from refengine.prefix_cache import Span
 from refengine.reference.runner import ReferenceRunner, StepResult
-from refengine.request import Request
-from refengine.scheduler import SchedulerOutput
 
 
 class ReferenceEngine(Engine):
@@ -56,12 +55,17 @@ class ReferenceEngine(Engine):
         for r in sched.restores:  # restore: a hit's checkpoint goes into s_0 before the step reads it
             self.caches.restore_checkpoint(r.checkpoint, r.slot)
         result = self.runner.execute(sched, record_digests=bool(core.observers))
-        spans = self._spans(sched, result) if prefix is not None else []
+        outcomes = [RowOutcome(row, valid, len(row.draft_token_ids) if rec.kind == "decode" else None)
+                    for row, valid, rec in zip(sched.rows, result.valid_tokens, result.records)]
+        spans = self._spans(outcomes, result) if prefix is not None else []
         if prefix is not None:
             prefix.hold(spans)
-        try:
-            core.finished(self._commit(sched, result))
-            self.runner.propose(sched, result)
+        try:  # commit -> propose, written by the one post-step writer
+            _, proposals = postprocess(core, outcomes, propose=lambda o: self.runner.propose(o, result))
+            for rec, p in zip(result.records, proposals):
+                if p is not None:
+                    rec.drafter_input_ids = list(p.input_ids)
+                    rec.next_draft_token_ids = [] if p.drafts is None else list(p.drafts)
             if prefix is not None:
                 self._publish(prefix, spans)
         finally:  # a fault publishes nothing more; recovery recomputes from the committed tokens
@@ -72,15 +76,11 @@ class ReferenceEngine(Engine):
         self._steps += 1
         return True
 
-    def _spans(self, sched: SchedulerOutput, result: StepResult) -> list[Span]:
-        """Each row's committed span: a prefill chunk keeps its query, a verify row ``num_valid`` tokens."""
-        spans = []
-        for row, valid, rec, start in zip(sched.rows, result.valid_tokens, result.records,
-                                          result.num_computed_before):
-            kept = row.num_tokens if valid is None else row.num_tokens - num_rejected(row, valid)
-            spans.append(Span(row.request, start, row.num_tokens, kept, rec.kind == "prefill",
-                              list(row.request.state_slots)))
-        return spans
+    def _spans(self, outcomes: list[RowOutcome], result: StepResult) -> list[Span]:
+        """Each row's committed span: a prefill chunk keeps its query, a verify row its kept tokens."""
+        return [Span(o.request, start, o.row.num_tokens, o.num_kept, rec.kind == "prefill",
+                     list(o.request.state_slots))
+                for o, rec, start in zip(outcomes, result.records, result.num_computed_before)]
 
     def _publish(self, prefix, spans: list[Span]) -> None:
         """Publish what the step committed; copy the state at each boundary it reached into a checkpoint."""
@@ -88,19 +88,3 @@ class ReferenceEngine(Engine):
             slot = prefix.checkpoints.reserve(c.key)
             if slot is not None:
                 self.caches.save_checkpoint(c.span.state_slots, c.column, slot)
-
-    def _commit(self, sched: SchedulerOutput, result: StepResult) -> list[Request]:
-        finished = []
-        for row, valid, rec in zip(sched.rows, result.valid_tokens, result.records):
-            req = row.request
-            if valid is None:  # a prompt chunk that does not reach the end: nothing sampled
-                req.num_computed_tokens += row.num_tokens
-                continue
-            req.num_computed_tokens += row.num_tokens - num_rejected(row, valid)
-            req.num_valid = len(valid)
-            req.draft_token_ids = []
-            if self.core.commit(
-                req, valid, num_drafts=len(row.draft_token_ids) if rec.kind == "decode" else None
-            ):
-                finished.append(req)
-        return finished

@@ -13,7 +13,7 @@ import torch
 
 import kernels
 from refengine.cache import ModelCaches
-from refengine.drafters import Drafter, HostDraftContext
+from refengine.drafters import Drafter, HostDraftContext, Proposal
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
 from refengine.outputs import RowRecord, logits_digest
 from refengine.scheduler import ScheduledRow, SchedulerOutput
@@ -189,7 +189,9 @@ class ReferenceRunner:
         return out
 
     # ---- drafting (after the engine committed the step) -----------------------------------------
-    def propose(self, sched: SchedulerOutput, result: StepResult) -> None:
-        """Set ``draft_token_ids`` of every row that sampled and is still running."""
-        if self.proposer is not None:
-            self.proposer.propose(sched.rows, result)
+    def propose(self, outcomes: list, result: StepResult) -> list[Proposal | None]:
+        """The next drafts of every row that sampled and is still running (``outcomes``: the step's
+        ``RowOutcome``s, committed); nothing is written here."""
+        if self.proposer is None:
+            return [None] * len(outcomes)
+        return self.proposer.propose(outcomes, result)

@@ -45,8 +45,8 @@ def test_mutants_are_instance_patches(model):
     )
     mutated = MutantAdapter(get_mutant("short-prompt-as-decode")).start(spec)
     clean = RefEngineAdapter("async", "full_and_piecewise").start(spec)
-    assert mutated.llm.engine.place is not clean.llm.engine.place
-    assert type(clean.llm.engine).place is not mutated.llm.engine.place
+    assert mutated.llm.engine.planner.place is not clean.llm.engine.planner.place
+    assert type(clean.llm.engine.planner).place is not mutated.llm.engine.planner.place
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,7 @@ def speculative(inputs: dict) -> None:
     reads slot 1 and writes slots 1, 0 (its last column is padding). Rows own distinct slots."""
     inputs["state_indices"] = torch.tensor([[2, 3, PAD_SLOT_ID], [PAD_SLOT_ID] * 3, [1, 0, PAD_SLOT_ID]],
                                            dtype=torch.int64)
-    inputs["num_accepted_tokens"] = torch.tensor([2, 1, 1], dtype=torch.int64)
+    inputs["num_valid"] = torch.tensor([2, 1, 1], dtype=torch.int64)
     inputs["has_initial_state"] = None
 
 
@@ -128,13 +128,13 @@ def slot_rows(base: Callable[[], dict], accepted: Callable[[Row], Row] = lambda 
 def speculative_rows(base: Callable[[], dict]) -> tuple[Row, ...]:
     """Rows on the speculative (2-D) state_indices the recurrent forms take."""
     return (
-        Row("speculative rows: 2-D int64 state_indices, int64 num_accepted_tokens",
+        Row("speculative rows: 2-D int64 state_indices, int64 num_valid",
             variant(base, speculative)),
-        Row("no accepted counts with 2-D state_indices", variant(base, speculative, num_accepted_tokens=None),
-            "num_accepted_tokens must be an int32 or int64 tensor of shape [N] with 2-D state_indices"),
+        Row("no accepted counts with 2-D state_indices", variant(base, speculative, num_valid=None),
+            "num_valid must be an int32 or int64 tensor of shape [N] with 2-D state_indices"),
         Row("accepted counts with 1-D state_indices",
-            variant(base, num_accepted_tokens=torch.ones(3, dtype=torch.int32)),
-            "num_accepted_tokens must be None with 1-D state_indices"),
+            variant(base, num_valid=torch.ones(3, dtype=torch.int32)),
+            "num_valid must be None with 1-D state_indices"),
     )
 
 
@@ -302,7 +302,7 @@ def conv_update_base() -> dict:
         "query_start_loc": torch.tensor([0, 1, 1, 4], dtype=torch.int32),
         "state_indices": torch.tensor([[2, 3, PAD_SLOT_ID], [0, PAD_SLOT_ID, PAD_SLOT_ID], [1, 0, 3]],
                                       dtype=torch.int32),
-        "num_accepted_tokens": torch.tensor([2, 1, 3], dtype=torch.int32),
+        "num_valid": torch.tensor([2, 1, 3], dtype=torch.int32),
     }
 
 
@@ -310,11 +310,11 @@ CONV_UPDATE_ROWS = conv_common_rows(conv_update_base, "query_start_loc") + (
     Row("a bias", variant(conv_update_base, with_bias)),
     Row("an integer bias", variant(conv_update_base, with_bias, bias=lambda b: b.int()),
         "causal_conv1d_update: bias must be None or a float32"),
-    Row("int64 num_accepted_tokens", variant(conv_update_base, num_accepted_tokens=long)),
+    Row("int64 num_valid", variant(conv_update_base, num_valid=long)),
     Row("1-D state_indices", variant(conv_update_base, state_indices=lambda x: x[:, 0])),
-    Row("no num_accepted_tokens", variant(conv_update_base, num_accepted_tokens=None)),
-    Row("float num_accepted_tokens", variant(conv_update_base, num_accepted_tokens=lambda x: x.float()),
-        "num_accepted_tokens must be None or an int32 or int64 tensor of shape [N] = [3]"),
+    Row("no num_valid", variant(conv_update_base, num_valid=None)),
+    Row("float num_valid", variant(conv_update_base, num_valid=lambda x: x.float()),
+        "num_valid must be None or an int32 or int64 tensor of shape [N] = [3]"),
     Row("3-D state_indices", variant(conv_update_base, state_indices=lambda x: x[:, :, None]),
         "state_indices must be an int32 or int64 tensor of shape [N] = [3] or [N, K+1] = [3, *]"),
 )

@@ -67,7 +67,7 @@ def test_update_window_contract_exact(backend, accepted, length):
     x, weight = int_tensor(length, channels), int_tensor(channels, width)
     idx = torch.tensor([[0, PAD_SLOT_ID, PAD_SLOT_ID, PAD_SLOT_ID]], dtype=torch.int32)
     out = causal_conv1d_update(x, weight, state, cu_of([length]), idx,
-                               num_accepted_tokens=torch.tensor([accepted], dtype=torch.int32),
+                               num_valid=torch.tensor([accepted], dtype=torch.int32),
                                activation=None, backend=backend)
     window = before[0, :, accepted - 1:accepted - 1 + width - 1]
     expect, full = manual_conv(window, x, weight)
@@ -94,7 +94,7 @@ def test_spec_continuation_matches_fresh_prefill(backend, accepted):
     causal_conv1d_fn(history, weight, state, cu_of([5]), idx, torch.tensor([False]), backend=backend)
     causal_conv1d_update(drafts, weight, state, cu_of([k_spec + 1]), idx, backend=backend)
     a = torch.tensor([accepted], dtype=torch.int32)
-    out = causal_conv1d_update(nxt, weight, state, cu_of([2]), idx, num_accepted_tokens=a, backend=backend)
+    out = causal_conv1d_update(nxt, weight, state, cu_of([2]), idx, num_valid=a, backend=backend)
     seq = torch.cat([history, drafts[:accepted], nxt])
     fresh_state = torch.zeros(1, channels, width - 1 + k_spec)
     fresh = causal_conv1d_fn(seq, weight, fresh_state, cu_of([len(seq)]), idx, torch.tensor([False]),
@@ -117,7 +117,7 @@ def test_prefill_and_update_forms_bitwise_equal(backend, accepted):
     idx = torch.tensor([0], dtype=torch.int32)
     o_fn = causal_conv1d_fn(x, weight, s_fn, cu_of([length]), idx, torch.tensor([True]), backend=backend)
     a = torch.tensor([accepted], dtype=torch.int32)
-    o_up = causal_conv1d_update(x, weight, s_up, cu_of([length]), idx, num_accepted_tokens=a, backend=backend)
+    o_up = causal_conv1d_update(x, weight, s_up, cu_of([length]), idx, num_valid=a, backend=backend)
     assert torch.equal(o_fn, o_up)
 
 
@@ -176,7 +176,7 @@ def test_update_triton_matches_reference(lens, channels, width, k_spec):
     state = torch.full((n + 2, channels, width - 1 + k_spec), HUGE)
     state[idx[1:, 0].long()] = torch.randn(n - 1, channels, width - 1 + k_spec)
     states = {b: state.clone() for b in ("torch", "triton")}
-    outs = {b: causal_conv1d_update(x, weight, states[b], cu_of(lens), idx, num_accepted_tokens=accepted,
+    outs = {b: causal_conv1d_update(x, weight, states[b], cu_of(lens), idx, num_valid=accepted,
                                     backend=b) for b in states}
     assert_close("out", outs["torch"], outs["triton"], RATIO)
     assert torch.equal(outs["triton"][:lens[0]], torch.zeros(lens[0], channels))
@@ -209,7 +209,7 @@ def test_batch_invariance(backend, form):
         xs = x[int(cu[rows.start]):int(cu[rows.stop])]
         if form == "fn":
             return causal_conv1d_fn(xs, weight, st, sub_cu, idx[rows], has_init[rows], backend=backend)
-        return causal_conv1d_update(xs, weight, st, sub_cu, idx[rows], num_accepted_tokens=accepted[rows],
+        return causal_conv1d_update(xs, weight, st, sub_cu, idx[rows], num_valid=accepted[rows],
                                     backend=backend)
 
     s_batch, s_alone = state.clone(), state.clone()
@@ -259,10 +259,10 @@ def test_reference_update_batch_invariance_large_batch():
     accepted = torch.randint(1, k_spec + 2, (rows,), dtype=torch.int32)
     state = torch.randn(rows, channels, width - 1 + k_spec)
     s_batch, s_alone = state.clone(), state.clone()
-    out = causal_conv1d_update(x, weight, s_batch, cu, idx, num_accepted_tokens=accepted, backend="torch")
+    out = causal_conv1d_update(x, weight, s_batch, cu, idx, num_valid=accepted, backend="torch")
     tok = slice(int(cu[target]), int(cu[target + 1]))
     alone = causal_conv1d_update(x[tok], weight, s_alone, cu_of([3]), idx[target:target + 1],
-                                 num_accepted_tokens=accepted[target:target + 1], backend="torch")
+                                 num_valid=accepted[target:target + 1], backend="torch")
     assert torch.equal(out[tok], alone)
     assert torch.equal(s_batch[slot], s_alone[slot])
 
@@ -286,7 +286,7 @@ def test_bias_exact(backend, form):
             return causal_conv1d_fn(x, weight, s, cu_of([length]), idx, torch.tensor([True]), bias=b,
                                     activation=None, backend=backend)
         return causal_conv1d_update(x, weight, s, cu_of([length]), idx,
-                                    num_accepted_tokens=torch.tensor([accepted], dtype=torch.int32), bias=b,
+                                    num_valid=torch.tensor([accepted], dtype=torch.int32), bias=b,
                                     activation=None, backend=backend)
 
     out = run(state, bias)

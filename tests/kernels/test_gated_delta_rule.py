@@ -99,7 +99,7 @@ def test_recurrent_spec_triton_matches_reference(lens, k_spec, hk, hv, dk, dv):
     accepted = torch.randint(1, k_spec + 2, (n,), dtype=torch.int32)
     pool = make_pool(n * (k_spec + 1) + 3, (hv, dk, dv), idx[idx >= 0].tolist())
     pools = {b: pool.clone() for b in ("torch", "triton")}
-    outs = {b: recurrent(q, k, v, g, beta, pools[b], cu, idx, num_accepted_tokens=accepted, backend=b)
+    outs = {b: recurrent(q, k, v, g, beta, pools[b], cu, idx, num_valid=accepted, backend=b)
             for b in pools}
     assert_close("o", outs["torch"], outs["triton"], RECURRENT_RATIO)
     assert_close("states", pools["torch"][idx[idx >= 0].long()], pools["triton"][idx[idx >= 0].long()],
@@ -241,7 +241,7 @@ def test_batch_invariance(backend, op):
         args = (q[tok], k[tok], v[tok], g[tok], beta[tok], p, c, i)
         if op == "chunk":
             return chunk(*args, h, chunk_size=16, backend=backend)
-        kw = {"num_accepted_tokens": a} if op == "spec" else {}
+        kw = {"num_valid": a} if op == "spec" else {}
         return recurrent(*args, has_initial_state=h, backend=backend, **kw)
 
     assert_batch_invariant(run, cu, target, pool, idx, accepted, has_init)
@@ -261,9 +261,9 @@ def test_spec_continuation_matches_fresh_run(backend):
         pool = base.clone()
         # Step 1 verifies K+1 tokens from slot 0; step 2 keeps the first a of them.
         recurrent(q[draft], k[draft], v[draft], g[draft], beta[draft], pool, cu, cols,
-                  num_accepted_tokens=torch.tensor([1], dtype=torch.int32), backend=backend)
+                  num_valid=torch.tensor([1], dtype=torch.int32), backend=backend)
         o_cont = recurrent(q[nxt], k[nxt], v[nxt], g[nxt], beta[nxt], pool, cu, cols,
-                           num_accepted_tokens=torch.tensor([a], dtype=torch.int32), backend=backend)
+                           num_valid=torch.tensor([a], dtype=torch.int32), backend=backend)
         fresh_pool = base.clone()
         tok = torch.cat([torch.arange(a), torch.arange(k_spec + 1, 2 * (k_spec + 1))])
         fresh_cu = torch.tensor([0, a + k_spec + 1], dtype=torch.int32)
@@ -323,11 +323,11 @@ def test_reference_batch_invariance_large_batch(spec):
     accepted = torch.randint(1, k_spec + 2, (rows,), dtype=torch.int32) if spec else None
     pool = make_pool(rows * cols, (hv, d, d), range(rows * cols))
     batch_pool, alone_pool = pool.clone(), pool.clone()
-    o_batch = recurrent(q, k, v, g, beta, batch_pool, cu, idx, num_accepted_tokens=accepted, backend="torch")
+    o_batch = recurrent(q, k, v, g, beta, batch_pool, cu, idx, num_valid=accepted, backend="torch")
     one = slice(target, target + 1)
     tok, one_cu = rows_of(cu, one)
     o_alone = recurrent(q[tok], k[tok], v[tok], g[tok], beta[tok], alone_pool, one_cu, idx[one],
-                        num_accepted_tokens=None if accepted is None else accepted[one], backend="torch")
+                        num_valid=None if accepted is None else accepted[one], backend="torch")
     assert_row_alone_matches_batch(cu, target, idx, o_batch, o_alone, batch_pool, alone_pool)
 
 

@@ -152,7 +152,7 @@ def test_recurrent_spec_triton_matches_reference():
     accepted = torch.tensor([1, 4, 2, 1, 3], dtype=torch.int32)
     pool = make_pool(num_slots + 3, (h, p, n), idx[idx >= 0].tolist())
     pools = {be: pool.clone() for be in ("torch", "triton")}
-    ys = {be: recurrent(x, dt, a, b, c, d, pools[be], cu, idx, num_accepted_tokens=accepted, backend=be)
+    ys = {be: recurrent(x, dt, a, b, c, d, pools[be], cu, idx, num_valid=accepted, backend=be)
           for be in pools}
     assert_close("y", ys["torch"], ys["triton"], RECURRENT_RATIO)
     live = idx[idx >= 0].long()
@@ -334,7 +334,7 @@ def test_batch_invariance(backend, op):
         args = (x[tok], dt[tok], a, b[tok], c[tok], d, pl, cuts, i)
         if op == "chunk":
             return chunk(*args, hi, start_positions=starts[sl], chunk_size=16, backend=backend)
-        kw = {"num_accepted_tokens": acc} if op == "spec" else {}
+        kw = {"num_valid": acc} if op == "spec" else {}
         return recurrent(*args, has_initial_state=hi, backend=backend, **kw)
 
     assert_batch_invariant(run, cu, target, pool, idx, accepted, has_init)
@@ -353,9 +353,9 @@ def test_spec_continuation_matches_fresh_run(backend):
     for acc in range(1, k_spec + 2):
         pool = base.clone()
         recurrent(x[draft], dt[draft], a, b[draft], c[draft], d, pool, cu, cols,
-                  num_accepted_tokens=torch.tensor([1], dtype=torch.int32), backend=backend)
+                  num_valid=torch.tensor([1], dtype=torch.int32), backend=backend)
         y_cont = recurrent(x[nxt], dt[nxt], a, b[nxt], c[nxt], d, pool, cu, cols,
-                           num_accepted_tokens=torch.tensor([acc], dtype=torch.int32), backend=backend)
+                           num_valid=torch.tensor([acc], dtype=torch.int32), backend=backend)
         fresh_pool = base.clone()
         tok = torch.cat([torch.arange(acc), torch.arange(k_spec + 1, 2 * (k_spec + 1))])
         y_fresh = recurrent(x[tok], dt[tok], a, b[tok], c[tok], d, fresh_pool,
@@ -407,11 +407,11 @@ def test_reference_batch_invariance_large_batch(spec):
     accepted = torch.randint(1, k_spec + 2, (rows,), dtype=torch.int32) if spec else None
     pool = make_pool(rows * cols, (h, p, n), range(rows * cols))
     batch_pool, alone_pool = pool.clone(), pool.clone()
-    y_batch = recurrent(x, dt, a, b, c, d, batch_pool, cu, idx, num_accepted_tokens=accepted, backend="torch")
+    y_batch = recurrent(x, dt, a, b, c, d, batch_pool, cu, idx, num_valid=accepted, backend="torch")
     one = slice(target, target + 1)
     tok, one_cu = rows_of(cu, one)
     y_alone = recurrent(x[tok], dt[tok], a, b[tok], c[tok], d, alone_pool, one_cu, idx[one],
-                        num_accepted_tokens=None if accepted is None else accepted[one], backend="torch")
+                        num_valid=None if accepted is None else accepted[one], backend="torch")
     assert_row_alone_matches_batch(cu, target, idx, y_batch, y_alone, batch_pool, alone_pool)
 
 

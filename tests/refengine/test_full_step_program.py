@@ -167,9 +167,9 @@ def test_padding_rows_touch_nothing_a_request_can_read():
         v_cache[sink].fill_(float("nan"))
     build = engine.builder.build
 
-    def build_and_look(t, shape):
-        attn, recurrent = build(t, shape)
-        pad = t.idx_mapping < 0
+    def build_and_look(shape, rows, *tables):
+        attn, recurrent = build(shape, rows, *tables)
+        pad = rows.idx < 0
         if bool(pad.any()):
             padded.append(shape.num_reqs_padded - shape.num_reqs)
             assert bool((attn.block_table[pad] == sink).all()), (

@@ -84,7 +84,7 @@ def test_recurrent_vs_fla(rows, tokens, benchmark):
     _compare(
         f"recurrent {rows} rows x {tokens} tokens",
         lambda: fused_recurrent_gated_delta_rule(
-            q, k, v, g, beta, pool, cu, idx, num_accepted_tokens=accepted
+            q, k, v, g, beta, pool, cu, idx, num_valid=accepted
         ),
         lambda: fla_gdn.fused_recurrent_gated_delta_rule(
             fq,

@@ -32,7 +32,7 @@ def test_bench_recurrent(cuda_benchmark, backend, rows, spec_tokens):
     else:
         idx, accepted = torch.arange(rows, dtype=torch.int32, device="cuda"), None
     cuda_benchmark(lambda: fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, pool, cu, idx, num_accepted_tokens=accepted, backend=backend))
+        q, k, v, g, beta, pool, cu, idx, num_valid=accepted, backend=backend))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -55,5 +55,5 @@ def test_bench_conv_update(cuda_benchmark, backend):
     cu = torch.arange(0, rows * (spec_tokens + 1) + 1, spec_tokens + 1, dtype=torch.int32, device="cuda")
     idx = torch.arange(rows, dtype=torch.int32, device="cuda")
     accepted = torch.randint(1, spec_tokens + 2, (rows,), dtype=torch.int32, device="cuda")
-    cuda_benchmark(lambda: causal_conv1d_update(x, weight, state, cu, idx, num_accepted_tokens=accepted,
+    cuda_benchmark(lambda: causal_conv1d_update(x, weight, state, cu, idx, num_valid=accepted,
                                                    backend=backend))

@@ -1,0 +1,180 @@
+"""Planning an async step on the host: place the scheduled rows, stage the host inputs, and the plan.
+
+``StepPlanner.plan`` turns the scheduler's output into a ``StepPlan``: the rows placed in the persistent
+batch (decode rows first), the step's padded shape, the row table (``StepRows``) in a host buffer,
+the staged writes to persistent state (admissions, block-table growth, prefix-cache restores), and
+what prefix caching held for each row. Then it records the optimistic assumptions the scheduler
+plans the next step on (``optimistic.assume_accepted``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from refengine.async_engine.batch import PersistentBatch
+from refengine.async_engine.graphs import GraphDispatcher, StepShape
+from refengine.async_engine.inputs import StagedWrites, StepRows
+from refengine.async_engine.optimistic import AsyncRequest, assume_accepted
+from refengine.async_engine.state import DeviceState, RequestSlots
+from refengine.async_engine.stream import HostBuffer, Stream
+from refengine.request import Request
+from refengine.scheduler import ScheduledRow, SchedulerOutput
+
+
+@dataclass
+class StepPlan:
+    """One planned step: host bookkeeping for processing it, and what is staged for the device (``inputs``,
+    the row table, and ``writes``, the persistent-state writes before the program)."""
+
+    index: int
+    rows: list  # ScheduledRow, in batch order (decode rows first); n real rows
+    shape: StepShape
+    num_decode: int  # real decode rows (the first ``num_decode`` of ``rows``)
+    qsl: list[int]  # [n+1] host query_start_loc of the real rows
+    inputs: HostBuffer  # StepRows table [n, F]
+    slots: list[list[int]]  # per row: the request's recurrent slots s_0..s_K (snapshot, for records)
+    preempted: list[str] = field(default_factory=list)  # for records: preempted when this step was scheduled
+    resumed: list[str] = field(default_factory=list)  # for records: readmitted after a preemption
+    record: bool = False  # observers want this step's payload
+    writes: StagedWrites = field(default_factory=StagedWrites)  # persistent-state writes, one copy
+    drafter_admission: object = None  # what the drafter's proposer staged for the admitted rows, or None
+    prefix_rows: list = field(default_factory=list)  # per row: what prefix caching set aside (RowStage)
+
+
+
+def backup_token(req: Request, num_tokens: int) -> int:
+    """The token after a row's last position when it is a prompt token the host knows (else -1).
+
+    A prompt chunk that does not reach the end of the prompt samples nothing; the drafter pairs its
+    last position with this next prompt token instead.
+    """
+    nxt = req.num_computed_tokens + num_tokens
+    known = len(req.prompt_token_ids) + len(req.output_token_ids)
+    return req.all_token_ids[nxt] if nxt < known else -1
+
+
+class StepPlanner:
+    """Builds each step's ``StepPlan`` (the host side of planning; the scheduler chose the rows)."""
+
+    def __init__(self, *, slots: RequestSlots, batch: PersistentBatch, graphs: GraphDispatcher,
+                 state: DeviceState, stream: Stream, prefix, proposer, stats, num_speculative_tokens: int,
+                 observed: Callable[[], bool]):
+        """``prefix``: the ``AsyncPrefixCache`` or None; ``proposer``: the drafter's device proposer or None;
+        ``observed``: whether observers want the step's payload."""
+        self.slots = slots
+        self.batch = batch
+        self.graphs = graphs
+        self.state = state
+        self.stream = stream
+        self.prefix = prefix
+        self.proposer = proposer
+        self.stats = stats
+        self.num_speculative_tokens = num_speculative_tokens
+        self.observed = observed
+        self.num_plans = 0
+
+    def place(self, sched: SchedulerOutput) -> tuple[list[ScheduledRow], int, list[AsyncRequest]]:
+        """Place the scheduled rows in the persistent batch: (rows, decode rows, admitted requests).
+
+        Rows come decode rows first. A decode row belongs to a request past its prompt (contract 2):
+        never judged by query length.
+        """
+        admitted = [row.request for row in sched.rows if row.request.idx < 0]
+        for req in admitted:
+            req.idx = self.slots.allocate()
+            self.batch.add(req)
+        moves = self.batch.num_moves
+        self.batch.condense()
+        self.batch.reorder()
+        self.stats.row_moves += self.batch.num_moves - moves
+        by_req = {id(r.request): r for r in sched.rows}
+        ordered = [by_req[id(q)] for q in self.batch.order(set(by_req))]
+        decode = [r for r in ordered if not r.request.is_prefilling]
+        return decode + [r for r in ordered if r.request.is_prefilling], len(decode), admitted
+
+    def plan(self, sched: SchedulerOutput) -> StepPlan:
+        """Place the scheduled rows and stage the step's host inputs: the row table and the writes to
+        persistent state (admissions, block-table growth, restores)."""
+        rows, num_decode, admitted = self.place(sched)
+        qsl = [0]
+        for row in rows:
+            qsl.append(qsl[-1] + row.num_tokens)
+        shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))],
+                                     [len(r.draft_token_ids) for r in rows])
+        # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
+        prefix_rows = self.prefix.stage(self.num_plans, rows) if self.prefix is not None else []
+        width = self.prefix.num_columns if self.prefix is not None else 0
+        inputs = HostBuffer("step-inputs", self.stream, (len(rows), StepRows.width(width)), torch.int64)
+        inputs.write(
+            StepRows.pack(
+                [
+                    {
+                        "idx": r.request.idx,
+                        "query_len": r.num_tokens,
+                        "is_decode": i < num_decode,
+                        "has_initial_state": r.request.has_initial_state,
+                        "is_sampling": r.samples,
+                        "num_draft_positions": len(r.draft_token_ids),
+                        "backup_token": backup_token(r.request, r.num_tokens),
+                        "checkpoint_slots": prefix_rows[i].held if prefix_rows else [],
+                    }
+                    for i, r in enumerate(rows)
+                ]
+            )
+        )
+        proposer = self.proposer
+        plan = StepPlan(
+            self.num_plans,
+            rows,
+            shape,
+            num_decode,
+            qsl,
+            inputs,
+            [list(r.request.state_slots) for r in rows],
+            list(sched.preempted),
+            list(sched.resumed),
+            record=self.observed(),
+            writes=self._writes(sched, rows, admitted),
+            drafter_admission=proposer.stage(admitted) if proposer is not None and admitted else None,
+            prefix_rows=prefix_rows,
+        )
+        self.num_plans += 1
+        for row in rows:
+            assume_accepted(row, self.num_speculative_tokens)
+        mode = shape.mode.value
+        self.stats.graph_steps[mode] = self.stats.graph_steps.get(mode, 0) + 1
+        return plan
+
+    def _writes(self, sched: SchedulerOutput, rows: list[ScheduledRow],
+                admitted: list[AsyncRequest]) -> StagedWrites:
+        """The step's writes to persistent state: admitted rows, grown block-table rows, restores of hits."""
+        w = StagedWrites()
+        if admitted:
+            width = self.state.token_ids.shape[1]
+            tokens = torch.full((len(admitted), width), -1, dtype=torch.int64)
+            for i, req in enumerate(admitted):
+                ids = req.prompt_token_ids + req.output_token_ids
+                tokens[i, : len(ids)] = torch.tensor(ids)
+            i32 = {"dtype": torch.int32}
+            w.add("admit.idx", torch.tensor([r.idx for r in admitted]))  # [n] request slots
+            w.add("admit.token_rows", tokens)  # [n, L] committed tokens, then -1
+            w.add("admit.num_tokens", torch.tensor([r.num_tokens for r in admitted], **i32))  # [n]
+            w.add("admit.num_prompt", torch.tensor([len(r.prompt_token_ids) for r in admitted], **i32))  # [n]
+            w.add("admit.slots", torch.tensor([r.state_slots for r in admitted], **i32))  # [n, K+1]
+            # [n] tokens a prefix-cache hit serves (0 without one)
+            w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
+        grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
+        if grown:
+            table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,
+                               dtype=torch.int32)
+            for i, req in enumerate(grown):
+                table[i, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
+                req.num_staged_blocks = len(req.block_ids)
+            w.add("blocks.idx", torch.tensor([r.idx for r in grown]))  # [m] request slots
+            w.add("blocks.rows", table)  # [m, B] block ids, the sink block past the request's own
+        if sched.restores:  # [h, 2] (checkpoint slot, s_0) per request admitted on a hit
+            w.add("restores", torch.tensor([(r.checkpoint, r.slot) for r in sched.restores]))
+        return w

@@ -1,0 +1,101 @@
+"""After a step: the one place a request's state is written, for both engines.
+
+A step's verifier output comes back as one ``RowOutcome`` per scheduled row; ``postprocess`` turns
+the outcomes into request state, in this order, for every row:
+
+    undo     the engine's own assumptions about the row (the async host counted every scheduled token
+             as computed at planning; the reference assumes nothing)
+    commit   the positions the row kept become computed; a sampling row's kept-token count (bonus
+             included) is recorded, its acceptance counted, and its tokens appended one at a time
+             until a stop rule finishes the request
+    propose  (reference engine) the drafter reads the committed requests and returns the next drafts
+             of every row that sampled and still runs; they are written here, never by the drafter (the
+             async engine's drafts stay on the device; its host holds placeholders, set at planning)
+
+Drafters, runners and the scheduler read request state; what a step changes is written here.
+Request state the coming per-request parameters need (penalty counts, stop-string windows, ...)
+advances here too, with the kept tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from refengine.drafters.base import Proposal
+from refengine.request import Request, RequestStatus
+from refengine.scheduler import ScheduledRow
+
+
+@dataclass
+class RowOutcome:
+    """One row of a processed step, as its engine's verifier reported it."""
+
+    row: ScheduledRow
+    tokens: list[int] | None  # kept tokens, bonus included (1 <= len <= 1 + drafts); None: a prompt chunk
+    #                           that sampled nothing
+    num_drafts: int | None  # drafts the row verified (a decode row: 0..K); None for a prefill row
+
+    @property
+    def request(self) -> Request:
+        return self.row.request
+
+    @property
+    def num_rejected(self) -> int:
+        """Draft positions of the row the verifier did not keep (0 for a row that sampled nothing)."""
+        if self.tokens is None:
+            return 0
+        return len(self.row.draft_token_ids) - (len(self.tokens) - 1)
+
+    @property
+    def num_kept(self) -> int:
+        """Positions of the row now committed: a prompt chunk's whole query, a verify row's kept tokens."""
+        return self.row.num_tokens - self.num_rejected
+
+
+def postprocess(
+    core,
+    outcomes: list[RowOutcome],
+    *,
+    undo: Callable[[RowOutcome], None] | None = None,
+    propose: Callable[[list[RowOutcome]], list[Proposal | None]] | None = None,
+) -> tuple[list[Request], list[Proposal | None]]:
+    """Write what a step changed into its requests; (the requests it finished, the proposals made).
+
+    ``core``: the engine's ``EngineCore`` (stop rules, the scheduler that frees a finished request's
+    pools). ``undo``: the engine's correction of its own planning assumptions, run first for each row
+    of a running request. ``propose``: the host drafter, called once every row is committed.
+    """
+    finished = []
+    for o in outcomes:
+        req = o.request
+        if req.is_finished:  # work scheduled for a request that finished meanwhile: nothing to write
+            continue
+        if req.status is RequestStatus.RUNNING:  # a preempted one restarts from its committed tokens
+            if undo is not None:
+                undo(o)
+            req.num_computed_tokens += o.num_kept
+            if o.tokens is not None:
+                req.num_valid = len(o.tokens)
+        if o.tokens is None:
+            continue
+        if o.num_drafts is not None and core.config.speculative.enabled:
+            req.num_verify_steps += 1
+            req.num_draft_tokens += o.num_drafts
+            req.num_accepted_tokens += len(o.tokens) - 1
+            req.acceptance.append((o.num_drafts, len(o.tokens) - 1))
+        for token in o.tokens:  # one at a time: nothing past a stop is appended
+            req.output_token_ids.append(token)
+            reason = core.stop_reason(req, token)
+            if reason is not None:
+                core.finish(req, reason)
+                finished.append(req)
+                break
+    proposals: list[Proposal | None] = [None] * len(outcomes)
+    if propose is not None:
+        proposals = propose(outcomes)
+        for o, p in zip(outcomes, proposals):
+            if o.tokens is not None and not o.request.is_finished:  # the drafts it had are verified
+                o.request.draft_token_ids = [] if p is None or p.drafts is None else list(p.drafts)
+    core.finished(finished)
+    return finished, proposals
