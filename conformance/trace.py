@@ -38,7 +38,7 @@ class StepTrace:
     index: int
     graph_mode: str  # "none" | "piecewise" | "full"
     num_reqs_padded: int | None
-    gdn_metadata_shapes: dict[str, list[int]]  # "group.field" -> shape
+    metadata_shapes: dict[str, list[int]]  # "group.field" -> shape
     preempted: list[str]
     rows: list[RowTrace]
 
@@ -168,14 +168,14 @@ class Recorder:
             for r in get(record, "rows", [])
         ]
         shapes = {
-            k: [int(x) for x in v] for k, v in sorted(dict(get(record, "gdn_metadata_shapes", {})).items())
+            k: [int(x) for x in v] for k, v in sorted(dict(get(record, "metadata_shapes", {})).items())
         }
         self.trace.steps.append(
             StepTrace(
                 index=rows[0].step if rows else int(get(record, "step_index", len(self.trace.steps))),
                 graph_mode=get(record, "graph_mode", "none"),
                 num_reqs_padded=get(record, "num_reqs_padded", None),
-                gdn_metadata_shapes=shapes,
+                metadata_shapes=shapes,
                 preempted=list(get(record, "preempted", [])),
                 rows=rows,
             )

@@ -33,7 +33,7 @@ class RowRecord:
     query_len: int
     input_ids: list[int]
     positions: list[int]
-    state_slot_read: int | None  # GDN slot the initial state came from; None for a zero state
+    state_slot_read: int | None  # recurrent state slot the initial state came from; None for a zero state
     state_offset: int  # column of the request's slots read (num_accepted - 1); 0 for prefill rows
     draft_token_ids: list[int]  # drafts verified in this step
     output_token_ids: list[int] | None  # verifier output (valid tokens), None for a partial prefill
@@ -51,7 +51,8 @@ class StepRecord:
     preempted: list[str] = field(default_factory=list)  # requests preempted when this step was scheduled
     graph_mode: str = "none"  # graph mode the step ran in: "none" | "piecewise" | "full"
     num_reqs_padded: int | None = None  # rows the step's per-request tensors were sized for (graph padding)
-    gdn_metadata_shapes: dict = field(default_factory=dict)  # "group.field" -> shape of each GDN tensor
+    # "group.field" -> shape of each per-request tensor handed to the recurrent and attention kernels
+    metadata_shapes: dict = field(default_factory=dict)
     resumed: list[str] = field(default_factory=list)  # requests readmitted after a preemption in this step
 
 

@@ -55,7 +55,7 @@ def _runs(c: CheckInputs) -> CheckResult:
 
 
 def check_full_graph_metadata(test: Trace) -> CheckResult:
-    """In FULL-graph steps every per-request GDN tensor is sized by the padded request count."""
+    """In FULL-graph steps every per-request metadata tensor is sized by the padded request count."""
     name = "full-graph-metadata"
     full = [s for s in test.steps if s.graph_mode == "full"]
     if not full:
@@ -66,21 +66,21 @@ def check_full_graph_metadata(test: Trace) -> CheckResult:
             rows = len(step.rows)
             return failed(name, f"engine step {step.index}: {problem}",
                           f"engine step {step.index} replayed a FULL graph for {rows} request(s) padded to "
-                          f"{step.num_reqs_padded}, but {problem}\n  GDN metadata shapes: "
-                          + ", ".join(f"{k}={tuple(v)}" for k, v in step.gdn_metadata_shapes.items())
+                          f"{step.num_reqs_padded}, but {problem}\n  metadata shapes: "
+                          + ", ".join(f"{k}={tuple(v)}" for k, v in step.metadata_shapes.items())
                           + f"\n  query lengths: {[r.query_len for r in step.rows]}",
                           step.rows[0].request_id if step.rows else None, step=step.index,
-                          num_reqs_padded=step.num_reqs_padded, shapes=step.gdn_metadata_shapes)
+                          num_reqs_padded=step.num_reqs_padded, shapes=step.metadata_shapes)
     return passed(name, f"{len(full)} FULL-graph steps sized by their padded request count")
 
 
 @check(
     "full-graph-metadata",
     reads=("test",),
-    needs=("rows", "graph_mode", "num_reqs_padded", "gdn_metadata_shapes"),
+    needs=("rows", "graph_mode", "num_reqs_padded", "metadata_shapes"),
     passes_when=(
-        "in FULL-graph steps every per-request GDN tensor has `num_reqs_padded` rows, `query_start_loc` has "
-        "`num_reqs_padded + 1`"
+        "in FULL-graph steps every per-request metadata tensor has `num_reqs_padded` rows, "
+        "`query_start_loc` has `num_reqs_padded + 1`"
     ),
 )
 def _full_graph_metadata(c: CheckInputs) -> CheckResult:
@@ -93,7 +93,7 @@ def _full_step_problem(step: StepTrace) -> str | None:
         return "the step did not report its padded request count"
     if padded < len(step.rows):
         return f"the padded request count {padded} is below the {len(step.rows)} scheduled rows"
-    for key, shape in step.gdn_metadata_shapes.items():
+    for key, shape in step.metadata_shapes.items():
         field = key.partition(".")[2]
         want = padded + 1 if field == OFFSETS_FIELD else padded if field in PER_REQUEST_FIELDS else None
         if want is not None and (not shape or shape[0] != want):
@@ -211,7 +211,7 @@ def _id_range(c: CheckInputs) -> CheckResult:
 
 
 def check_state_slots(test: Trace) -> CheckResult:
-    """No two requests in one step read the same GDN state slot."""
+    """No two requests in one step read the same recurrent state slot."""
     name = "state-slots"
     if not test.steps:
         return not_applicable(name, "no step records to inspect")
@@ -238,7 +238,7 @@ def check_state_slots(test: Trace) -> CheckResult:
     "state-slots",
     reads=("test",),
     needs=("rows", "state_slot_read"),
-    passes_when="no two requests read the same GDN state slot in one step",
+    passes_when="no two requests read the same recurrent state slot in one step",
 )
 def _state_slots(c: CheckInputs) -> CheckResult:
     return check_state_slots(c.test)

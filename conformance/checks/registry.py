@@ -2,7 +2,7 @@
 needs of the engine under test, and what it asserts (its row of conformance/README.md's table).
 
     @check("state-slots", reads=("test",), needs=("rows", "state_slot_read"),
-           passes_when="no two requests read the same GDN state slot in one step")
+           passes_when="no two requests read the same recurrent state slot in one step")
     def _state_slots(c: CheckInputs) -> CheckResult:
         return check_state_slots(c.test)
 

@@ -704,7 +704,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "accepted-count-off-by-one",
         "own",
         "contract 1: the live state is s_{a-1}",
-        "the GDN kernels read the state slot one past the live one",
+        "the recurrent kernels read the state slot one past the live one",
         _accepted_off_by_one,
         scenarios=("mtp-k3", "scripted-ragged-k3"),
     ),

@@ -72,7 +72,7 @@ class ReferenceEngine(Engine):
             if prefix is not None:
                 prefix.release(spans)
         core.record(StepRecord(self._steps, result.records, list(sched.preempted), "none", len(sched.rows),
-                               result.gdn_shapes, list(sched.resumed)))
+                               result.metadata_shapes, list(sched.resumed)))
         self._steps += 1
         return True
 

@@ -30,11 +30,11 @@ class StepResult:
     num_computed_before: list[int]  # per row: num_computed_tokens when the step was scheduled
     block_ids: list[list[int]]  # per row: the request's KV blocks during the step (a request that finishes
     #                             in it gives them back, but the step's protocol holds them until published)
-    gdn_shapes: dict = field(default_factory=dict)
+    metadata_shapes: dict = field(default_factory=dict)
 
 
 class _GroupBuilder:
-    """Collects the rows of one GDN group with plain lists."""
+    """Collects the rows of one recurrent group (prefill or decode) with plain lists."""
 
     def __init__(self):
         self.token_indices: list[int] = []

@@ -73,7 +73,7 @@ def _make_full(step, padded: int, per_request: int, offsets: int):
     step.graph_mode = "full"
     step.num_reqs_padded = padded
     k1 = 4  # K+1 state slots per request
-    step.gdn_metadata_shapes = {
+    step.metadata_shapes = {
         "decode.query_start_loc": [offsets],
         "decode.state_indices": [per_request, k1],
         "decode.num_accepted_tokens": [per_request],

@@ -100,10 +100,10 @@ def check_records(records, k):
                 assert r.kind == "prefill" and not r.has_initial_state and r.state_slot_read is None
         if rec.graph_mode == "full":
             n = rec.num_reqs_padded
-            assert rec.gdn_metadata_shapes["decode.state_indices"][0] == n
-            assert rec.gdn_metadata_shapes["decode.query_start_loc"] == (n + 1,)
+            assert rec.metadata_shapes["decode.state_indices"][0] == n
+            assert rec.metadata_shapes["decode.query_start_loc"] == (n + 1,)
             if k:
-                assert rec.gdn_metadata_shapes["decode.num_valid"] == (n,)
+                assert rec.metadata_shapes["decode.num_valid"] == (n,)
 
 
 @pytest.mark.parametrize("graph_mode", ["none", "full_and_piecewise", *(

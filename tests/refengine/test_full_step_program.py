@@ -146,7 +146,7 @@ def test_full_step_records_the_drafter_metadata_sized_by_requests():
     full = [r for r in records if r.graph_mode == "full"]
     assert full
     for rec in full:
-        shapes, n_pad = rec.gdn_metadata_shapes, rec.num_reqs_padded
+        shapes, n_pad = rec.metadata_shapes, rec.num_reqs_padded
         assert shapes["drafter_chain.seq_lens"] == (n_pad,) and shapes["drafter_chain.query_start_loc"] == (
             n_pad + 1,
         )
