@@ -25,8 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from conformance.workloads import EngineSettings
 from refengine import SamplingParams
-from refengine.config import GRAPH_MODES
-from refengine.tools.cli import DEFAULT_ASYNC_GRAPH_MODE
+from refengine.config import DEFAULT_ASYNC_GRAPH_MODE, GRAPH_MODES
 
 # Features an adapter may support; the checks that need one are "n/a" without it.
 FEATURES = (
