@@ -23,34 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from conformance.features import (  # noqa: F401 (the feature names: defined apart, free of torch)
+    DRAFTER_FEATURES,
+    FEATURES,
+    REQUIRABLE_FEATURES,
+    SCENARIO_FEATURES,
+    missing_features,
+)
 from conformance.workloads import EngineSettings
 from refengine import SamplingParams
-from refengine.config import GRAPH_MODES
-from refengine.tools.cli import DEFAULT_ASYNC_GRAPH_MODE
+from refengine.config import DEFAULT_ASYNC_GRAPH_MODE, GRAPH_MODES
 
-# Features an adapter may support; the checks that need one are "n/a" without it.
-FEATURES = (
-    "step_records",  # calls the observer with StepRecords every step
-    "batch_invariant",  # a request's logits do not depend on its batch (logits digests are comparable)
-    "pools",  # can tell whether its KV-block and state-slot pools are empty
-    "mtp",  # drafts with the model's MTP head
-    "scripted_drafter",  # takes refengine's ScriptedDrafter
-    "ngram_drafter",  # drafts by n-gram prompt lookup (vLLM's "ngram", prompt_lookup_min/max): 0..K per step
-    "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode
-    # (reports num_cached_tokens)
-)
-# What a scenario may need of the engine under test (conformance.harness.needed_features): drafters,
-# prefix caching, and "abort" (the instance's optional ``abort(request_id)``, found on the instance).
-SCENARIO_FEATURES = ("mtp", "scripted_drafter", "ngram_drafter", "prefix_caching", "abort")
-# What a gate may require (--require-feature): every adapter feature, and "abort".
-REQUIRABLE_FEATURES = (*FEATURES, "abort")
-
-
-def missing_features(adapter, required) -> list[str]:
-    """The ``required`` features the adapter says it lacks ("abort" is known per instance only)."""
-    return [f for f in required if f != "abort" and not adapter.supports(f)]
-# The feature a scenario's drafter needs (EngineSettings.drafter -> FEATURES entry).
-DRAFTER_FEATURES = {"mtp": "mtp", "scripted": "scripted_drafter", "ngram": "ngram_drafter"}
 # refengine's engines that restore cached prefixes (both);
 # an adapter without the feature skips those scenarios.
 CACHING_ENGINES = ("reference", "async")

@@ -51,16 +51,17 @@ from pathlib import Path
 
 import pytest
 
+# Every pytest run of an environment holding the package loads this module: what it imports here is
+# free of torch, refengine and the mutants (tests/conformance/test_plugin.py holds it to that). The
+# engines, the harness, the checks and the model load in the fixtures and hooks of a conformance run.
 from conformance import session as settings  # (hooks take a parameter named session)
-from conformance.checks import CHECK_NAMES
-from conformance.engines import REQUIRABLE_FEATURES, missing_features
 from conformance.env import describe, environment
 from conformance.expectations import judge, unknown_entries
+from conformance.features import REQUIRABLE_FEATURES, missing_features
 from conformance.results import ScenarioResult
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
-from refengine.config import DTYPE_CHOICES
 
 SUITE_PATH = "conformance/suite/test_conformance.py"  # the shipped suite's test ids start with this
 SUITE_FILE = Path(__file__).resolve().parent / "suite" / "test_conformance.py"
@@ -265,10 +266,10 @@ def _check_options(config) -> None:
         raise pytest.UsageError(f"conformance: --conformance-require-feature {unknown[0]!r} is not a "
                                 f"feature; choose from {', '.join(REQUIRABLE_FEATURES)}")
     dtype = _dtype(config)
-    if dtype not in DTYPE_CHOICES:
+    if dtype != settings.DEFAULT_DTYPE and dtype not in _dtype_choices():
         where = "--conformance-dtype" if config.getoption("conformance_dtype") else f"${settings.ENV_DTYPE}"
         raise pytest.UsageError(
-            f"conformance: {where} must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}"
+            f"conformance: {where} must be one of {', '.join(_dtype_choices())}, got {dtype!r}"
         )
     mode = config.getoption("conformance_mamba_cache_mode")
     if mode is not None and mode not in MAMBA_CACHE_MODES:
@@ -281,7 +282,14 @@ def _check_options(config) -> None:
 
 
 def _dtype(config) -> str:
-    return settings.pick(config.getoption("conformance_dtype"), settings.ENV_DTYPE, "float32")
+    return settings.pick(config.getoption("conformance_dtype"), settings.ENV_DTYPE, settings.DEFAULT_DTYPE)
+
+
+def _dtype_choices() -> tuple[str, ...]:
+    """What LLM(dtype=...) takes: read from refengine (and torch) only for a run that names a dtype."""
+    from refengine.config import DTYPE_CHOICES
+
+    return DTYPE_CHOICES
 
 
 def pytest_sessionstart(session):
@@ -488,6 +496,7 @@ def conformance_result(request, conformance_scenario, conformance_case) -> Scena
 
 @pytest.fixture(scope="session")
 def conformance_expectations(pytestconfig, conformance_selection):
+    from conformance.checks import CHECK_NAMES
     from conformance.expectations import ExpectationError
 
     try:

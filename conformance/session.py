@@ -1,31 +1,40 @@
-"""Settings shared by the CLI and the pytest plugin: which engine, model, tier and device."""
+"""Settings shared by the CLI and the pytest plugin: which engine, model, tier and device.
+
+Importing it imports neither torch nor refengine (the pytest plugin reads its names in every pytest run
+of an environment holding the package): the engines, the harness and the model load when a selection
+is opened or checked."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from conformance.engines import EngineAdapter, UnknownEngine, load_engine
 from conformance.expectations import Expectations, expectations_file_for, load_expectations
-from conformance.harness import Case
-from conformance.model import preflight, run_dtype
-from conformance.mutants import MutantAdapter, get_mutant
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
-from refengine.config import DTYPE_CHOICES
+
+if TYPE_CHECKING:
+    from conformance.engines import EngineAdapter
+    from conformance.harness import Case
 
 DEFAULT_ENGINE = "async"  # the engine under test unless --engine / CONFORMANCE_ENGINE says otherwise
 ENV_ENGINE = "CONFORMANCE_ENGINE"
 ENV_MODEL = "CONFORMANCE_MODEL"
 ENV_DEVICE = "CONFORMANCE_DEVICE"
 ENV_DTYPE = "CONFORMANCE_DTYPE"
+DEFAULT_DTYPE = "float32"  # both engines' dtype unless --dtype / CONFORMANCE_DTYPE names one
 
 
 def resolve_engine(name: str) -> EngineAdapter:
     """Any engine name: those ``load_engine`` knows, and ``mutant:<id>`` (the async engine with one
     seed bug re-created, see ``conformance.mutants``)."""
+    from conformance.engines import UnknownEngine, load_engine
+
     if name.startswith("mutant:"):
+        from conformance.mutants import MutantAdapter, get_mutant
+
         try:
             return MutantAdapter(get_mutant(name.partition(":")[2]))
         except KeyError as e:
@@ -47,7 +56,7 @@ class Selection:
     tier: str = "default"
     device: str = "cpu"
     xfail_file: str | None = None  # None: the engine's packaged expectations file, if any
-    dtype: str = "float32"  # both engines; "auto": the checkpoint's own dtype
+    dtype: str = DEFAULT_DTYPE  # both engines; "auto": the checkpoint's own dtype
     enable_prefix_caching: bool = False  # every scenario with prefix caching for the engine under test
     mamba_cache_mode: str | None = None  # with it: "align" | "all" (None: each scenario's own, else align)
     step_timeout: float | None = DEFAULT_STEP_TIMEOUT  # seconds one engine call may take before it fails
@@ -55,6 +64,8 @@ class Selection:
     def __post_init__(self):
         if self.tier not in TIERS:
             raise ValueError(f"unknown tier {self.tier!r}; choose one of {', '.join(TIERS)}")
+        from refengine.config import DTYPE_CHOICES
+
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
@@ -68,6 +79,9 @@ class Selection:
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
+        from conformance.harness import Case
+        from conformance.model import preflight, run_dtype
+
         adapter = resolve_engine(self.engine)
         facts = preflight(self.model, self.device, self.dtype)
         return Case(

@@ -21,7 +21,7 @@ class RowTrace:
     num_computed_tokens: int  # before the step
     query_len: int
     state_slot_read: int | None  # None: zero initial state
-    state_offset: int  # column of the request's state slots read (num_accepted - 1)
+    state_offset: int  # state slot column read: the previous verify's num_valid - 1 (0 for prefill)
     input_ids: list[int]
     positions: list[int]
     draft_token_ids: list[int]  # drafts verified in this step

@@ -1,4 +1,5 @@
-"""A readable reference engine for hybrid Gated DeltaNet / attention models with MTP drafts."""
+"""A readable reference engine and an optimized async engine for hybrid recurrent / attention models with MTP
+drafts: Qwen3-Next / Qwen3.5 (Gated DeltaNet) and Nemotron-H (Mamba2)."""
 
 from refengine.config import ConfigError
 from refengine.llm import LLM

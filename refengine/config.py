@@ -75,6 +75,10 @@ class GraphMode(enum.StrEnum):
 
 
 GRAPH_MODES = tuple(m.value for m in GraphMode)
+# What "async" means wherever a command picks the graph mode for it (refengine generate and bench,
+# conformance's engine "async"): every step's program captured for uniform decode steps, the token
+# axis padded.
+DEFAULT_ASYNC_GRAPH_MODE = GraphMode.FULL_AND_PIECEWISE.value
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = (
     *DTYPES,

@@ -6,7 +6,7 @@ reads nothing else about the batch. Shapes: ``T`` tokens in the step, ``N`` rows
 including padding rows), ``K`` speculative tokens, ``S`` state slots.
 
 Two kinds of per-step metadata serve every mixer (see ``refengine.model.mixers``): paged
-attention reads ``AttnMetadata``; every recurrent mixer (GDN today, Mamba2 later) reads the same
+attention reads ``AttnMetadata``; every recurrent mixer (GDN and Mamba2) reads the same
 ``RecurrentMetadata``, its rows split into a prefill group and a decode group.
 """
 

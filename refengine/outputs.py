@@ -34,7 +34,10 @@ class RowRecord:
     input_ids: list[int]
     positions: list[int]
     state_slot_read: int | None  # recurrent state slot the initial state came from; None for a zero state
-    state_offset: int  # column of the request's slots read (num_accepted - 1); 0 for prefill rows
+    # column of the request's state slots read: num_valid - 1, num_valid being the tokens the previous
+    # verify step kept, bonus included (as handed to the recurrent kernels; refengine/README.md's glossary);
+    # 0 for prefill rows
+    state_offset: int
     draft_token_ids: list[int]  # drafts verified in this step
     output_token_ids: list[int] | None  # verifier output (valid tokens), None for a partial prefill
     num_accepted: int | None  # accepted drafts, None for a partial prefill

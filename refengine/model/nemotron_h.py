@@ -106,14 +106,16 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts (on the latent projection of x when the model has one) plus the shared expert on x."""
+    """Routed experts (on the latent projection of x when the model has one) plus the shared expert on x
+    (width Is x n_shared_experts, as vLLM builds it; none when n_shared_experts is 0)."""
 
     def __init__(self, cfg: NemotronHModelConfig) -> None:
         super().__init__()
         hidden = cfg.hidden_size
         self.gate = Router(cfg)
         self.experts = Experts(cfg.experts_width, cfg.n_routed_experts, cfg.moe_intermediate_size)
-        self.shared_experts = ReluSquaredMLP(hidden, cfg.moe_shared_expert_intermediate_size)
+        self.shared_experts = (ReluSquaredMLP(hidden, cfg.shared_expert_intermediate_size)
+                               if cfg.n_shared_experts else None)
         if cfg.moe_latent_size is not None:
             self.fc1_latent_proj = Linear(hidden, cfg.moe_latent_size)  # [Lt, H]
             self.fc2_latent_proj = Linear(cfg.moe_latent_size, hidden)  # [H, Lt]
@@ -126,7 +128,7 @@ class MoE(nn.Module):
         h = self.experts(h, topk_weights, topk_ids)
         if self.fc2_latent_proj is not None:
             h = self.fc2_latent_proj(h)
-        return h + self.shared_experts(x)
+        return h if self.shared_experts is None else h + self.shared_experts(x)
 
 
 # block kind -> (mixer class, reads the step's context)

@@ -52,6 +52,9 @@ class NemotronHModelConfig:
     num_experts_per_tok: int = 0  # top-k
     moe_intermediate_size: int = 0  # Ie
     moe_shared_expert_intermediate_size: int = 0  # Is
+    # shared experts per MoE block, read as vLLM reads it: one relu² MLP of width Is x n_shared_experts
+    # (0: none); transformers ignores the field and builds one of width Is
+    n_shared_experts: int = 1
     moe_latent_size: int | None = None  # Lt: the routed experts run in this width (None: H)
     n_group: int = 1  # expert groups of the grouped top-k
     topk_group: int = 1  # groups kept per token
@@ -59,6 +62,9 @@ class NemotronHModelConfig:
     routed_scaling_factor: float = 1.0
     model_type: str = MODEL_TYPE
     num_mtp_layers: int = 0  # 1 when the checkpoint holds mtp.* tensors (set by the loader), else 0
+    # MTP steps config.json records (transformers' default 0); vLLM builds its head only for 1, so a
+    # checkpoint with an MTP head and another count is refused by the loader (0: not recorded)
+    num_nextn_predict_layers: int = 0
     # block kinds of the MTP step (transformers' ``mtp_layers_block_type``; vLLM's
     # ``mtp_hybrid_override_pattern``), default attention then MoE
     mtp_block_kinds: list[str] = field(default_factory=lambda: [ATTENTION, MOE])
@@ -69,7 +75,7 @@ class NemotronHModelConfig:
                      "max_position_embeddings", "n_group", "topk_group"):
             _check_int(name, getattr(self, name), minimum=1)
         for name in ("intermediate_size", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-                     "moe_shared_expert_intermediate_size"):
+                     "moe_shared_expert_intermediate_size", "n_shared_experts"):
             _check_int(name, getattr(self, name), minimum=0)
         if not self.block_kinds:
             raise ValueError("layers_block_type: the model has no layers")
@@ -105,9 +111,12 @@ class NemotronHModelConfig:
 
     def _check_moe(self) -> None:
         experts = self.n_routed_experts
-        for name in ("n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"):
+        for name in ("n_routed_experts", "moe_intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be a positive integer (the model has 'E' MoE layers)")
+        if self.n_shared_experts and self.moe_shared_expert_intermediate_size <= 0:
+            raise ValueError("moe_shared_expert_intermediate_size: must be a positive integer (the 'E' MoE "
+                             f"layers have n_shared_experts {self.n_shared_experts})")
         if self.moe_latent_size is not None:
             _check_int("moe_latent_size", self.moe_latent_size, minimum=1)
         if experts % self.n_group:
@@ -140,6 +149,10 @@ class NemotronHModelConfig:
     @property
     def mamba_conv_dim(self) -> int:  # C = I + 2 G N, channels of the conv ([x | B | C])
         return self.mamba_intermediate_size + 2 * self.n_groups * self.ssm_state_size
+
+    @property
+    def shared_expert_intermediate_size(self) -> int:  # the shared expert's width, as vLLM reads the config
+        return self.moe_shared_expert_intermediate_size * self.n_shared_experts
 
     @property
     def experts_width(self) -> int:  # width the routed experts read and write (latent or hidden)
@@ -205,12 +218,14 @@ class NemotronHModelConfig:
             num_experts_per_tok=hf.num_experts_per_tok if moe else 0,
             moe_intermediate_size=hf.moe_intermediate_size if moe else 0,
             moe_shared_expert_intermediate_size=hf.moe_shared_expert_intermediate_size if moe else 0,
+            n_shared_experts=hf.n_shared_experts if moe else 0,
             moe_latent_size=latent if moe else None,
             n_group=hf.n_group,
             topk_group=hf.topk_group,
             norm_topk_prob=bool(hf.norm_topk_prob),
             routed_scaling_factor=float(hf.routed_scaling_factor),
             mtp_block_kinds=mtp_kinds,
+            num_nextn_predict_layers=hf.num_nextn_predict_layers,
         )
 
 

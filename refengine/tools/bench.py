@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from refengine.tools.cli import DEFAULT_ASYNC_GRAPH_MODE
+from refengine.config import DEFAULT_ASYNC_GRAPH_MODE
 from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
 
 

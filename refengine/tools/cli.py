@@ -12,7 +12,7 @@ import re
 import sys
 import time
 
-from refengine.config import GRAPH_MODES
+from refengine.config import DEFAULT_ASYNC_GRAPH_MODE, GRAPH_MODES
 from refengine.tools import mtp_head
 from refengine.tools.errors import (
     REQUEST_ERRORS,
@@ -23,9 +23,6 @@ from refengine.tools.errors import (
     report,
 )
 
-# What "async" means wherever a command picks the graph mode for it (generate, bench, conformance's
-# engine "async"): every step's program captured for uniform decode steps, the token axis padded.
-DEFAULT_ASYNC_GRAPH_MODE = "full_and_piecewise"
 MODES = ("batch", "sequential", "chat")
 
 

@@ -1,9 +1,10 @@
 """``refengine add-mtp-head SRC DST``: a copy of a checkpoint, with an MTP head it was saved without.
 
-refengine finds the MTP head from the checkpoint's ``mtp.*`` tensors alone (the loader counts
-``mtp.layers.{i}``; config fields play no part). transformers has no MTP module, so a checkpoint it
-saves (``save_pretrained``) holds none: ``drafter="mtp"`` refuses it and the conformance suite skips
-its MTP scenarios. This command writes DST: every file of SRC, the head's tensors in
+refengine finds the MTP head from the checkpoint's ``mtp.*`` tensors (for Qwen the loader counts
+``mtp.layers.{i}`` and config fields play no part; a Nemotron-H head is one step, and config.json's
+``num_nextn_predict_layers`` must then be 1, or 0 where it was never recorded). transformers has no MTP
+module, so a checkpoint it saves (``save_pretrained``) holds none: ``drafter="mtp"`` refuses it and the
+conformance suite skips its MTP scenarios. This command writes DST: every file of SRC, the head's tensors in
 ``mtp.safetensors``, a ``model.safetensors.index.json`` mapping every tensor (SRC's weights are not
 rewritten), and the MTP layer count in config.json (``num_nextn_predict_layers`` for Qwen3-Next and
 Nemotron-H, ``mtp_num_hidden_layers`` for Qwen3.5, as vLLM reads them). The Nemotron-H head is made by

@@ -13,13 +13,10 @@ the last. Initialised from the model's own layers, not trained:
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from refengine.model.nemotron_h import NemotronHForCausalLM
 from refengine.model.nemotron_h_config import NemotronHModelConfig
-from refengine.model.nemotron_h_weights import NemotronHWeights
+from refengine.model.nemotron_h_weights import NemotronHWeights, mtp_head_shapes
 from refengine.model.weights_check import CheckpointError
 
 SEED = 0  # of the weights made for a block kind the model lacks
@@ -30,7 +27,7 @@ def nemotron_head_tensors(read, files: dict[str, str], cfg: NemotronHModelConfig
     """``read(name) -> tensor`` reads a SRC tensor. Returns the ``mtp.*`` tensors (disk layout: experts
     per expert, as the model's own layers are saved) and, per tensor, where it came from."""
     prefix = "backbone." if any(n.startswith("backbone.") for n in files) else "model."
-    shapes = _head_shapes(cfg)
+    shapes = mtp_head_shapes(cfg, set())  # experts per expert, as the model's own layers are saved
     final_norm = f"{prefix}norm_f.weight"
     dtype = read(final_norm).dtype
     head: dict[str, torch.Tensor] = {}
@@ -69,13 +66,4 @@ def nemotron_head_tensors(read, files: dict[str, str], cfg: NemotronHModelConfig
         keep = NemotronHWeights.keep_fp32(name)
         head[name] = tensor.to(torch.float32 if keep else dtype).contiguous()
     return head, origin
-
-
-def _head_shapes(cfg: NemotronHModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every ``mtp.*`` tensor name and shape, as a checkpoint holds them."""
-    with_head = dataclasses.replace(cfg, num_mtp_layers=1)
-    with torch.device("meta"):
-        model = NemotronHForCausalLM(with_head)
-    shapes = NemotronHWeights.expected_shapes(model, with_head, set())
-    return {name: shape for name, shape in shapes.items() if name.startswith("mtp.")}
 

@@ -163,6 +163,72 @@ def test_another_projects_run_is_unchanged_with_gpus_visible(tmp_path):
     assert all(p["CUDA_VISIBLE_DEVICES"] == "0,1,2" and p["CONFORMANCE_GPU_IDS"] is None for p in with_plugin)
 
 
+# ---- a plugin that costs nothing where unused -------------------------------------------------------
+# Every pytest run of an environment holding the package loads the plugin (a pytest11 entry point). What
+# a conformance run needs and other runs do not is imported when the run uses it.
+HEAVY = ("torch", "refengine", "conformance.mutants")
+LOADED = """
+def loaded(names):
+    import sys
+    return sorted(m for m in sys.modules if any(m == n or m.startswith(n + ".") for n in names))
+"""
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without what would make a child run a conformance run (or a worker of one)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONFORMANCE_", "PYTEST_"))}
+    return {**env, "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def fresh_imports() -> dict[str, list[str]]:
+    """In a fresh interpreter: what importing the plugin loads of HEAVY, then what importing the adapter
+    API (conformance.engines) loads of refengine's tools."""
+    code = LOADED + f"""
+import json
+import conformance.plugin
+plugin = loaded({HEAVY!r})
+import conformance.engines
+print(json.dumps({{"plugin": plugin, "engines": loaded(["refengine.tools"])}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_clean_env(), capture_output=True,
+                          text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_loading_the_plugin_imports_neither_torch_nor_refengine_nor_the_mutants(fresh_imports):
+    assert fresh_imports["plugin"] == []
+
+
+def test_the_adapter_api_imports_nothing_of_refengines_tools(fresh_imports):
+    """A third-party adapter imports conformance.engines: it gets no command-line tool with it."""
+    assert fresh_imports["engines"] == []
+
+
+UNRELATED_TEST = LOADED + f"""
+
+def test_the_plugin_is_loaded_and_nothing_heavy_with_it():
+    import sys
+
+    assert "conformance.plugin" in sys.modules
+    assert loaded({HEAVY!r}) == []
+"""
+
+
+def test_an_unrelated_pytest_run_imports_neither_torch_nor_refengine(tmp_path):
+    """Another project's one-test run, no conftest: the plugin is loaded, torch, refengine and the
+    mutants are not (the test checks from inside the run, after collection and its hooks)."""
+    project = tmp_path / "unrelated"
+    project.mkdir()
+    (project / "test_unrelated.py").write_text(UNRELATED_TEST)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_unrelated.py"]
+    proc = subprocess.run(cmd, cwd=project, env=_clean_env(), capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
+
+
 def test_a_broken_checkpoint_ends_the_pytest_run_once(tmp_path):
     """Not an error per scenario, even under xdist: one line naming the checkpoint and pytest's
     usage-error status. (Without xdist the run ends from the fixture: tests/conformance/test_cli.py.)"""

@@ -133,3 +133,36 @@ def test_heads_not_divisible_by_groups_is_named(tiny_nemotron, tmp_path):
     config = config_of(path) | {"mamba_num_heads": 6, "n_groups": 4}
     message = variant_error(path, tmp_path, config=config)
     assert "mamba_num_heads: 6 is not a multiple of n_groups 4" in message, message
+
+
+# ---- config fields read as vLLM reads them ----------------------------------------------------------
+def test_shared_expert_width_is_is_times_n_shared_experts(tiny_nemotron, tmp_path):
+    """vLLM's shared expert is moe_shared_expert_intermediate_size x n_shared_experts wide (transformers
+    ignores n_shared_experts): the same tensors under Is 24 x 2 are the model written with Is 48 x 1."""
+    path = tiny_nemotron(MOE)
+    assert config_of(path)["moe_shared_expert_intermediate_size"] == 48
+    config = config_of(path) | {"moe_shared_expert_intermediate_size": 24, "n_shared_experts": 2}
+    model, cfg = load_model(write_variant(path, tmp_path / "two-shared", config=config))
+    assert cfg.shared_expert_intermediate_size == 48
+    assert model.model.layers[3].mixer.shared_experts.up_proj.weight.shape == (48, 64)
+    assert_same_model(load_model(path)[0], model)
+
+
+def test_no_shared_expert_when_n_shared_experts_is_0(tiny_nemotron, tmp_path):
+    """n_shared_experts 0: vLLM builds no shared expert, and a checkpoint holds none."""
+    path = tiny_nemotron(MOE)
+    tensors = {n: t for n, t in read_tensors(path).items() if ".shared_experts." not in n}
+    config = config_of(path) | {"n_shared_experts": 0}
+    model, _ = load_model(write_variant(path, tmp_path / "no-shared", tensors=tensors, config=config))
+    routed_only = load_model(path)[0].model.layers[3].mixer
+    routed_only.shared_experts = None
+    moe = model.model.layers[3].mixer
+    assert moe.shared_experts is None
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(moe(x), routed_only(x))
+
+
+def test_negative_n_shared_experts_is_named(tiny_nemotron, tmp_path):
+    path = tiny_nemotron(MOE)
+    message = variant_error(path, tmp_path, config=config_of(path) | {"n_shared_experts": -1})
+    assert "n_shared_experts: must be an integer >= 0, got -1" in message, message

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from refengine import LLM, SamplingParams
 from refengine.model.loader import CheckpointError, load_model
-from refengine.tools.mtp_head import add_mtp_head, weight_map
+from refengine.tools.mtp_head import HEAD_FILE, add_mtp_head, weight_map
 from tests.helpers.checkpoints import read_tensors, write_variant
+from tests.refengine.test_nemotron_loader import assert_same_model
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +85,62 @@ def test_cli_adds_a_head_to_a_nemotron_checkpoint(tiny_nemotron, tmp_path, capsy
     assert main(["add-mtp-head", str(tiny_nemotron("nemotron-dense")), str(tmp_path / "out")]) == 0
     assert "initialised from the model's own layers (backbone.layers.1)" in capsys.readouterr().out
     assert load_model(tmp_path / "out")[0].mtp is not None
+
+
+# ---- what vLLM loads, loads; what it refuses, is refused ---------------------------------------------
+def copy_with(src, dst, config: dict | None = None, tensors: dict[str, torch.Tensor] | None = None):
+    """A copy of checkpoint folder ``src`` with config.json fields set and tensors added (a shard of
+    their own, in the index)."""
+    shutil.copytree(src, dst)
+    if config:
+        (dst / "config.json").write_text(json.dumps(json.loads((dst / "config.json").read_text()) | config))
+    if tensors:
+        save_file(tensors, str(dst / "extra.safetensors"), metadata={"format": "pt"})
+        index = json.loads((dst / "model.safetensors.index.json").read_text())
+        index["weight_map"].update(dict.fromkeys(tensors, "extra.safetensors"))
+        (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    return dst
+
+
+def test_the_step_count_is_recorded_where_vllm_reads_it(with_head):
+    _, cfg = load_model(with_head[0])
+    assert cfg.num_nextn_predict_layers == 1
+
+
+@pytest.mark.parametrize("count", [2, -1])
+def test_a_head_under_another_step_count_is_refused_naming_it(with_head, tmp_path, count):
+    """vLLM builds its Nemotron-H MTP head only for num_nextn_predict_layers 1 and refuses other counts."""
+    variant = copy_with(with_head[0], tmp_path / "count", config={"num_nextn_predict_layers": count})
+    with pytest.raises(CheckpointError, match=rf"num_nextn_predict_layers: {count} MTP layers"):
+        load_model(variant)
+
+
+def test_a_step_count_without_a_head_loads(tiny_nemotron, tmp_path):
+    """No mtp.* tensors, no head: the model loads whatever the count says (as vLLM loads its target)."""
+    variant = copy_with(tiny_nemotron("nemotron-dense"), tmp_path / "count",
+                        config={"num_nextn_predict_layers": 2})
+    assert load_model(variant)[0].mtp is None
+
+
+def test_mtp_tensors_vllm_skips_are_skipped(with_head, tmp_path):
+    """mtp.* tensors no parameter of the head loads (vLLM's MTP loader skips them): a rotary table, a
+    layer past the step's two blocks, the fusion on the second block, an expert id past n_routed_experts."""
+    extras = {
+        "mtp.layers.0.mixer.rotary_emb.inv_freq": torch.ones(8),
+        "mtp.layers.2.norm.weight": torch.ones(64),
+        "mtp.layers.1.enorm.weight": torch.ones(64),
+        "mtp.layers.1.mixer.experts.8.up_proj.weight": torch.ones(32, 64),
+    }
+    model, cfg = load_model(copy_with(with_head[0], tmp_path / "extras", tensors=extras))
+    assert cfg.num_mtp_layers == 1
+    assert_same_model(load_model(with_head[0])[0], model)
+
+
+def test_a_misshapen_head_tensor_is_still_refused(with_head, tmp_path):
+    variant = copy_with(with_head[0], tmp_path / "bad")
+    head = load_file(variant / HEAD_FILE)
+    head["mtp.layers.0.eh_proj.weight"] = torch.ones(64, 64)
+    save_file(head, str(variant / HEAD_FILE), metadata={"format": "pt"})
+    expected = r"tensor mtp.layers.0.eh_proj.weight has shape \[64, 64\], expected \[64, 128\]"
+    with pytest.raises(CheckpointError, match=expected):
+        load_model(variant)
