@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kernels._dispatch import backend_for
 from kernels.attention import check_block_size
 from refengine.config import EngineConfig
+from refengine.logits_process import Processors, resolve
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams
@@ -96,15 +97,25 @@ class EngineCore:
             raise EngineError(
                 f"request {request_id!r}: stop_token_ids {bad_stops[0]} is not an id in [0, {vocab})"
             )
+        self.processors(request_id, params)
         max_len = self.config.scheduler.max_model_len
         if len(ids) >= max_len:
             raise EngineError(f"request {request_id!r}: prompt of {len(ids)} tokens leaves no room under "
                               f"max_model_len={max_len}")
         return ids
 
+    def processors(self, request_id: str, params: SamplingParams) -> Processors:
+        """The request's logits processors as token ids; EngineError names what the model cannot serve."""
+        m = self.model_config
+        try:
+            return resolve(params, m.vocab_size, m.eos_token_ids, self.tokenizer)
+        except ValueError as exc:
+            raise EngineError(f"request {request_id!r}: {exc}") from None
+
     def add_request(self, request_id: str, prompt_token_ids, params: SamplingParams) -> Request:
         ids = self.validate(request_id, prompt_token_ids, params)
         req = self.request_type(request_id, ids, params, self._arrivals)
+        req.processors = self.processors(request_id, params)
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -125,13 +136,37 @@ class EngineCore:
 
     # ---- stop rules (``refengine.postprocess`` applies them as it appends a step's tokens) ---------------
     def stop_reason(self, req: Request, token: int) -> str | None:
+        """After ``token`` was appended: "stop" (a stop id or EOS, once ``min_tokens`` outputs exist),
+        "length", or None."""
         p = req.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids):
+        held = len(req.output_token_ids) < p.min_tokens
+        if not held and (token in p.stop_token_ids
+                         or (not p.ignore_eos and token in self.model_config.eos_token_ids)):
             return "stop"
         confirmed = len(req.prompt_token_ids) + len(req.output_token_ids)
         if len(req.output_token_ids) >= p.max_tokens or confirmed >= self.config.scheduler.max_model_len:
             return "length"
         return None
+
+    def stop_string(self, req: Request) -> tuple[str | None, int | None, int]:
+        """After a token was appended: (the stop string its text completed or None, where the output text
+        then ends, characters searched so far), as vLLM's detokenizer finds it: the stop string ending
+        first, never one lying wholly in the text of the first ``min_tokens`` outputs. Writes nothing."""
+        p = req.params
+        if not p.stop or self.tokenizer is None:
+            return None, None, 0
+        text = self.tokenizer.decode(req.output_token_ids)
+        if len(req.output_token_ids) <= p.min_tokens:
+            return None, None, len(text)
+        best = None
+        for stop in p.stop:
+            at = text.find(stop, max(0, req.stop_text_checked + 1 - len(stop)))
+            if at != -1 and (best is None or at + len(stop) < best[1] + len(best[0])):
+                best = (stop, at)
+        if best is None:
+            return None, None, len(text)
+        stop, at = best
+        return stop, at + len(stop) if p.include_stop_str_in_output else at, len(text)
 
     def finish(self, req: Request, reason: str) -> None:
         """End a live request: its pools go back, and it leaves the live set."""
@@ -188,10 +223,14 @@ class EngineCore:
 
     def output(self, req: Request) -> RequestOutput:
         text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else None
+        if text is not None and req.stop_text_end is not None:
+            text = text[: req.stop_text_end]
         return RequestOutput(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
                              req.finish_reason, req.num_draft_tokens, req.num_accepted_tokens,
                              list(req.acceptance), req.num_preemptions, text,
-                             num_cached_tokens=req.num_cached_tokens or 0)
+                             num_cached_tokens=req.num_cached_tokens or 0,
+                             logprobs=None if req.logprobs is None else [dict(d) for d in req.logprobs],
+                             stop_reason=req.stop_reason)
 
     def occupancy(self, request_slots_used: int = 0, request_slots_free: int = 0) -> Occupancy:
         s = self.scheduler

@@ -20,6 +20,10 @@ class RequestOutput:
     num_preemptions: int = 0
     text: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first admission (as vLLM)
+    logprobs: list[dict[int, float]] | None = None  # per output token: top-n ids and the chosen one -> raw
+    #                                                 logprob; None unless SamplingParams.logprobs is set
+    prompt_logprobs: list | None = None  # not computed yet: the engines refuse SamplingParams.prompt_logprobs
+    stop_reason: int | str | None = None  # the stop id or stop string that finished it; None for EOS, length
 
 
 @dataclass

@@ -7,14 +7,16 @@ the outcomes into request state, in this order, for every row:
              as computed at planning; the reference assumes nothing)
     commit   the positions the row kept become computed; a sampling row's kept-token count (bonus
              included) is recorded, its acceptance counted, and its tokens appended one at a time
-             until a stop rule finishes the request
+             until a stop rule finishes the request; with each token its logprobs (when asked for)
+             and the stop-string window advance, so nothing past a stop reaches the request: a stop
+             string is found by its first token, wherever it lies in the row's kept tokens
     propose  (reference engine) the drafter reads the committed requests and returns the next drafts
              of every row that sampled and still runs; they are written here, never by the drafter (the
              async engine's drafts stay on the device; its host holds placeholders, set at planning)
 
 Drafters, runners and the scheduler read request state; what a step changes is written here.
-Request state the coming per-request parameters need (penalty counts, stop-string windows, ...)
-advances here too, with the kept tokens only.
+Request state the per-request parameters need advances here too, with the kept tokens only (the
+logprobs, the stop-string window; the output tokens are the penalty and bad-word history).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from refengine.drafters.base import Proposal
+from refengine.logits_process import logprob_dict
 from refengine.request import Request, RequestStatus
 from refengine.scheduler import ScheduledRow
 
@@ -35,6 +38,9 @@ class RowOutcome:
     tokens: list[int] | None  # kept tokens, bonus included (1 <= len <= 1 + drafts); None: a prompt chunk
     #                           that sampled nothing
     num_drafts: int | None  # drafts the row verified (a decode row: 0..K); None for a prefill row
+    # per kept token: (top values, top ids, the token's logprob), the raw logprobs of its position
+    # (``logits_process.top_logprobs``); None when no request of the step asked for logprobs
+    logprobs: list[tuple[list[float], list[int], float]] | None = None
 
     @property
     def request(self) -> Request:
@@ -84,9 +90,19 @@ def postprocess(
             req.num_draft_tokens += o.num_drafts
             req.num_accepted_tokens += len(o.tokens) - 1
             req.acceptance.append((o.num_drafts, len(o.tokens) - 1))
-        for token in o.tokens:  # one at a time: nothing past a stop is appended
+        for i, token in enumerate(o.tokens):  # one at a time: nothing past a stop is appended
             req.output_token_ids.append(token)
-            reason = core.stop_reason(req, token)
+            if req.logprobs is not None:
+                values, ids, chosen = o.logprobs[i]
+                req.logprobs.append(logprob_dict(values, ids, token, chosen, req.params.logprobs))
+            stop, end, req.stop_text_checked = core.stop_string(req)
+            if stop is not None:  # a stop string ends it whatever the length rule says (as vLLM)
+                req.stop_reason, req.stop_text_end = stop, end
+                reason = "stop"
+            else:
+                reason = core.stop_reason(req, token)
+                if reason == "stop" and token in req.params.stop_token_ids:
+                    req.stop_reason = token
             if reason is not None:
                 core.finish(req, reason)
                 finished.append(req)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from refengine.logits_process import NONE, Processors
 from refengine.sampling_params import SamplingParams
 
 
@@ -23,6 +24,13 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop id or stop string that finished it (None: EOS, length)
+    processors: Processors = NONE  # the params' logits processors as token ids (set at admission)
+
+    # What the kept tokens advance besides the tokens (``refengine.postprocess``).
+    logprobs: list | None = None  # one {id: logprob} per output token when params.logprobs is set
+    stop_text_checked: int = 0  # characters of the output text already searched for stop strings
+    stop_text_end: int | None = None  # the output text ends here (a stop string was found)
 
     # Progress. ``num_computed_tokens`` counts committed tokens whose KV/state is written.
     num_computed_tokens: int = 0
@@ -46,6 +54,10 @@ class Request:
     num_accepted_tokens: int = 0
     acceptance: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verify step
     num_preemptions: int = 0
+
+    def __post_init__(self):
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
 
     @property
     def all_token_ids(self) -> list[int]:

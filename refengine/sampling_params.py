@@ -1,11 +1,16 @@
 """Per-request generation parameters (greedy only: the suite compares argmax decisions).
 
 vLLM's sampling fields are accepted where they mean greedy decoding (``temperature=0.0``,
-``top_p=1.0``, ``top_k`` 0 or -1) and refused by name otherwise.
+``top_p=1.0``, ``top_k`` 0 or -1) and refused by name otherwise. The logits processors
+(``allowed_token_ids``, ``bad_words``, ``logit_bias``, ``min_tokens``, the three penalties), stop
+strings and ``logprobs`` have vLLM's spellings and meanings; ``refengine.logits_process`` applies them
+in vLLM 0.33's order, and decoding is the argmax of the processed logits. What needs the model
+(ids inside the vocabulary, ``bad_words`` and ``stop`` needing a tokenizer) is checked by the engine.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +32,18 @@ class SamplingParams:
     temperature: float = 0.0  # greedy only
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k
+    min_tokens: int = 0  # no stop (EOS, stop ids, stop strings) before this many output tokens
+    presence_penalty: float = 0.0  # [-2, 2], subtracted once from every id in the output
+    frequency_penalty: float = 0.0  # [-2, 2], subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0: ids in the prompt or output have positive logits divided by it,
+    #                                  negative ones multiplied
+    logit_bias: dict[int, float] | None = None  # token id -> bias added (clamped to [-100, 100], as vLLM)
+    allowed_token_ids: tuple[int, ...] | None = None  # only these ids may be chosen
+    bad_words: tuple[str, ...] | None = None  # words never completed (encoded as vLLM encodes them)
+    stop: tuple[str, ...] | None = None  # stop strings, found in the output text
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # top-n raw logprobs per output token (the chosen token always included)
+    prompt_logprobs: int | None = None  # refused by the engines for now (see README)
 
     def __post_init__(self):
         object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, 1))
@@ -42,19 +59,82 @@ class SamplingParams:
         check_int("top_k", self.top_k, -1)
         if self.top_k not in (0, -1):
             raise ConfigError(f"top_k must be 0 or -1 ({greedy}), got {self.top_k!r}")
+        check_int("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _number(name, getattr(self, name))
+            if not -2.0 <= value <= 2.0:
+                raise ConfigError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
+        rep = _number("repetition_penalty", self.repetition_penalty)
+        if not math.isfinite(rep) or rep <= 0.0:
+            raise ConfigError(
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        object.__setattr__(self, "repetition_penalty", rep)
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            ids = _stop_ids(self.allowed_token_ids, "allowed_token_ids")
+            if not ids:
+                raise ConfigError("allowed_token_ids must not be empty (None allows every id)")
+            object.__setattr__(self, "allowed_token_ids", ids)
+        object.__setattr__(self, "bad_words", _strings("bad_words", self.bad_words))
+        object.__setattr__(self, "stop", _strings("stop", self.stop))
+        check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        check_int("logprobs", self.logprobs, 0, optional=True)
+        check_int("prompt_logprobs", self.prompt_logprobs, 0, optional=True)
+
+    @property
+    def has_processors(self) -> bool:
+        """Whether any logits processor changes this request's logits (else they are left as they are)."""
+        return bool(self.allowed_token_ids or self.bad_words or self.logit_bias or self.min_tokens
+                    or self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
-def _stop_ids(value) -> tuple[int, ...]:
+def _stop_ids(value, name: str = "stop_token_ids") -> tuple[int, ...]:
     """None or a sequence of non-negative ints -> a tuple (the vocabulary bound is checked by the engine)."""
     if value is None:
         return ()
     if isinstance(value, str | bytes) or not isinstance(value, Sequence | set | frozenset):
-        raise ConfigError(f"stop_token_ids must be a sequence of token ids or None, got {value!r}")
+        raise ConfigError(f"{name} must be a sequence of token ids or None, got {value!r}")
     ids = []
     for pos, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
             raise ConfigError(
-                f"stop_token_ids must hold non-negative int ids, got {value!r} ({t!r} at index {pos})"
+                f"{name} must hold non-negative int ids, got {value!r} ({t!r} at index {pos})"
             )
         ids.append(int(t))
     return tuple(ids)
+
+
+def _logit_bias(value) -> dict[int, float] | None:
+    """{token id: bias}, each bias clamped to [-100, 100] as vLLM clamps it; None or {} for none."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"logit_bias must be a dict of token id -> bias, got {value!r}")
+    out = {}
+    for t, b in value.items():
+        if isinstance(t, str) and t.strip().lstrip("-").isdigit():
+            t = int(t)  # vLLM accepts the ids as strings (JSON keys)
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ConfigError(f"logit_bias keys must be non-negative int ids, got {t!r}")
+        bias = _number(f"logit_bias[{t}]", b)
+        if not math.isfinite(bias):
+            raise ConfigError(f"logit_bias[{t}] must be finite, got {b!r}")
+        out[int(t)] = min(100.0, max(-100.0, bias))
+    return out or None
+
+
+def _strings(name: str, value) -> tuple[str, ...] | None:
+    """None, a string, or a sequence of non-empty strings -> a tuple (None when empty)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Sequence):
+        raise ConfigError(f"{name} must be a string or a list of strings, got {value!r}")
+    for pos, v in enumerate(value):
+        if not isinstance(v, str) or not v:
+            raise ConfigError(f"{name} must hold non-empty strings, got {v!r} at index {pos}")
+    return tuple(value) or None

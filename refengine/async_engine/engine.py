@@ -27,7 +27,7 @@ from refengine.async_engine.batch import PersistentBatch
 from refengine.async_engine.graphs import GraphDispatcher
 from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.optimistic import AsyncRequest, forget, scheduled_num_tokens, settle
-from refengine.async_engine.planner import StepPlan, StepPlanner
+from refengine.async_engine.planner import StepPlanner
 from refengine.async_engine.prefix import AsyncPrefixCache
 from refengine.async_engine.records import build_records
 from refengine.async_engine.runner import AsyncRunner, StepFuture
@@ -96,7 +96,8 @@ class AsyncEngine(Engine):
                                   torch_dtype(c.dtype), c.device, drafter_kv=drafter_kv)
         device = self.stream.device
         self.state = DeviceState(c.scheduler.max_num_seqs, c.scheduler.max_model_len + 2 * k + 1,
-                                 c.blocks_per_request, k, self.caches.sink_block, device)
+                                 c.blocks_per_request, k, self.caches.sink_block, device,
+                                 vocab_size=model_config.vocab_size)
         self.slots = RequestSlots(c.scheduler.max_num_seqs)
         self.batch = PersistentBatch(k)
         self.graphs = GraphDispatcher(
@@ -180,7 +181,7 @@ class AsyncEngine(Engine):
         if cache is not None:
             cache.hold(spans)
         try:
-            finished = self._commit(plan, tokens, drafted, discarded)
+            finished = self._commit(fut, tokens, drafted, discarded)
             if cache is not None:
                 self.prefix.keep(plan.index, cache.publish(spans))
         finally:
@@ -203,10 +204,10 @@ class AsyncEngine(Engine):
         self.core.record(StepRecord(plan.index, rows, plan.preempted, plan.shape.mode.value,
                                     plan.shape.num_reqs_padded, fut.payload.metadata_shapes, plan.resumed))
 
-    def _commit(self, plan: StepPlan, tokens: list[list[int]], drafted: list[int],
+    def _commit(self, fut: StepFuture, tokens: list[list[int]], drafted: list[int],
                 discarded: set[int]) -> list[Request]:
         """Commit the kept tokens of every row not discarded; the requests that finished are returned."""
-        outcomes = []
+        plan, outcomes = fut.plan, []
         for i, row in enumerate(plan.rows):
             if i in discarded:
                 self.stats.wasted_tokens += row.num_tokens
@@ -218,6 +219,7 @@ class AsyncEngine(Engine):
             if num_drafts is not None:
                 self.stats.count_acceptance(num_drafts, len(tokens[i]) - 1)
             self.stats.tokens += len(tokens[i])
-            outcomes.append(RowOutcome(row, tokens[i], num_drafts))
+            lp = fut.row_logprobs(i, len(tokens[i])) if row.request.params.logprobs is not None else None
+            outcomes.append(RowOutcome(row, tokens[i], num_drafts, lp))
         finished, _ = postprocess(self.core, outcomes, undo=settle)
         return finished

@@ -18,6 +18,7 @@ from refengine.async_engine.batch import PersistentBatch
 from refengine.async_engine.graphs import GraphDispatcher, StepShape
 from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.optimistic import AsyncRequest, assume_accepted
+from refengine.async_engine.processing import ProcessorState
 from refengine.async_engine.state import DeviceState, RequestSlots
 from refengine.async_engine.stream import HostBuffer, Stream
 from refengine.request import Request
@@ -42,6 +43,7 @@ class StepPlan:
     writes: StagedWrites = field(default_factory=StagedWrites)  # persistent-state writes, one copy
     drafter_admission: object = None  # what the drafter's proposer staged for the admitted rows, or None
     prefix_rows: list = field(default_factory=list)  # per row: what prefix caching set aside (RowStage)
+    logprobs: bool = False  # a row's request asks for logprobs: the step's logprob tables are copied back
 
 
 
@@ -140,6 +142,7 @@ class StepPlanner:
             writes=self._writes(sched, rows, admitted),
             drafter_admission=proposer.stage(admitted) if proposer is not None and admitted else None,
             prefix_rows=prefix_rows,
+            logprobs=any(r.request.params.logprobs is not None for r in rows),
         )
         self.num_plans += 1
         for row in rows:
@@ -166,6 +169,7 @@ class StepPlanner:
             w.add("admit.slots", torch.tensor([r.state_slots for r in admitted], **i32))  # [n, K+1]
             # [n] tokens a prefix-cache hit serves (0 without one)
             w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
+            ProcessorState.staged_writes(w, [r.processors for r in admitted])  # every admitted slot, always
         grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if grown:
             table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,

@@ -8,10 +8,13 @@ by request count (``Np`` rows; padding rows have request slot -1 and run zero to
                 checkpoint into its s_0), one copy, land in the persistent state (outside the program)
     prepare     input ids, positions and slot mappings on the device; padded attention/recurrent metadata
     run         the model
-    verify      greedy verification of every row's last 1 + drafts tokens against the drafts the device
-                holds (a decode row runs 1+K tokens; its drafter may have proposed fewer, and only those
-                are compared); rows that do not sample (prompt chunks, padding) are flagged and keep nothing
-    commit      the device-authoritative state advances by what was kept
+    verify      the requests' logits processors (``processing.py``: each verify position sees the drafts
+                before it as decoded), then greedy verification of every row's last 1 + drafts tokens
+                against the drafts the device holds (a decode row runs 1+K tokens; its drafter may have
+                proposed fewer, and only those are compared); rows that do not sample (prompt chunks,
+                padding) are flagged and keep nothing
+    commit      the device-authoritative state advances by what was kept (the processors' output
+                counts too)
     checkpoint  (prefix caching) the state at each block boundary a row's kept tokens reached is copied
                 into the checkpoint slot the host held for it (a column of the row table); every other
                 copy goes to a sink slot
@@ -35,10 +38,12 @@ from refengine.async_engine.graphs import StepGraphs, StepShape
 from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.planner import StepPlan
+from refengine.async_engine.processing import logprob_tables
 from refengine.async_engine.state import DeviceState
 from refengine.async_engine.stream import Event, Stream
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
+from refengine.logits_process import MAX_LOGPROBS
 from refengine.prefix_cache import geometry
 
 
@@ -67,6 +72,9 @@ class Verified:
     logits: torch.Tensor  # [M, V] float32
     sampled: torch.Tensor  # [Np, K+1] int64, kept tokens then -1 (all -1 for rows that do not sample)
     num_valid: torch.Tensor  # [Np] int32, tokens kept per row (1 for rows that do not sample)
+    # the raw logprobs of each row's positions: top values [Np, K+1, N], top ids [Np, K+1, N], the kept
+    # token's [Np, K+1] (``processing.logprob_tables``)
+    logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -130,6 +138,12 @@ class StepFuture:
     num_valid: torch.Tensor  # [n] host
     num_drafts: torch.Tensor  # [n] host, drafts each row verified (the device's count)
     payload: StepPayload | None = None  # observer data, filled on the device timeline when recording
+    logprobs: tuple | None = None  # host copies of ``Verified.logprobs`` [:n] when the plan asks for them
+
+    def row_logprobs(self, i: int, num_kept: int) -> list[tuple[list[float], list[int], float]]:
+        """Row ``i``'s (top values, top ids, kept token's logprob) per kept token."""
+        values, ids, chosen = self.logprobs
+        return [(values[i, p].tolist(), ids[i, p].tolist(), float(chosen[i, p])) for p in range(num_kept)]
 
     def result(self) -> tuple[list[list[int]], list[int]]:
         """Once the step is done: each row's kept tokens (bonus included) and the drafts it verified."""
@@ -179,6 +193,10 @@ class AsyncRunner:
             torch.ones(n, dtype=torch.int64),
             torch.zeros(n, dtype=torch.int64),
         )
+        if plan.logprobs:
+            top = min(MAX_LOGPROBS, self.vocab_size)
+            fut.logprobs = (torch.zeros(n, k + 1, top), torch.zeros(n, k + 1, top, dtype=torch.int64),
+                            torch.zeros(n, k + 1))
         self.stream.submit(lambda: self._execute(plan, table, fut))
         fut.event = self.stream.record_event()
         return fut
@@ -201,6 +219,9 @@ class AsyncRunner:
         fut.sampled.copy_(out.verified.sampled[:n], non_blocking=True)
         fut.num_valid.copy_(out.verified.num_valid[:n], non_blocking=True)
         fut.num_drafts.copy_(out.step.num_drafts[:n], non_blocking=True)
+        if fut.logprobs is not None:
+            for host, dev in zip(fut.logprobs, out.verified.logprobs):
+                host.copy_(dev[:n], non_blocking=True)
         if plan.record:
             m = sum(1 + len(row.draft_token_ids) for row in plan.rows)
             fut.payload = StepPayload.of(out, n, shape.num_tokens, m)
@@ -228,6 +249,8 @@ class AsyncRunner:
         if "admit.idx" in w:
             self.state.admit(w["admit.idx"], w["admit.token_rows"], w["admit.num_tokens"],
                              w["admit.num_prompt"], w["admit.slots"], w["admit.num_computed"])
+            self.state.processors.admit(w["admit.idx"], w, w["admit.token_rows"], w["admit.num_tokens"],
+                                        w["admit.num_prompt"])
             if self.proposer is not None:
                 self.proposer.admit(w["admit.idx"], plan.drafter_admission)
         if "blocks.idx" in w:
@@ -285,12 +308,22 @@ class AsyncRunner:
         offsets = torch.arange(m, device=dev) - torch.repeat_interleave(cu[:-1], counts, output_size=m)
         logit_idx = torch.repeat_interleave(starts, counts, output_size=m) + offsets
         logits = self.model.compute_logits(hidden[logit_idx])
-        tokens, num_valid = kernels.greedy_verify(logits, step.prev_drafts, step.num_drafts.to(torch.int32),
-                                                  cu.to(torch.int32))
+        st = self.state
+        # [M] the padded row of each logits row
+        row = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts, output_size=m)
+        slot, idx = rows.idx[row], rows.idx.long()
+        num_outputs = (st.num_tokens[idx] - st.num_prompt[idx]).long()  # [Np]
+        lp = st.processors.bad_prefix.shape[2]
+        at = (st.num_tokens[idx].long()[:, None] - lp + torch.arange(lp, device=dev)[None, :]).clamp(min=0)
+        tail = st.token_ids[idx[:, None], at]  # [Np, L-1] the last committed tokens
+        processed = st.processors.apply(logits, slot.long(), row, offsets, num_outputs[row], step.prev_drafts,
+                                        tail)
+        tokens, num_valid = kernels.greedy_verify(processed, step.prev_drafts,
+                                                  step.num_drafts.to(torch.int32), cu.to(torch.int32))
         sampling = rows.is_sampling.bool()
         sampled = torch.where(sampling[:, None], tokens, torch.full_like(tokens, -1))
         num_valid = torch.where(sampling, num_valid, torch.ones_like(num_valid))
-        return Verified(cu, logits, sampled, num_valid)
+        return Verified(cu, logits, sampled, num_valid, logprob_tables(logits, cu, sampled))
 
     def commit(self, rows: StepRows, v: Verified) -> None:
         """Counted against the host-scheduled draft positions: a row's positions past its kept tokens are
@@ -309,6 +342,7 @@ class AsyncRunner:
             token_ids=st.token_ids,
             num_tokens=st.num_tokens,
         )
+        st.processors.advance(rows.idx, v.sampled)
 
     def checkpoint(self, rows: StepRows, step: PreparedStep, v: Verified) -> None:
         """Copy the state at each block boundary a row's kept tokens reached into the slot held for it.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from refengine.async_engine.processing import ProcessorState
+
 
 class RequestSlots:
     """Hands out request slots (rows of the persistent tensors)."""
@@ -37,7 +39,7 @@ class DeviceState:
     a KV block no request is ever given."""
 
     def __init__(self, num_slots: int, max_len: int, max_blocks: int, num_speculative_tokens: int,
-                 sink_block: int, device: torch.device):
+                 sink_block: int, device: torch.device, vocab_size: int = 1):
         i32 = {"dtype": torch.int32, "device": device}
         i64 = {"dtype": torch.int64, "device": device}
         self.sink = num_slots
@@ -54,6 +56,8 @@ class DeviceState:
         self.block_table = torch.full((num_slots, max_blocks), sink_block, **i32)  # [R, B] KV block ids
         # [R, K+1] slots s_0..s_K
         self.state_slots = torch.zeros(num_slots, 1 + num_speculative_tokens, **i32)
+        # the requests' logits processors (masks, bias, penalty counts, min_tokens, bad words), per slot
+        self.processors = ProcessorState(num_slots, vocab_size, device)
 
     def admit(
         self,

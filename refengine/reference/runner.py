@@ -15,6 +15,7 @@ import kernels
 from refengine.cache import ModelCaches
 from refengine.drafters import Drafter, HostDraftContext, Proposal
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
+from refengine.logits_process import process, raw_logprobs, top_logprobs
 from refengine.outputs import RowRecord, logits_digest
 from refengine.scheduler import ScheduledRow, SchedulerOutput
 
@@ -31,6 +32,8 @@ class StepResult:
     block_ids: list[list[int]]  # per row: the request's KV blocks during the step (a request that finishes
     #                             in it gives them back, but the step's protocol holds them until published)
     metadata_shapes: dict = field(default_factory=dict)
+    # per row: (top values, top ids, chosen logprob) per kept token, for rows whose request asks for logprobs
+    logprobs: list = field(default_factory=list)
 
 
 class _GroupBuilder:
@@ -148,17 +151,21 @@ class ReferenceRunner:
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64, device=dev), ctx)
 
         digests: list[str | None] = [None] * len(sched.rows)
-        valid = self._verify(sched.rows, query_start, hidden, digests if record_digests else None)
+        logprobs: list = [None] * len(sched.rows)
+        valid = self._verify(sched.rows, query_start, hidden, digests if record_digests else None, logprobs)
         for rec, v, d in zip(records, valid, digests):
             if v is not None:
                 rec.output_token_ids = v
                 rec.num_accepted = len(v) - 1
                 rec.logits_digest, rec.logits_finite = d if d is not None else (None, None)
         blocks = [list(row.request.block_ids) for row in sched.rows]
-        return StepResult(valid, records, hidden, query_start, computed, blocks, recurrent.shapes())
+        return StepResult(valid, records, hidden, query_start, computed, blocks, recurrent.shapes(), logprobs)
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
-                digests: list | None) -> list[list[int] | None]:
+                digests: list | None, logprobs: list) -> list[list[int] | None]:
+        """Greedy verification of each sampling row's last committed token and drafts, on the logits each
+        position's processors left (``logits_process.process``, position j seeing drafts 0..j-1 as
+        decoded); ``logprobs`` gets the raw logprobs of every kept token of rows that ask for them."""
         sampling = [i for i, r in enumerate(rows) if r.samples]
         out: list[list[int] | None] = [None] * len(rows)
         if not sampling:
@@ -174,15 +181,32 @@ class ReferenceRunner:
             num_drafts.append(len(row.draft_token_ids))
         dev = self.device
         logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=dev)])
+        processed = logits
+        for j, i in enumerate(sampling):
+            req, drafts_i = rows[i].request, rows[i].draft_token_ids
+            if not req.processors.active:
+                continue
+            if processed is logits:
+                processed = logits.clone()
+            for pos in range(len(drafts_i) + 1):  # as if the drafts before it had been decoded
+                processed[cu[j] + pos] = process(logits[cu[j] + pos], req.processors, req.prompt_token_ids,
+                                                 req.output_token_ids + drafts_i[:pos])
         tokens, num_valid = kernels.greedy_verify(
-            logits,
+            processed,
             torch.tensor(drafts, dtype=torch.int64, device=dev).reshape(len(sampling), k),
             torch.tensor(num_drafts, dtype=torch.int32, device=dev),
             torch.tensor(cu, dtype=torch.int32, device=dev),
         )
         tokens, num_valid = tokens.tolist(), num_valid.tolist()
+        wanted = [j for j, i in enumerate(sampling) if rows[i].request.params.logprobs is not None]
+        if wanted:
+            raw = raw_logprobs(logits)
+            top_values, top_ids = (t.tolist() for t in top_logprobs(raw))
         for j, i in enumerate(sampling):
             out[i] = tokens[j][: num_valid[j]]
+            if j in wanted:
+                logprobs[i] = [(top_values[cu[j] + pos], top_ids[cu[j] + pos], float(raw[cu[j] + pos, t]))
+                               for pos, t in enumerate(out[i])]
             if digests is not None:
                 row_logits = logits[cu[j]: cu[j + 1]]
                 digests[i] = (logits_digest(row_logits), bool(torch.isfinite(row_logits).all()))

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2] / "refengine"
 # writer; the scheduler, which sets them up at admission and resets them at preemption and finish; the
 # async host's optimistic bookkeeping (placeholder drafts and counts at planning, taken back at processing).
 STEP_FIELDS = ("num_computed_tokens", "num_valid", "draft_token_ids", "output_token_ids", "num_verify_steps",
-               "num_draft_tokens", "num_accepted_tokens", "acceptance", "finish_reason")
+               "num_draft_tokens", "num_accepted_tokens", "acceptance", "finish_reason", "stop_reason",
+               "logprobs", "stop_text_checked", "stop_text_end")
 WRITERS = {"postprocess.py", "scheduler.py", "async_engine/optimistic.py"}
 
 
