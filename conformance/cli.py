@@ -46,7 +46,7 @@ from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_defs
 from conformance.workloads.files import read_scenario_file
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
-from refengine.tools.errors import OneLineParser, add_dtype_flag, float_above, int_at_least
+from refengine.tools.errors import OneLineParser, add_dtype_flag, float_above, int_at_least, setting_message
 
 THREADS_HELP = ("torch intra-op threads on CPU (default 1: the workloads are many small steps, where more "
                 "threads only contend)")
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
         }
         return commands[args.command](args, out)
     except (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError, KeyError) as e:
-        print(f"conformance {args.command}: {e}", file=sys.stderr)
+        print(f"conformance {args.command}: {setting_message(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into a command that stopped reading (| head)
         sys.stdout = None

@@ -15,13 +15,13 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 from refengine.config import DEFAULT_ASYNC_GRAPH_MODE
 from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
 
 
 def _workload(llm, copies: int, seed: int):
+    import torch
+
     from refengine.tools.default_workload import default_params, default_prompts
 
     prompts = default_prompts()
@@ -39,12 +39,16 @@ def _timed(llm, prompts, params) -> tuple[float, list]:
 
 
 def _sync(device: str) -> None:
+    import torch
+
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def _kernel_launches(llm, prompts, params) -> int | None:
     """CUDA kernels launched by one run of the workload (None off CUDA), from torch's profiler."""
+    import torch
+
     if torch.device(llm.config.device).type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -100,6 +104,7 @@ def stage_ranges(engine):
 def profile_async(fast, copies: int, out_dir: str | Path) -> Path:
     """One run of the workload on the async engine under torch.profiler, every thread profiled (the CPU
     device timeline is a thread of its own), written as a Chrome trace; returns its path."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     out = Path(out_dir)
@@ -212,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+
     from refengine.tools.errors import SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)

@@ -43,7 +43,7 @@ def test_the_summary_names_the_async_graph_mode_and_ngram_flags_reach_the_engine
     assert f"engine async, dtype float32, device cpu, graph mode {DEFAULT_ASYNC_GRAPH_MODE}, mode batch" in \
         capsys.readouterr().out
     assert main([*argv[:-4], "--prompt-lookup-min", "4", "--prompt-lookup-max", "3"]) == 2
-    assert "prompt_lookup" in capsys.readouterr().err
+    assert "--prompt-lookup-min (4) must be <= --prompt-lookup-max (3)" in capsys.readouterr().err
 
 
 def test_a_capped_max_tokens_is_said(capsys):
