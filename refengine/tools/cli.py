@@ -15,7 +15,14 @@ import time
 # Parsing imports no torch (a test holds it to that): --help and usage errors answer at once; the engine,
 # the tools and the error classes they raise load in the command functions.
 from refengine.config import DEFAULT_ASYNC_GRAPH_MODE, GRAPH_MODES
-from refengine.tools.errors import OneLineParser, add_dtype_flag, docstring_of, int_at_least, report
+from refengine.tools.errors import (
+    OneLineParser,
+    add_dtype_flag,
+    docstring_of,
+    int_at_least,
+    one_line_warnings,
+    report,
+)
 
 MODES = ("batch", "sequential", "chat")
 
@@ -100,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv else "generate"
+    one_line_warnings(f"refengine {command}")
     try:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback

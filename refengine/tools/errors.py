@@ -101,6 +101,29 @@ def speak_flags(message: str) -> str:
     return message
 
 
+# Warnings about the user's own input, which a command prints as one line (``prog: warning: ...``) instead
+# of Python's two (file:line: Category: message, then the source line).
+ONE_LINE_WARNINGS = ("UnknownConfigFieldWarning",)
+
+
+def one_line_warnings(prog: str) -> None:
+    """From now on in this process, print ONE_LINE_WARNINGS as ``prog: warning: message`` on stderr
+    (compared by name: importing the warning classes would import torch before the parser runs)."""
+    import warnings
+
+    shown = warnings.showwarning
+    if getattr(shown, "one_line", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__name__ not in ONE_LINE_WARNINGS:
+            return shown(message, category, filename, lineno, file, line)
+        print(f"{prog}: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+
+    show.one_line = True
+    warnings.showwarning = show
+
+
 def setting_message(exc: BaseException) -> str:
     """A refused setting (``ConfigError``) in a command's words; any other error as it is (a scenario
     file's fields, for one, are not flags)."""
