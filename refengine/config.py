@@ -1,4 +1,7 @@
-"""Engine configuration: validated dataclasses; impossible combinations fail at construction."""
+"""Engine configuration: validated dataclasses; impossible combinations fail at construction.
+
+Importing it imports no torch (the command lines build their parsers from its names before torch loads):
+``check_device``, ``torch_dtype`` and ``DTYPES`` load it when used."""
 
 from __future__ import annotations
 
@@ -7,10 +10,10 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from refengine.drafters import DRAFTERS
+if TYPE_CHECKING:
+    import torch
 
 
 class ConfigError(ValueError):
@@ -37,6 +40,8 @@ def check_bool(name: str, value) -> bool:
 
 def check_device(name: str, value) -> str:
     """A device this machine has: 'cpu', or 'cuda'/'cuda:N' with CUDA available and N < the device count."""
+    import torch
+
     if not isinstance(value, str | torch.device):
         raise ConfigError(f"{name} must be a device string such as 'cpu' or 'cuda:0', got {value!r}")
     try:
@@ -79,11 +84,13 @@ GRAPH_MODES = tuple(m.value for m in GraphMode)
 # conformance's engine "async"): every step's program captured for uniform decode steps, the token
 # axis padded.
 DEFAULT_ASYNC_GRAPH_MODE = GraphMode.FULL_AND_PIECEWISE.value
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of DTYPES (name -> torch.dtype)
 DTYPE_CHOICES = (
-    *DTYPES,
+    *DTYPE_NAMES,
     "auto",
 )  # what LLM(dtype=...) and the commands' --dtype take; auto: the checkpoint's
+# The registered drafters' names (refengine.drafters.DRAFTERS' keys, which a test holds equal).
+DRAFTER_NAMES = ("mtp", "scripted", "ngram")
 ENGINES = ("reference", "async")
 
 
@@ -99,14 +106,27 @@ def graph_mode(value) -> GraphMode:
 def check_dtype(name: str, value) -> str:
     if value == "auto":
         raise ConfigError(f"{name}='auto' (the checkpoint's dtype) is resolved by LLM from the checkpoint; "
-                          f"an EngineConfig needs one of {tuple(DTYPES)}")
-    if not isinstance(value, str) or value not in DTYPES:
-        raise ConfigError(f"{name} must be one of {tuple(DTYPES)}, got {value!r}")
+                          f"an EngineConfig needs one of {DTYPE_NAMES}")
+    if not isinstance(value, str) or value not in DTYPE_NAMES:
+        raise ConfigError(f"{name} must be one of {DTYPE_NAMES}, got {value!r}")
     return value
 
 
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def torch_dtype(name: str) -> torch.dtype:
-    return DTYPES[name]
+    return _torch_dtypes()[name]
+
+
+def __getattr__(name: str):
+    """``DTYPES`` (dtype name -> torch.dtype) is made when used: importing this module loads no torch."""
+    if name == "DTYPES":
+        return _torch_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 MAMBA_CACHE_MODES = ("none", "align", "all")
@@ -173,8 +193,8 @@ class SpeculativeConfig:
         d = self.drafter
         is_instance = not isinstance(d, str) and all(
             callable(getattr(d, m, None)) for m in ("check_model", "host_proposer", "device_proposer"))
-        if not is_instance and d not in DRAFTERS:
-            raise ConfigError(f"drafter must be one of {tuple(DRAFTERS)} or a Drafter instance, got {d!r}")
+        if not is_instance and d not in DRAFTER_NAMES:
+            raise ConfigError(f"drafter must be one of {DRAFTER_NAMES} or a Drafter instance, got {d!r}")
         lo = check_int("prompt_lookup_min", self.prompt_lookup_min, 1, optional=True)
         hi = check_int("prompt_lookup_max", self.prompt_lookup_max, 1, optional=True)
         if d != "ngram":

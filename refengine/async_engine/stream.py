@@ -58,6 +58,11 @@ class Event:
             self.stream.host_wait_seconds += time.perf_counter() - start
 
 
+# The CPU device timeline's worker thread (a profile's trace names it after this; the host thread that
+# schedules is the caller's own).
+DEVICE_THREAD_NAME = "refengine-device"
+
+
 class Stream:
     def __init__(self, device: torch.device, *, delay: bool = False, hazard_check: bool = False):
         self.device = torch.device(device)
@@ -82,8 +87,14 @@ class Stream:
             self._thread = None
         else:
             self._cuda_stream = None
-            self._thread = threading.Thread(target=self._run, name="refengine-stream", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=DEVICE_THREAD_NAME, daemon=True)
             self._thread.start()
+
+    @property
+    def thread_id(self) -> int | None:
+        """The operating system's id of the CPU device timeline's worker thread (None on CUDA), as a
+        profiler's trace names threads."""
+        return None if self._thread is None else self._thread.native_id
 
     # ---- submitting work ----------------------------------------------------------------------
     def submit(self, fn: Callable[[], None]) -> None:

@@ -171,9 +171,25 @@ def parse_config(raw: dict, file: Path):
     try:
         if not isinstance(raw, dict):
             raise TypeError(f"config: expected a JSON object, got {type(raw).__name__}")
-        return family_for(raw.get("model_type")).config_from_dict(raw)
+        family = family_for(raw.get("model_type"))
+        cfg = family.config_from_dict(raw)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"invalid {file}: {exc}") from exc
+    _warn_unknown_fields(raw, family.name, file)
+    return cfg
+
+
+def _warn_unknown_fields(raw: dict, family: str, file: Path) -> None:
+    """Warn about each config.json field nothing reads (refengine.model.config_fields), by name."""
+    import warnings
+
+    from refengine.model.config_fields import UnknownConfigFieldWarning, unknown_fields
+
+    for field, close in unknown_fields(raw, "qwen" if family == "qwen3_next" else family):
+        hint = f"; did you mean {close!r}?" if close else ""
+        warnings.warn(UnknownConfigFieldWarning(
+            f"{file}: unknown field {field!r}, ignored (neither transformers' configuration class for "
+            f"{raw.get('model_type')!r} nor refengine reads it){hint}"))  # once per file and field
 
 
 def _weight_files(root: Path) -> list[Path]:

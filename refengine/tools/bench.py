@@ -4,7 +4,9 @@ Both engines get the same prompts and must produce the same tokens (checked); th
 alternately, ``--repeat`` times each, and the report gives the median of each and their ratio.
 ``--profile DIR`` runs the async engine once more under torch.profiler and writes DIR/async-trace.json,
 a Chrome trace (open it in Perfetto, ui.perfetto.dev) with a named range per stage of every step
-(STAGE_RANGES): how the host's stages overlap the device's programs.
+(STAGE_RANGES) on threads named for what they do (the host's scheduling thread, the CPU device
+timeline's worker): how the host's stages overlap the device's programs. The aten ops under the ranges
+(a hundred times the events: ~75 MB for one run of the default workload) are kept with ``--profile-ops``.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 from refengine.config import DEFAULT_ASYNC_GRAPH_MODE
 from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
 
 
 def _workload(llm, copies: int, seed: int):
+    import torch
+
     from refengine.tools.default_workload import default_params, default_prompts
 
     prompts = default_prompts()
@@ -39,12 +41,16 @@ def _timed(llm, prompts, params) -> tuple[float, list]:
 
 
 def _sync(device: str) -> None:
+    import torch
+
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def _kernel_launches(llm, prompts, params) -> int | None:
     """CUDA kernels launched by one run of the workload (None off CUDA), from torch's profiler."""
+    import torch
+
     if torch.device(llm.config.device).type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -60,11 +66,17 @@ def _kernel_launches(llm, prompts, params) -> int | None:
 # on CPU; on CUDA the host's launch of it, the kernels below it).
 STAGE_RANGES = (
     ("schedule", "core.scheduler", "schedule"),
-    ("stage", "", "plan"),
+    ("stage", "planner", "plan"),
     ("program", "runner", "_execute"),
     ("process", "", "process"),
 )
 TRACE_FILE = "async-trace.json"
+# Trace events kept without --profile-ops: the stage ranges, the device's own work on CUDA (kernels,
+# copies) and the trace's metadata; aten ops, CUDA runtime calls and their flow arrows are dropped.
+KEPT_CATEGORIES = frozenset({"user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset",
+                             "Trace"})
+HOST_THREAD = "host: schedule, stage, process"
+DEVICE_THREAD = "device: step programs (CPU device timeline)"
 
 
 @contextlib.contextmanager
@@ -97,9 +109,30 @@ def stage_ranges(engine):
                 setattr(owner, method, own)
 
 
-def profile_async(fast, copies: int, out_dir: str | Path) -> Path:
+def tidy_trace(path: Path, thread_names: dict[int, str], ops: bool = False) -> None:
+    """Rewrite a Chrome trace: its threads named (``thread_names``: thread id -> name; the profiler calls
+    each of them "thread N (python)"), and without ``ops`` only the KEPT_CATEGORIES events."""
+    import json
+
+    trace = json.loads(path.read_text())
+    events = []
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("tid") in thread_names:
+            e = {**e, "args": {**e.get("args", {}), "name": thread_names[e["tid"]]}}
+        elif not ops and e.get("ph") != "M" and "cat" in e and e["cat"] not in KEPT_CATEGORIES:
+            continue
+        events.append(e)
+    trace["traceEvents"] = events
+    path.write_text(json.dumps(trace))
+
+
+def profile_async(fast, copies: int, out_dir: str | Path, ops: bool = False) -> Path:
     """One run of the workload on the async engine under torch.profiler, every thread profiled (the CPU
-    device timeline is a thread of its own), written as a Chrome trace; returns its path."""
+    device timeline is a thread of its own), written as a Chrome trace with the stage ranges on named
+    threads (the aten ops too with ``ops``); returns its path."""
+    import threading
+
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     out = Path(out_dir)
@@ -117,6 +150,10 @@ def profile_async(fast, copies: int, out_dir: str | Path) -> Path:
         _sync(fast.config.device)
     path = out / TRACE_FILE
     prof.export_chrome_trace(str(path))
+    names = {threading.get_native_id(): HOST_THREAD}
+    if fast.engine.stream.thread_id is not None:
+        names[fast.engine.stream.thread_id] = DEVICE_THREAD
+    tidy_trace(path, names, ops)
     return path
 
 
@@ -206,12 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="DIR", default=None, help=f"also profile one async run and write "
                    f"DIR/{TRACE_FILE} (Chrome trace, opens in Perfetto) with a range per stage: "
                    f"{', '.join(name for name, _, _ in STAGE_RANGES)}")
+    p.add_argument("--profile-ops", action="store_true", help="with --profile: keep every aten op under the "
+                   "ranges in the trace too (about a hundred times the events)")
     add_dtype_flag(p, "both engines")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+
     from refengine.tools.errors import SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)
@@ -260,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     if args.profile is not None:
-        path = profile_async(fast, args.copies, args.profile)
+        path = profile_async(fast, args.copies, args.profile, ops=args.profile_ops)
         print(f"  profile of one async run: {path} (Chrome trace: open it in Perfetto, ui.perfetto.dev); "
               f"ranges {', '.join(name for name, _, _ in STAGE_RANGES)} per step")
     return 0

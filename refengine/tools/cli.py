@@ -12,14 +12,15 @@ import re
 import sys
 import time
 
+# Parsing imports no torch (a test holds it to that): --help and usage errors answer at once; the engine,
+# the tools and the error classes they raise load in the command functions.
 from refengine.config import DEFAULT_ASYNC_GRAPH_MODE, GRAPH_MODES
-from refengine.tools import mtp_head
 from refengine.tools.errors import (
-    REQUEST_ERRORS,
-    SETUP_ERRORS,
     OneLineParser,
     add_dtype_flag,
+    docstring_of,
     int_at_least,
+    one_line_warnings,
     report,
 )
 
@@ -96,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="async vs reference tokens/s on the default workload", add_help=False)
     mtp = sub.add_parser("add-mtp-head", help="copy a checkpoint saved without an MTP head (as transformers "
                          "saves one) and add a head initialised from the model's own layers",
-                         description=mtp_head.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=docstring_of("refengine.tools.mtp_head"),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     mtp.add_argument("src", metavar="SRC", help="checkpoint folder without mtp.* tensors")
     mtp.add_argument("dst", metavar="DST", help="new folder: SRC's files plus the head")
     return p
@@ -105,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv else "generate"
+    one_line_warnings(f"refengine {command}")
     try:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
@@ -131,6 +134,7 @@ def generate_command(args) -> int:
     import torch
 
     from refengine import LLM, SamplingParams
+    from refengine.tools.errors import REQUEST_ERRORS, SETUP_ERRORS
 
     torch.set_num_threads(args.threads)
     prompts = list(args.prompt) + list(args.prompt_ids)
@@ -200,6 +204,9 @@ def _generate(llm, prompts: list, params, mode: str) -> list[tuple[object, list[
 
 
 def add_mtp_head_command(src: str, dst: str) -> int:
+    from refengine.tools import mtp_head
+    from refengine.tools.errors import SETUP_ERRORS
+
     try:
         origin = mtp_head.add_mtp_head(src, dst)
     except SETUP_ERRORS as e:

@@ -14,8 +14,8 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from refengine.outputs import RequestOutput
 from refengine.tools.default_workload import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_NUM_SPEC_TOKENS,
@@ -23,6 +23,9 @@ from refengine.tools.default_workload import (
     default_params,
 )
 from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
+
+if TYPE_CHECKING:  # torch loads when the command runs, not when its parser answers --help
+    from refengine.outputs import RequestOutput
 
 
 @dataclass

@@ -31,3 +31,23 @@ def test_bench_refuses_engines_that_disagree(monkeypatch):
     monkeypatch.setattr(bench, "_timed", corrupt_async)
     with pytest.raises(SystemExit, match="disagree"):
         bench.run(None, k=0, graph_mode="none", repeat=1, copies=1, max_num_seqs=16)
+
+
+def test_a_trace_keeps_the_aten_ops_only_when_asked(tmp_path):
+    """--profile-ops keeps what the profiler recorded under the ranges; without it only the ranges (the
+    engine's run under the profiler: tests/refengine/test_generate_modes.py)."""
+    import json
+
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "thread 7 (python)"}},
+        {"ph": "X", "cat": "user_annotation", "name": "schedule", "pid": 1, "tid": 7, "ts": 0, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 7, "ts": 0, "dur": 1},
+    ]
+    path = tmp_path / "trace.json"
+    for ops, kept in ((False, ["thread_name", "schedule"]), (True, ["thread_name", "schedule", "aten::mm"])):
+        path.write_text(json.dumps({"traceEvents": events}))
+        bench.tidy_trace(path, {7: bench.HOST_THREAD}, ops=ops)
+        written = json.loads(path.read_text())["traceEvents"]
+        assert [e["name"] for e in written] == kept
+        assert written[0]["args"]["name"] == bench.HOST_THREAD
+    assert bench.build_parser().parse_args(["--profile", "p", "--profile-ops"]).profile_ops

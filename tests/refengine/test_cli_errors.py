@@ -87,10 +87,10 @@ def test_bad_checkpoint(command, case, pattern, broken, capsys):
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("device,pattern", [
-    ("tpu", "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
-    pytest.param("cuda", "device='cuda' but CUDA is not available",
+    ("tpu", "--device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    pytest.param("cuda", "--device cuda but CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
-    ("cuda:99", "device='cuda:99' but"),
+    ("cuda:99", "--device cuda:99 but"),
 ])
 def test_bad_device(command, device, pattern, capsys):
     code = main([*COMMANDS[command], "--device", device])
@@ -102,7 +102,7 @@ def test_bad_device(command, device, pattern, capsys):
     (["bench", "--graph-mode", "sometimes"], "bench"),
 ])
 def test_unknown_graph_mode(argv, prog, capsys):
-    _one_line_error(capsys, main(argv), prog, "graph_mode must be one of .*got 'sometimes'")
+    _one_line_error(capsys, main(argv), prog, "--graph-mode must be one of .*got 'sometimes'")
 
 
 def test_bad_prompts(capsys):

@@ -43,7 +43,7 @@ def test_the_summary_names_the_async_graph_mode_and_ngram_flags_reach_the_engine
     assert f"engine async, dtype float32, device cpu, graph mode {DEFAULT_ASYNC_GRAPH_MODE}, mode batch" in \
         capsys.readouterr().out
     assert main([*argv[:-4], "--prompt-lookup-min", "4", "--prompt-lookup-max", "3"]) == 2
-    assert "prompt_lookup" in capsys.readouterr().err
+    assert "--prompt-lookup-min (4) must be <= --prompt-lookup-max (3)" in capsys.readouterr().err
 
 
 def test_a_capped_max_tokens_is_said(capsys):
@@ -77,6 +77,11 @@ def test_bench_profile_writes_a_trace_with_a_range_per_stage(tmp_path):
     assert all(threads.values()), threads  # every stage is a named range
     assert threads["program"].isdisjoint(threads["schedule"])  # the device timeline is its own thread on CPU
     assert "process" not in vars(llm.engine)  # the ranges were this run's only
+    # The threads are named for what they do, and the aten ops under the ranges are left out (--profile-ops).
+    named = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert named[next(iter(threads["schedule"]))] == bench.HOST_THREAD, named
+    assert named[next(iter(threads["program"]))] == bench.DEVICE_THREAD, named
+    assert not [e for e in events if e.get("cat") == "cpu_op"], "aten ops without --profile-ops"
 
 
 @pytest.mark.parametrize("argv", [["bench", "--profile", __file__]])
