@@ -34,6 +34,7 @@ def _processors(b, k: int) -> None:
         b.add(6 + m, m + 4, arrival=1 + m, ignore_eos=False, stop_token_ids=stops,
               params={"min_tokens": m, "logprobs": 1})
     b.add(11, n, arrival=4, params={"allowed_token_ids": _ids(b, v // 2)})
+    b.add(14, n + 4, arrival=5, repeat=2, params={"frequency_penalty": 0.5, "presence_penalty": 0.2})
     for i in range(b.size(0, 6)):
         b.add(b.rng.randint(3, 20), n, arrival=6 + i, params={} if i % 2 else
               {"repetition_penalty": 1.3, "allowed_token_ids": _ids(b, v // 4), "logprobs": 3})

@@ -57,7 +57,8 @@ def test_the_shipped_declarations_in_report_order():
         "aborts", "spec-lossless", "cache-lossless", "params-change-output", "workload-triggers"]
     assert [c.name for c in checks.declared() if c.runs_when_test_broke] == [
         "runs", "cache-lossless", "params-change-output", "workload-triggers"]
-    assert [c.name for c in checks.declared() if not c.replay] == ["params-change-output", "workload-triggers"]
+    assert [c.name for c in checks.declared() if not c.replay] == [
+        "params-change-output", "workload-triggers"]
 
 
 def test_a_declared_check_is_run_and_reported(example_check, run, small_case):
