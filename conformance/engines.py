@@ -61,6 +61,10 @@ class RequestParams:
     max_tokens: int
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # The request's other SamplingParams fields, vLLM's names (conformance.workloads.scenario.REQUEST_PARAMS):
+    # allowed_token_ids, bad_words, logit_bias ({id: bias}), min_tokens, the three penalties, stop,
+    # include_stop_str_in_output, logprobs, prompt_logprobs. An engine must honour each one it is given.
+    sampling: dict = dataclasses.field(default_factory=dict)
 
 
 class EngineInstance(Protocol):
@@ -98,6 +102,7 @@ class LLMInstance:
                 max_tokens=params.max_tokens,
                 ignore_eos=params.ignore_eos,
                 stop_token_ids=list(params.stop_token_ids),
+                **params.sampling,
             ),
         )
 

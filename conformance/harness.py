@@ -22,10 +22,12 @@ from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT, EngineHang, Watch, run_watched
 from conformance.workloads import EngineSettings, RequestSpec, Scenario, get_def, seed_of
+from conformance.workloads.scenario import TEXT_PARAMS
 
 REFERENCE_LABEL = "reference"
 PLAIN_LABEL = "plain greedy (K=0, no aborts)"
 CACHED_LABEL = "reference with prefix caching"
+BARE_LABEL = "reference without the request parameters"
 
 
 class NoProgress(RuntimeError):
@@ -99,7 +101,7 @@ def run_workload(
                 for r in [r for r in pending if r.arrival_step <= step and _ready(r, recorder.trace)]:
                     call(f"add_request({r.request_id!r}) {at}", engine.add_request, r.request_id,
                          _prompt(r, recorder.trace),
-                         RequestParams(r.max_tokens, r.ignore_eos, tuple(r.stop_token_ids)))
+                         RequestParams(r.max_tokens, r.ignore_eos, tuple(r.stop_token_ids), r.sampling))
                     recorder.on_added(r.request_id, step)
                     added.add(r.request_id)
                     pending.remove(r)
@@ -253,11 +255,14 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
         return "the engine under test does not support prefix caching"
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
         return "text prompts need a model with a tokenizer"
+    if not facts.has_tokenizer and any(n in TEXT_PARAMS for r in scenario.requests for n, _ in r.params):
+        return "stop strings and bad words need a model with a tokenizer"
     bad = [
         t
         for r in scenario.requests
         if not isinstance(r.prompt, str)
-        for t in (*r.prompt, *r.stop_token_ids)
+        for t in (*r.prompt, *r.stop_token_ids, *r.sampling.get("allowed_token_ids", ()),
+                  *r.sampling.get("logit_bias", {}))
         if not 0 <= t < facts.vocab_size
     ]
     if bad:
@@ -323,6 +328,9 @@ def _infrastructure_error(result: ScenarioResult, traces: dict[str, Trace]) -> b
     elif "plain" in traces and traces["plain"].error is not None:
         result.error = "the reference engine failed on the plain (K=0, no aborts) workload:\n" + \
             traces["plain"].error
+    elif "bare" in traces and traces["bare"].error is not None:
+        result.error = "the reference engine failed on the workload without request parameters:\n" + \
+            traces["bare"].error
     return result.error is not None
 
 
@@ -370,7 +378,10 @@ def late_traces(scenario: Scenario, case: Case, traces: dict[str, Trace]) -> dic
     if scenario.caching:
         traces["cached"] = traces["test"] if case.engine == "reference" else run_workload(
             cached_reference_adapter(), scenario, case.facts, label=CACHED_LABEL, **where)
-    return {k: v for k, v in traces.items() if k in ("plain", "test-plain", "cached")}
+    if scenario.has_params:  # what each request's parameters must change ("params-change-output")
+        traces["bare"] = run_workload(ref_side, scenario.without_params(), case.facts, label=BARE_LABEL,
+                                      settings=scenario.settings.uncached(), **where)
+    return {k: v for k, v in traces.items() if k in ("plain", "test-plain", "cached", "bare")}
 
 
 def _differs(plain: Trace, test: Trace, aborted) -> bool:
@@ -400,6 +411,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         case.default_model,
         traces.get("cached"),
         traces.get("test-plain"),
+        traces.get("bare"),
     )
     test = inputs.test
     results = []

@@ -72,6 +72,11 @@ class RequestTrace:
     token_kinds: list[str] = field(default_factory=list)
     # (position, rows, digest) per sampling row
     logits: list[tuple[int, int, str]] = field(default_factory=list)
+    stop_reason: int | str | None = None  # the stop id or stop string that finished it (None: EOS, length)
+    # per output token, its logprobs entry as [[id, logprob], ...] in the engine's order (None: not asked)
+    logprobs: list[list[list]] | None = None
+    # per prompt position, None or [[id, logprob], ...] (None: not asked)
+    prompt_logprobs: list[list[list] | None] | None = None
 
 
 @dataclass
@@ -204,6 +209,9 @@ class Recorder:
         cached = getattr(out, "num_cached_tokens", None)
         if cached is None and "num_cached_tokens" not in self.trace.missing_fields:
             self.trace.missing_fields.append("num_cached_tokens")
+        for name in ("stop_reason", "logprobs", "prompt_logprobs"):  # RequestOutput fields of request params
+            if not hasattr(out, name) and name not in self.trace.missing_fields:
+                self.trace.missing_fields.append(name)
         self.trace.requests[out.request_id] = RequestTrace(
             request_id=out.request_id,
             prompt_token_ids=_ints(out.prompt_token_ids),
@@ -217,6 +225,10 @@ class Recorder:
             num_cached_tokens=_opt_int(cached),
             added_at=self.added.get(out.request_id),
             returned_at=steps_run,
+            stop_reason=getattr(out, "stop_reason", None),
+            logprobs=_logprobs(getattr(out, "logprobs", None)),
+            prompt_logprobs=None if getattr(out, "prompt_logprobs", None) is None else [
+                None if d is None else _entry(d) for d in out.prompt_logprobs],
         )
 
     def on_abort(self, request_id: str, step: int, out, live: int, occupancy=None) -> None:
@@ -264,6 +276,15 @@ def _derive(req: RequestTrace, rows: list[RowTrace], spec_enabled: bool) -> None
         for i, (drafted, accepted) in enumerate(req.acceptance):
             req.verify_steps.append(VerifyStep(i, None, position, drafted, accepted))
             position += accepted + 1
+
+
+def _entry(d) -> list[list]:
+    """One position's {id: logprob} as [[id, logprob], ...], in the engine's order (values as floats)."""
+    return [[int(t), float(v)] for t, v in dict(d).items()]
+
+
+def _logprobs(values) -> list[list[list]] | None:
+    return None if values is None else [_entry(d) for d in values]
 
 
 def _ints(values) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -89,10 +90,10 @@ class LLM:
         self.tokenizer = load_tokenizer(path)
         spec = self.config.speculative
         if isinstance(spec.drafter, ScriptedDrafter) and spec.drafter.truth is None:
-            spec.drafter.truth = GreedyTruth(self.config, net, model_config)
+            spec.drafter.truth = GreedyTruth(self.config, net, model_config, self.tokenizer)
         elif spec.drafter == "scripted" and spec.enabled:
             spec.drafter = ScriptedDrafter(num_speculative_tokens, model_config.vocab_size,
-                                           truth=GreedyTruth(self.config, net, model_config))
+                                           truth=GreedyTruth(self.config, net, model_config, self.tokenizer))
         async_options = {"delay": delay_copies, "hazard_check": hazard_check} if engine == "async" else {}
         self.engine = _make_engine(self.config, net, model_config, self.tokenizer, **async_options)
         if observer is not None:
@@ -178,11 +179,11 @@ def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_opt
 
 
 class GreedyTruth:
-    """A scripted drafter's truth source: each request's plain greedy (K=0) output, from a private
-    reference engine on the same weights, ``K`` tokens past ``max_tokens`` so drafts made near the
-    end are scripted too."""
+    """A scripted drafter's truth source: each request's plain greedy (K=0) output under its own logits
+    processors, from a private reference engine on the same weights, ``K`` tokens past ``max_tokens`` so
+    drafts made near the end are scripted too (stop strings and logprobs left out: they change no token)."""
 
-    def __init__(self, config: EngineConfig, net, model_config):
+    def __init__(self, config: EngineConfig, net, model_config, tokenizer=None):
         self._config = EngineConfig(
             model=config.model,
             engine="reference",
@@ -194,17 +195,18 @@ class GreedyTruth:
             cache=CacheConfig(block_size=config.cache.block_size),
         )
         self._num_speculative_tokens = config.speculative.num_speculative_tokens
-        self._net, self._model_config = net, model_config
+        self._net, self._model_config, self._tokenizer = net, model_config, tokenizer
         self._engine: ReferenceEngine | None = None
 
     def __call__(self, req: Request) -> list[int]:
         if self._engine is None:
-            self._engine = ReferenceEngine(self._config, self._net, self._model_config)
+            self._engine = ReferenceEngine(self._config, self._net, self._model_config, self._tokenizer)
         p = req.params
         self._engine.add_request(
             "truth",
             req.prompt_token_ids,
-            SamplingParams(p.max_tokens + self._num_speculative_tokens, p.ignore_eos, p.stop_token_ids),
+            dataclasses.replace(p, max_tokens=p.max_tokens + self._num_speculative_tokens, stop=None,
+                                include_stop_str_in_output=False, logprobs=None, prompt_logprobs=None),
         )
         out = []
         while self._engine.has_unfinished():

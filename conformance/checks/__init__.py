@@ -24,6 +24,7 @@ from conformance.checks.invariants import (
     check_runs,
     check_state_slots,
 )
+from conformance.checks.params import check_logprobs, check_params_change_output, check_stop_semantics
 from conformance.checks.prefix_cache import check_cache_lossless, check_cached_tokens, check_restored_state
 from conformance.checks.registry import (
     Check,
@@ -71,14 +72,17 @@ __all__ = [
     "check_full_graph_metadata",
     "check_id_range",
     "check_logits_digests",
+    "check_logprobs",
     "check_new_prompt_prefill",
     "check_output_records",
+    "check_params_change_output",
     "check_pools_empty",
     "check_request_outputs",
     "check_restored_state",
     "check_runs",
     "check_spec_lossless",
     "check_state_slots",
+    "check_stop_semantics",
     "check_tokens",
     "check_triggers",
     "declaration",

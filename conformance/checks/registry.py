@@ -21,9 +21,9 @@ from typing import Any
 from conformance.results import CheckResult
 
 # The traces a check may read: the CheckInputs fields that hold one.
-TRACES = ("ref", "test", "plain", "cached", "test_plain")
+TRACES = ("ref", "test", "plain", "cached", "test_plain", "bare")
 # The runs made after the first two ("reference" and "test"): a check reading one is late.
-LATE_TRACES = frozenset({"plain", "cached", "test_plain"})
+LATE_TRACES = frozenset({"plain", "cached", "test_plain", "bare"})
 
 # Report order of the shipped checks (reports, JUnit, fail-fast evaluation); a check not named here
 # follows them, in the order it was declared.
@@ -47,6 +47,9 @@ REPORT_ORDER = (
     "state-slots",
     "pools-empty",
     "degenerate-run",
+    "logprobs",
+    "stop-semantics",
+    "params-change-output",
     "workload-triggers",
 )
 
@@ -64,6 +67,7 @@ class CheckInputs:
     strict_triggers: bool  # the shipped model: a trigger it cannot produce is a failure, not a warning
     cached: Any = None  # Trace of the reference engine with the scenario's prefix caching, or None
     test_plain: Any = None  # Trace of the engine under test on the plain workload (K=0), or None
+    bare: Any = None  # Trace of the reference engine on the same requests without their parameters, or None
 
     @property
     def aborted(self) -> set[str]:

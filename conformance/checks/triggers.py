@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from conformance.checks.cache_floor import floor
+from conformance.checks.param_triggers import PARAM_CACHE_TRIGGERS, PARAM_TRIGGERS
 from conformance.checks.prefix_cache import Timeline, bounds, no_eviction_before, tokens_of
 from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
@@ -323,6 +324,7 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
             "a request admitted after the pool may have evicted blocks still had a cache floor above 0",
             _floor_under_pressure,
         ),
+        **PARAM_TRIGGERS,  # the request-parameter scenarios' (conformance/checks/param_triggers.py)
     }
 )
 # Judged on the reference engine's run with the scenario's prefix caching.
@@ -340,6 +342,7 @@ CACHE_TRIGGERS = frozenset(
         "checkpoint-inside-step",
         "blocks-at-offsets",
         "off-grid-chunk-before-hit",
+        *PARAM_CACHE_TRIGGERS,
     }
 )
 

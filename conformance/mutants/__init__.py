@@ -30,6 +30,9 @@ class Mutant:
     patch: Callable  # patch(engine) -> None, applied to a refengine.async_engine.AsyncEngine instance
     graph_mode: str = "full_and_piecewise"
     scenarios: tuple[str, ...] = ()  # scenario ids tried first (the rest of the tier follows)
+    # Its scenarios need a tokenizer (stop strings, bad words) and are tuned to the embedded default model:
+    # it runs there unless the model given has a tokenizer.
+    tokenizer: bool = False
 
 
 class _PlanSnapshots:
@@ -835,6 +838,11 @@ MUTANTS += (
 from conformance.mutants.mamba2 import MAMBA2_MUTANTS
 
 MUTANTS += MAMBA2_MUTANTS
+
+# Requests that carry state (issue 34), in a module of their own too.
+from conformance.mutants.params import params_mutants
+
+MUTANTS += params_mutants(Mutant)
 
 
 def get_mutant(mutant_id: str) -> Mutant:

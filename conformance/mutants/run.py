@@ -31,6 +31,8 @@ class MutantResult:
 def model_for(mutant: Mutant, model: str | None) -> str | None:
     """The model a mutant runs on: ``model``, unless the mutant declares a family (it patches that
     family's mixer) and ``model`` is of another one; then that family's tiny model."""
+    if getattr(mutant, "tokenizer", False) and (model is None or not describe_model(model).has_tokenizer):
+        return None
     family = getattr(mutant, "family", None)
     if family is None or (model is not None and describe_model(model).family == family):
         return model

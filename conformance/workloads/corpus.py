@@ -9,6 +9,7 @@ requests, plus a few nightly-only soak scenarios.
 from __future__ import annotations
 
 from conformance.workloads.files import regression_defs
+from conformance.workloads.param_corpus import param_defs
 from conformance.workloads.scenario import TIERS, EngineSettings, RequestSpec, ScenarioDef
 
 NIGHTLY = ("nightly",)  # scenarios too slow for the default tier
@@ -652,6 +653,7 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         *_prefix_caching(),
         *(_shared_prompt(k, mode) for k in (0, 3) for mode in ("all", "align")),
         _cached_preemption(3),
+        *param_defs(),  # requests that carry state (conformance/workloads/param_corpus.py)
         *regression_defs(),  # shrunk generated workloads that once failed (conformance/workloads/regressions)
     ]
     ids = [d.id for d in defs]

@@ -11,7 +11,10 @@ Format (``"format": "conformance-scenario/1"``)::
      "vocab_size": 260,                      # the vocabulary the token ids were drawn for
      "requests": [{"request_id": "r00", "prompt": [ids], "max_tokens": 8, "arrival_step": 0,
                    "ignore_eos": true, "stop_token_ids": [], "abort_step": null,
-                   "extends": null}, ...],       # or an earlier request's id: a next turn (see RequestSpec)
+                   "extends": null,              # or an earlier request's id: a next turn (see RequestSpec)
+                   "params": {}}, ...],          # SamplingParams fields, vLLM's names (REQUEST_PARAMS):
+                                                 # {"allowed_token_ids": [ids], "logit_bias": {"id": bias},
+                                                 #  "min_tokens": 4, "stop": ["ab"], "logprobs": 2, ...}
      "origin": {...}}                        # where it came from (seed, failing check): informational
 
 Token ids are exact when the model's vocabulary is the file's; on a smaller vocabulary they are
@@ -43,10 +46,33 @@ def scenario_to_dict(scenario: Scenario, vocab_size: int, origin: dict | None = 
         "settings": asdict(scenario.settings),
         "graph_mode": scenario.graph_mode,
         "vocab_size": vocab_size,
-        "requests": [{**asdict(r), "prompt": list(r.prompt), "stop_token_ids": list(r.stop_token_ids)}
+        "requests": [{**asdict(r), "prompt": list(r.prompt), "stop_token_ids": list(r.stop_token_ids),
+                      "params": _params_to_json(r)}
                      for r in scenario.requests],
         "origin": origin or {},
     }
+
+
+def _params_to_json(r: RequestSpec) -> dict:
+    """A request's parameters as JSON: lists, and ``logit_bias`` an object keyed by id."""
+    return {name: ({str(t): b for t, b in value} if name == "logit_bias" else
+                   list(value) if isinstance(value, tuple) else value) for name, value in r.params}
+
+
+def _params_from_json(params, vocab_size: int | None) -> dict:
+    """A file's ``params`` object; ``vocab_size``: take the ids modulo it (a smaller vocabulary)."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ScenarioFileError(
+            f"a request's params must be an object of SamplingParams fields, got {params!r}")
+    out = dict(params)
+    if vocab_size is not None:
+        if out.get("allowed_token_ids") is not None:
+            out["allowed_token_ids"] = sorted({int(t) % vocab_size for t in out["allowed_token_ids"]})
+        if out.get("logit_bias") is not None:
+            out["logit_bias"] = {int(t) % vocab_size: b for t, b in dict(out["logit_bias"]).items()}
+    return out
 
 
 def write_scenario_file(
@@ -92,7 +118,8 @@ def scenario_from_dict(
             requests.append(RequestSpec(str(r["request_id"]), prompt, int(r["max_tokens"]),
                                         int(r.get("arrival_step", 0)), bool(r.get("ignore_eos", True)), stops,
                                         None if r.get("abort_step") is None else int(r["abort_step"]),
-                                        None if r.get("extends") is None else str(r["extends"])))
+                                        None if r.get("extends") is None else str(r["extends"]),
+                                        _params_from_json(r.get("params"), vocab_size if remap else None)))
     except (KeyError, TypeError) as e:
         raise ScenarioFileError(f"{where}malformed scenario file: {type(e).__name__}: {e}") from None
     except ScenarioFileError:

@@ -17,6 +17,36 @@ TIERS = ("default", "nightly")
 DRAFTERS = ("mtp", "scripted", "ngram")
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
 MAMBA_CACHE_MODES = ("align", "all")
+# Per-request parameters a scenario may give (vLLM's SamplingParams names and meanings, see
+# refengine/sampling_params.py); stored on a RequestSpec as sorted (name, value) pairs, lists as tuples.
+REQUEST_PARAMS = ("allowed_token_ids", "bad_words", "logit_bias", "min_tokens", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty", "stop", "include_stop_str_in_output",
+                  "logprobs", "prompt_logprobs")
+# The ones that change no token: a request with only these is unrestricted.
+OUTPUT_NEUTRAL_PARAMS = frozenset({"logprobs", "prompt_logprobs", "include_stop_str_in_output"})
+# The ones that need the model's tokenizer (text).
+TEXT_PARAMS = frozenset({"bad_words", "stop"})
+
+
+def freeze_params(params) -> tuple[tuple[str, object], ...]:
+    """``{name: value}`` (or pairs) -> sorted ``(name, value)`` pairs, hashable and JSON-ready: lists become
+    tuples, ``logit_bias`` sorted ``(id, bias)`` pairs; None values dropped. ValueError names an unknown
+    parameter."""
+    items = dict(params or {})
+    unknown = sorted(set(items) - set(REQUEST_PARAMS))
+    if unknown:
+        raise ValueError(f"unknown request parameter(s) {unknown}; known: {list(REQUEST_PARAMS)}")
+    out = []
+    for name, value in sorted(items.items()):
+        if value is None:
+            continue
+        if name == "logit_bias":
+            pairs = value.items() if isinstance(value, dict) else value
+            value = tuple(sorted((int(t), float(b)) for t, b in pairs))
+        elif isinstance(value, list | tuple):
+            value = tuple(value)
+        out.append((name, value))
+    return tuple(out)
 
 
 def seed_of(text: str) -> int:
@@ -122,8 +152,21 @@ class RequestSpec:
     # prompt once that request's output came back, and adds this one at ``arrival_step`` or, if the other
     # has not finished by then, right after it has.
     extends: str | None = None
+    # The request's own SamplingParams fields (REQUEST_PARAMS): sorted (name, value) pairs (freeze_params).
+    params: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def sampling(self) -> dict:
+        """``params`` as SamplingParams keyword arguments (``logit_bias`` a dict again)."""
+        return {name: dict(value) if name == "logit_bias" else value for name, value in self.params}
+
+    @property
+    def restricted(self) -> bool:
+        """Whether a parameter of the request can change its tokens (logprobs alone cannot)."""
+        return any(name not in OUTPUT_NEUTRAL_PARAMS for name, _ in self.params)
 
     def __post_init__(self):
+        object.__setattr__(self, "params", freeze_params(self.params))
         if self.abort_step is not None and self.abort_step < self.arrival_step:
             raise ValueError(f"request {self.request_id}: abort_step {self.abort_step} comes before its "
                              f"arrival_step {self.arrival_step}")
@@ -200,6 +243,15 @@ class Scenario:
         """The same workload with every request left to finish: what an aborted request is a prefix of."""
         return replace(self, requests=tuple(replace(r, abort_step=None) for r in self.requests))
 
+    @property
+    def has_params(self) -> bool:
+        """Whether a request carries a parameter that can change its tokens."""
+        return any(r.restricted for r in self.requests)
+
+    def without_params(self) -> Scenario:
+        """The same requests without their parameters: what each parameter must change."""
+        return replace(self, requests=tuple(replace(r, params=()) for r in self.requests))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -232,6 +284,7 @@ class Builder:
         return tuple(phrase[i % len(phrase)] for i in range(length))
 
     def add(self, length: int, max_tokens: int, arrival: int = 0, *, repeat: int = 0, **kw) -> RequestSpec:
+        """A request with a seeded prompt; ``params={...}``: its SamplingParams fields (REQUEST_PARAMS)."""
         return self.add_ids(self.prompt(length, repeat), max_tokens, arrival, **kw)
 
     def add_ids(self, prompt: tuple[int, ...], max_tokens: int, arrival: int = 0, **kw) -> RequestSpec:

@@ -12,6 +12,7 @@ from conformance.workloads import get_def
 
 SCENARIO = "short-prompts-mixed-k3"  # new short prompts next to running decodes, K=3 verify steps
 CACHING_ONLY = {"cache-lossless", "restored-state", "cache-floor"}  # n/a without prefix caching
+PARAMS_ONLY = {"logprobs", "params-change-output"}  # n/a for requests without parameters
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +34,11 @@ def test_real_traces_pass_every_check(run):
     assert statuses["full-graph-metadata"] == NA  # the reference engine runs no graphs
     assert statuses["aborts"] == NA  # the workload aborts nothing
     assert all(statuses[name] == NA for name in CACHING_ONLY)  # the workload runs without prefix caching
+    assert all(statuses[name] == NA for name in PARAMS_ONLY)  # its requests carry no parameters
     assert all(
         s == PASS
         for name, s in statuses.items()
-        if name not in {"full-graph-metadata", "aborts", *CACHING_ONLY}
+        if name not in {"full-graph-metadata", "aborts", *CACHING_ONLY, *PARAMS_ONLY}
     )
 
 
@@ -320,7 +322,7 @@ def test_checks_needing_a_field_the_records_lack_are_not_applicable(small_case, 
     for name in na:
         assert by_name[name].status == NA and dropped[0] in by_name[name].summary, by_name[name]
     assert all(c.status == PASS for c in result.checks
-               if c.check not in na | {"aborts", "full-graph-metadata"} | CACHING_ONLY)
+               if c.check not in na | {"aborts", "full-graph-metadata"} | CACHING_ONLY | PARAMS_ONLY)
 
 
 def test_the_checks_and_the_harness_know_no_engine():

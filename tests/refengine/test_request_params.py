@@ -201,45 +201,12 @@ def test_processors_match_transformers_generate(family, preset, tiny_checkpoint,
             assert abs(d[t] - float(raw[pos, t])) < 1e-3, f"{family} {ours}: logprob at {pos}"
 
 
-# ---- planted bugs from the upstream record: each must break the comparison above ---------------------------
-def _stale_mask_on_reuse(engine):
-    """vLLM #43894: an admission writes the allowed-id mask only for restricted requests, so an
-    unrestricted request on a reused slot keeps its previous owner's whitelist."""
-    proc = engine.state.processors
-    admit = proc.admit
+# ---- planted bugs from the upstream record: registered mutants, each must break the comparison above ----
+@pytest.mark.parametrize("mutant_id", ["params-stale-mask-on-reuse", "params-logprobs-of-rejected-draft"])
+def test_planted_bugs_are_caught(reference_k0, mutant_id):
+    from conformance.mutants import get_mutant
 
-    def admit_keeping_masks(idx, w, *args):
-        kept = proc.allowed[idx.long()].clone()
-        admit(idx, w, *args)
-        free = w["proc.restricted"] == 0
-        proc.allowed[idx.long()[free]] = kept[free]
-
-    proc.admit = admit_keeping_masks
-
-
-def _logprobs_one_position_late(engine):
-    """vLLM #31336: a kept token's logprobs are read from the next position's row (a rejected draft's)."""
-    from refengine.async_engine import runner as runner_module
-
-    tables = runner_module.logprob_tables
-    late = lambda logits, cu, tokens: tables(logits, cu + 1, tokens)
-    engine.runner.verify = _with(runner_module, "logprob_tables", late, engine.runner.verify)
-
-
-def _with(module, name, value, fn):
-    def wrapped(*args, **kw):
-        old = getattr(module, name)
-        setattr(module, name, value)
-        try:
-            return fn(*args, **kw)
-        finally:
-            setattr(module, name, old)
-    return wrapped
-
-
-@pytest.mark.parametrize("plant", [_stale_mask_on_reuse, _logprobs_one_position_late])
-def test_planted_bugs_are_caught(reference_k0, plant):
     llm = LLM(engine="async", max_num_seqs=3, num_speculative_tokens=3, drafter="ngram",
-              prompt_lookup_min=1, prompt_lookup_max=3, graph_mode="full")
-    plant(llm.engine)
-    assert _outputs(llm) != reference_k0, f"{plant.__name__} went unnoticed"
+              prompt_lookup_min=1, prompt_lookup_max=3, graph_mode="none")
+    get_mutant(mutant_id).patch(llm.engine)
+    assert _outputs(llm) != reference_k0, f"{mutant_id} went unnoticed"

@@ -1,0 +1,225 @@
+"""Checks of the state requests carry (their SamplingParams fields): logprobs, stop semantics, and that
+every parameter changes something.
+
+``logprobs`` holds the engine under test's logprobs to the reference's bitwise (ids, order and values)
+wherever the tokens are the reference's; ``stop-semantics`` what a finished request says about why it
+finished (vLLM's ``finish_reason`` / ``stop_reason``) and that nothing past a stop comes back;
+``params-change-output`` runs the reference on the same requests without their parameters, so a
+parameter both engines silently ignore fails (as vLLM's async-scheduling test asserts).
+"""
+
+from __future__ import annotations
+
+from conformance.checks.compare import first_difference
+from conformance.checks.registry import CheckInputs, check
+from conformance.results import CheckResult, failed, not_applicable, passed
+from conformance.trace import RequestTrace, Trace
+
+
+def _specs(c: CheckInputs) -> dict:
+    return {r.request_id: r for r in c.scenario.requests}
+
+
+def check_logprobs(scenario, reference: Trace, test: Trace, skip=frozenset()) -> CheckResult:
+    """A request that asked for logprobs gets one entry per output token holding its token, and the
+    entries equal the reference's bitwise over the tokens both produced alike; one that did not, none."""
+    name = "logprobs"
+    asked = {r.request_id: r.sampling.get("logprobs") for r in scenario.requests}
+    if not any(n is not None for n in asked.values()):
+        return not_applicable(name, "no request asks for logprobs")
+    compared = 0
+    for rid in sorted(reference.requests):
+        ref, got = reference.requests[rid], test.requests.get(rid)
+        if got is None:
+            continue
+        n = asked.get(rid)
+        for side, trace, req in (("reference", reference, ref), ("engine under test", test, got)):
+            bad = _malformed(req, n)
+            if bad:
+                return failed(name, f"request {rid}: {side}'s logprobs {bad}",
+                              f"request {rid} (logprobs={n}) on {trace.engine}: its logprobs {bad}",
+                              request_id=rid)
+        if n is None:
+            continue
+        same = first_difference(ref.token_ids, got.token_ids)
+        upto = min(len(ref.token_ids), len(got.token_ids)) if same is None else same
+        if rid in skip:  # an aborted request: over the tokens both kept
+            upto = min(upto, len(ref.token_ids), len(got.token_ids))
+        for pos in range(upto):
+            want, have = ref.logprobs[pos], got.logprobs[pos]
+            if [[t, _bits(v)] for t, v in want] != [[t, _bits(v)] for t, v in have]:
+                return failed(
+                    name, f"request {rid}: logprobs differ at output position {pos} "
+                    f"(token {ref.token_ids[pos]})",
+                    f"request {rid} output position {pos}, token {ref.token_ids[pos]}:\n"
+                    f"  {reference.engine}: {want}\n  {test.engine}: {have}",
+                    request_id=rid, position=pos)
+        compared += upto
+    return passed(name, f"{compared} output tokens' logprobs bitwise equal")
+
+
+def _bits(v: float) -> str:
+    return float(v).hex()
+
+
+def _malformed(req: RequestTrace, n: int | None) -> str | None:
+    if n is None:
+        return None if not req.logprobs else (
+            f"came back ({len(req.logprobs)} entries) though none were asked for")
+    if req.logprobs is None:
+        return "are missing"
+    if len(req.logprobs) != len(req.token_ids):
+        return f"have {len(req.logprobs)} entries for {len(req.token_ids)} output tokens"
+    for pos, (t, entry) in enumerate(zip(req.token_ids, req.logprobs)):
+        ids = [i for i, _ in entry]
+        if t not in ids:
+            return f"at output position {pos} lack the chosen token {t}"
+        if len(set(ids)) != len(ids) or not n <= len(ids) <= n + 1:
+            return f"at output position {pos} hold {len(ids)} ids, not the top {n} and the chosen token"
+    return None
+
+
+@check(
+    "logprobs",
+    reads=("ref", "test"),
+    needs=("logprobs",),
+    passes_when=(
+        "a request asking for logprobs gets one entry per output token holding that token (top-n plus the "
+        "chosen one), bitwise equal to the reference's (ids, order and values) wherever the tokens are the "
+        "reference's; a request not asking gets none"
+    ),
+)
+def _logprobs(c: CheckInputs) -> CheckResult:
+    return check_logprobs(c.scenario, c.ref, c.test, c.aborted)
+
+
+def check_stop_semantics(scenario, reference: Trace, test: Trace, skip=frozenset()) -> CheckResult:
+    """``finish_reason`` and ``stop_reason`` as vLLM's: a stop id that finished a request is its last token,
+    a stop string ends the text (included or not as asked) and no stop string ends earlier in it, a length
+    stop came at ``max_tokens`` (or ``max_model_len``) with no stop string in the text; and equal to the
+    reference's."""
+    name = "stop-semantics"
+    specs = {r.request_id: r for r in scenario.requests}
+    max_len = scenario.settings.max_model_len
+    judged = 0
+    for rid in sorted(test.requests):
+        if rid in skip or rid not in specs:
+            continue
+        got, spec = test.requests[rid], specs[rid]
+        ref = reference.requests.get(rid)
+        why = _stop_fault(spec, got, max_len)
+        if why is None and ref is not None and (ref.finish_reason, ref.stop_reason) != (got.finish_reason,
+                                                                                        got.stop_reason):
+            why = (f"finished {got.finish_reason!r} / stop_reason {got.stop_reason!r}, the reference "
+                   f"{ref.finish_reason!r} / {ref.stop_reason!r}")
+        if why is not None:
+            return failed(name, f"request {rid}: {why}",
+                          f"request {rid} ({len(got.token_ids)} output tokens, text {got.text!r}) on "
+                          f"{test.engine}: {why}", request_id=rid)
+        judged += 1
+    return passed(name, f"{judged} requests' finish and stop reasons as vLLM's, nothing past a stop")
+
+
+def _stop_fault(spec, got: RequestTrace, max_len: int | None) -> str | None:
+    p = spec.sampling
+    stops, reason, tokens = tuple(p.get("stop") or ()), got.stop_reason, got.token_ids
+    if got.finish_reason == "length":
+        if reason is not None:
+            return f"finished 'length' with stop_reason {reason!r}"
+        full = max_len is not None and len(got.prompt_token_ids) + len(tokens) >= max_len
+        if len(tokens) != spec.max_tokens and not full:
+            return f"finished 'length' after {len(tokens)} of max_tokens={spec.max_tokens} tokens"
+    elif got.finish_reason == "stop":
+        if len(tokens) < p.get("min_tokens", 0):
+            return f"stopped after {len(tokens)} tokens, under min_tokens={p['min_tokens']}"
+        if isinstance(reason, str):
+            if reason not in stops:
+                return f"stop_reason {reason!r} is none of its stop strings {list(stops)}"
+            if got.text is not None and p.get("include_stop_str_in_output") and not got.text.endswith(reason):
+                return f"the text does not end with its stop string {reason!r} (include_stop_str_in_output)"
+        elif reason is not None:
+            if reason not in spec.stop_token_ids:
+                return f"stop_reason {reason!r} is none of its stop_token_ids {list(spec.stop_token_ids)}"
+            if not tokens or tokens[-1] != reason:
+                return f"stop_reason {reason} is not its last token ({tokens[-1:]})"
+        elif spec.ignore_eos:
+            return "finished 'stop' on EOS with ignore_eos (stop_reason None)"
+    elif got.finish_reason != "abort":
+        return f"finish_reason {got.finish_reason!r} is none of 'stop', 'length'"
+    if got.logprobs is not None and len(got.logprobs) != len(tokens):
+        return f"{len(got.logprobs)} logprobs entries for {len(tokens)} output tokens"
+    if stops and got.text is not None and not p.get("min_tokens"):
+        text = got.text
+        kept = isinstance(reason, str) and p.get("include_stop_str_in_output")
+        limit = len(text) if kept else len(text) + 1
+        for s in stops:
+            at = text.find(s)
+            if at != -1 and at + len(s) < limit:
+                return f"its text holds stop string {s!r} ending at character {at + len(s)}, before its end"
+    return None
+
+
+@check(
+    "stop-semantics",
+    reads=("ref", "test"),
+    needs=("stop_reason",),
+    passes_when=(
+        "`finish_reason` and `stop_reason` as vLLM's: a stop id that finished a request is its last token "
+        "(and in its `stop_token_ids`), a stop string is one of its `stop` and ends the text (with "
+        "`include_stop_str_in_output`) and no stop string ends earlier in it, nothing stops under "
+        "`min_tokens`, a `length` finish is at `max_tokens` (or `max_model_len`), logprobs end with the "
+        "tokens; both equal to the reference's"
+    ),
+)
+def _stop_semantics(c: CheckInputs) -> CheckResult:
+    return check_stop_semantics(c.scenario, c.ref, c.test, c.aborted)
+
+
+def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
+                               skip=frozenset()) -> CheckResult:
+    """Every request whose parameters can change its tokens has another output (tokens, finish reason or
+    text) than the same request without them; every request without such parameters has the same one."""
+    name = "params-change-output"
+    if bare is None:
+        return not_applicable(name, "no request carries a parameter that changes its tokens")
+    if bare.error is not None:
+        return not_applicable(name, "the reference run without the parameters broke")
+    changed = same = 0
+    for r in scenario.requests:
+        rid = r.request_id
+        if rid in skip or rid not in reference.requests or rid not in bare.requests:
+            continue
+        a, b = reference.requests[rid], bare.requests[rid]
+        differs = (a.token_ids, a.finish_reason, a.text) != (b.token_ids, b.finish_reason, b.text)
+        if r.restricted and not differs:
+            return failed(
+                name, f"request {rid}: its parameters changed nothing",
+                f"request {rid} with {r.sampling} gives the reference's output without them too "
+                f"({len(a.token_ids)} tokens, finish {a.finish_reason!r}): a parameter both engines ignored "
+                "would pass the comparison, so the scenario must make each one matter",
+                request_id=rid)
+        if not r.restricted and differs:
+            pos = first_difference(a.token_ids, b.token_ids)
+            return failed(
+                name, f"request {rid}: it has no parameters, yet its neighbours' changed its output",
+                f"request {rid} (no parameters) differs from the same request in the run without any "
+                f"parameters at output position {pos}: one request's parameters reached another's logits",
+                request_id=rid)
+        changed += r.restricted
+        same += not r.restricted
+    return passed(name, f"{changed} requests changed by their parameters, {same} without parameters "
+                  "unchanged")
+
+
+@check(
+    "params-change-output",
+    reads=("ref", "bare"),
+    replay=False,
+    passes_when=(
+        "every request whose parameters can change its tokens has another output (tokens, finish reason or "
+        "text) in the reference run than in the reference run of the same requests without any parameters "
+        "(a parameter both engines ignore fails), and every request without such parameters the same one"
+    ),
+)
+def _params_change_output(c: CheckInputs) -> CheckResult:
+    return check_params_change_output(c.scenario, c.ref, c.bare, c.aborted)

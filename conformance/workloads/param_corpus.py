@@ -1,0 +1,92 @@
+"""Scenarios whose requests carry state: logits processors, stop strings and logprobs (issue 34).
+
+One batch mixes requests with parameters and without (an unrestricted request beside restricted ones,
+and admitted onto the seat a restricted one just left), three seats so rows move between steps, and the
+scripted drafter proposes each request's own processed continuation, so acceptance does not depend on
+the model. Every parameter must change the reference's output ("params-change-output"). Ids are drawn
+per scenario, so the same scenario runs on any vocabulary; the triggers are tuned to the embedded
+default model (byte-level tokenizer: the stop-string scenarios need a tokenizer, the others do not).
+"""
+
+from __future__ import annotations
+
+from conformance.workloads.scenario import TIERS, EngineSettings, ScenarioDef
+
+NIGHTLY = ("nightly",)
+
+
+def _ids(b, n: int) -> list[int]:
+    return sorted(b.rng.sample(range(b.vocab_size), n))
+
+
+def _processors(b, k: int) -> None:
+    """The id-only processors side by side (no tokenizer needed)."""
+    v = b.vocab_size
+    stops = tuple(_ids(b, v // 3))
+    n = b.size(10, 40)
+    b.add(9, n)  # unrestricted, beside the others
+    b.add(7, n, params={"allowed_token_ids": _ids(b, v // 5), "logprobs": 2})
+    b.add(12, n, repeat=3, params={"repetition_penalty": 1.7, "frequency_penalty": 0.6, "logprobs": 1})
+    b.add(5, n, ignore_eos=False, stop_token_ids=stops, params={"min_tokens": 5, "logprobs": 1})
+    b.add(10, n, params={"logit_bias": {t: 6.0 for t in _ids(b, 3)}, "presence_penalty": 1.5})
+    b.add(6, n, arrival=2)  # unrestricted, onto a seat a restricted request leaves
+    for m in (2, 3, 4):  # min_tokens ending at each later position of a verify window
+        b.add(6 + m, m + 4, arrival=1 + m, ignore_eos=False, stop_token_ids=stops,
+              params={"min_tokens": m, "logprobs": 1})
+    b.add(11, n, arrival=4, params={"allowed_token_ids": _ids(b, v // 2)})
+    b.add(14, n + 4, arrival=5, repeat=2, params={"frequency_penalty": 0.5, "presence_penalty": 0.2})
+    for i in range(b.size(0, 6)):
+        b.add(b.rng.randint(3, 20), n, arrival=6 + i, params={} if i % 2 else
+              {"repetition_penalty": 1.3, "allowed_token_ids": _ids(b, v // 4), "logprobs": 3})
+
+
+def _params_mixed(k: int, pattern: str = "hash", tiers=TIERS) -> ScenarioDef:
+    return ScenarioDef(
+        f"params-mixed-k{k}",
+        f"allowed ids, logit bias, min_tokens, the three penalties and logprobs in one batch of three seats "
+        f"with unrestricted requests beside and after them (scripted drafter, K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern=pattern, max_num_seqs=3),
+        lambda b: _processors(b, k),
+        ("unrestricted-beside-restricted", "params-rows-reordered", "slot-reused-unrestricted",
+         "penalties-over-drafts", "logprobs-in-window", "min-tokens-end-in-window",
+         "stop-held-in-window") if k else
+        ("unrestricted-beside-restricted", "params-rows-reordered", "slot-reused-unrestricted"),
+        tiers,
+    )
+
+
+def _text(b, k: int) -> None:
+    """Stop strings and bad words over a small alphabet (allowed ids: bytes of the letters), so the strings
+    come up; one prompt with max_tokens 2 and 3 so that one of them completes its stop string at the cap."""
+    letters = [ord(c) for c in "abc "]
+    n = b.size(16, 40)
+    b.add(6, n)  # unrestricted
+    b.add(7, n, params={"allowed_token_ids": letters[:2], "stop": ["bab", "aaa"], "logprobs": 1})
+    b.add(9, n, params={"allowed_token_ids": letters, "stop": ["c a", "bb"],
+                        "include_stop_str_in_output": True})
+    b.add(8, n, params={"allowed_token_ids": letters, "bad_words": ["a", "cb"], "logprobs": 2})
+    b.add(5, n, arrival=1, params={"stop": ["e"], "include_stop_str_in_output": True, "logprobs": 0})
+    shared = b.prompt(6)
+    for m in (2, 3):
+        b.add_ids(shared, m, arrival=2, params={"allowed_token_ids": letters[:2], "stop": ["ab"]})
+    b.add(10, n, arrival=3)  # unrestricted, onto a seat a restricted request leaves
+
+
+def _params_text(k: int, pattern: str = "all-accept", tiers=TIERS) -> ScenarioDef:
+    return ScenarioDef(
+        f"params-stop-strings-k{k}",
+        f"stop strings (kept or not), bad words and logprobs over a small allowed alphabet, one stop string "
+        f"completed at max_tokens, three seats (scripted drafter, {pattern}, K={k}; needs a tokenizer)",
+        EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern=pattern, max_num_seqs=3),
+        lambda b: _text(b, k),
+        ("stop-string-in-window", "stop-string-across-windows", "stop-string-at-length",
+         "unrestricted-beside-restricted", "slot-reused-unrestricted"),
+        tiers,
+    )
+
+
+def param_defs() -> list[ScenarioDef]:
+    return [
+        _params_mixed(3),
+        _params_text(3),
+    ]
