@@ -1,6 +1,6 @@
 """Compile every Triton kernel for NVIDIA targets at real model shapes, without a GPU.
 
-    python -m kernels.compile_check --targets sm_80,sm_90 [--match TEXT] [--representative]
+    python -m kernels.compile_check --targets sm_80,sm_90 [--match TEXT] [--representative] [--record FILE]
 
 Each op folder declares its cases in ``kernels/<op>/compile_cases.py``: a function
 ``compile_cases() -> list[CompileCase]``, discovered here by folder, so a new op registers its
@@ -11,6 +11,16 @@ the registers per thread and the spill (stack) bytes. The command exits 1 when a
 on a target: shared memory over the limit, more registers than the SM has for the block, or a
 compile error.
 
+With ``--record FILE`` a case whose compile is recorded in FILE under the same Triton cache key is
+not compiled again: the key is the one Triton files its own cache under (the kernel's source and the
+jit functions and globals it reads, the signature, constexprs and options, the target and its ptxas
+version, Triton's own sources, the environment knobs that change code), so a recorded result is the
+result the compile gives. Cases without a matching entry (a kernel or Triton changed) are compiled;
+``--write-record`` stores this run's results in FILE, ``--check-record`` compiles every case and fails
+where FILE records another result under the same key. ``kernels/compile_record.json`` is this
+repository's record of every case; the default-tier test reads it, so a machine whose Triton cache is
+cold does not spend minutes compiling kernels nobody changed.
+
 It must run with ``TRITON_INTERPRET`` unset (the interpreter replaces the kernels the compiler
 needs); the test runs it in a child process for that reason.
 """
@@ -18,7 +28,9 @@ needs); the test runs it in a child process for that reason.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
+import json
 import os
 import pkgutil
 import re
@@ -87,6 +99,8 @@ class Result:
     spill_bytes: int = 0
     error: str | None = None
     problems: tuple[str, ...] = field(default=())
+    key: str | None = None  # Triton's cache key of the compile (sha256 hex)
+    recorded: bool = False  # read from a record under the same key, not compiled in this run
 
     @property
     def fits(self) -> bool:
@@ -123,42 +137,105 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(regs.group(1)) if regs else 0, int(stack.group(1)) if stack else 0
 
 
-class Compiler:
-    """Compiles cases for targets; each (case, target) once per Compiler."""
+def _problems(c: CompileCase, target: Target, shared: int, registers: int) -> tuple[str, ...]:
+    problems = []
+    if shared > target.shared_limit:
+        problems.append(f"shared memory {shared} > {target.shared_limit}")
+    if registers * c.num_warps * 32 > target.registers_per_sm:
+        problems.append(f"{registers} registers x {c.num_warps * 32} threads > {target.registers_per_sm}")
+    return tuple(problems)
 
-    def __init__(self):
+
+def _source_and_options(c: CompileCase, target: Target):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(c.kernel, dict(c.signature), constexprs=dict(c.constexprs))
+    options = {"num_warps": c.num_warps, "num_stages": c.num_stages}
+    return src, GPUTarget("cuda", target.capability, 32), options
+
+
+def cache_key(c: CompileCase, target: Target) -> str:
+    """The sha256 Triton files this compile under in its cache, derived as ``triton.compile`` derives
+    it, without compiling."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key
+
+    src, gpu_target, options = _source_and_options(c, target)
+    backend = make_backend(gpu_target)
+    parsed = backend.parse_options(dict(options, **src.parse_options()))
+    key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _record_id(c: CompileCase, target: Target) -> str:
+    return f"{target.name}  {c.name}"
+
+
+def read_record(path: Path) -> dict[str, dict]:
+    """``"<target>  <case>" -> {"key", "shared", "registers", "spill_bytes"}``; empty when absent."""
+    return json.loads(path.read_text())["results"] if path.is_file() else {}
+
+
+def write_record(path: Path, results: list[Result]) -> None:
+    """Adds this run's compiled results to the record at ``path`` (entries of other cases stay)."""
+    entries = read_record(path)
+    for r in results:
+        if r.error is None and r.key is not None:
+            entries[_record_id(r.case, r.target)] = {"key": r.key, "shared": r.shared,
+                                                    "registers": r.registers, "spill_bytes": r.spill_bytes}
+    import triton
+
+    path.write_text(json.dumps({"triton": triton.__version__, "results": dict(sorted(entries.items()))},
+                               indent=1) + "\n")
+
+
+class Compiler:
+    """Compiles cases for targets; each (case, target) once per Compiler. Given a record
+    (:func:`read_record`), a case recorded under its Triton cache key is read from it instead."""
+
+    def __init__(self, record: Mapping[str, dict] | None = None):
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             raise RuntimeError(
                 "the compile check needs TRITON_INTERPRET unset (the interpreter replaces kernels)"
             )
         self._results: dict[tuple[str, str], Result] = {}
+        self._record = record or {}
 
     def compile(self, c: CompileCase, target: Target) -> Result:
         key = (c.name, target.name)
         if key not in self._results:
-            self._results[key] = self._compile(c, target)
+            self._results[key] = self._recorded(c, target) or self._compile(c, target)
         return self._results[key]
+
+    def _recorded(self, c: CompileCase, target: Target) -> Result | None:
+        entry = self._record.get(_record_id(c, target))
+        if entry is None:
+            return None
+        try:
+            key = cache_key(c, target)
+        except Exception:  # noqa: BLE001 -- a case whose key cannot be derived is compiled (and reports why)
+            return None
+        if entry["key"] != key:
+            return None
+        shared, registers = entry["shared"], entry["registers"]
+        return Result(c, target, shared, registers, entry["spill_bytes"],
+                      problems=_problems(c, target, shared, registers), key=key, recorded=True)
 
     @staticmethod
     def _compile(c: CompileCase, target: Target) -> Result:
         import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
 
         try:
-            src = ASTSource(c.kernel, dict(c.signature), constexprs=dict(c.constexprs))
-            compiled = triton.compile(src, target=GPUTarget("cuda", target.capability, 32),
-                                      options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+            src, gpu_target, options = _source_and_options(c, target)
+            compiled = triton.compile(src, target=gpu_target, options=options)
             registers, stack = _resource_usage(compiled.asm["cubin"])
         except Exception as exc:  # noqa: BLE001 -- any compile failure is the finding
             return Result(c, target, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         shared = compiled.metadata.shared
-        problems = []
-        if shared > target.shared_limit:
-            problems.append(f"shared memory {shared} > {target.shared_limit}")
-        if registers * c.num_warps * 32 > target.registers_per_sm:
-            problems.append(f"{registers} registers x {c.num_warps * 32} threads > {target.registers_per_sm}")
-        return Result(c, target, shared, registers, stack, problems=tuple(problems))
+        return Result(c, target, shared, registers, stack, problems=_problems(c, target, shared, registers),
+                      key=compiled.hash)
 
 
 def format_result(r: Result) -> str:
@@ -167,6 +244,7 @@ def format_result(r: Result) -> str:
         return f"{r.target.name}  {r.case.name:<58} {status}: {r.error}"
     pct = 100 * r.shared / r.target.shared_limit
     spill = f", spills {r.spill_bytes} B" if r.spill_bytes else ""
+    spill += ", recorded" if r.recorded else ""
     why = f": {'; '.join(r.problems)}" if r.problems else ""
     return (
         f"{r.target.name}  {r.case.name:<58} shared {r.shared:>6} / {r.target.shared_limit} ({pct:3.0f}%)  "
@@ -175,22 +253,49 @@ def format_result(r: Result) -> str:
 
 
 def run(targets: list[str], *, match: str | None = None, representative: bool = False,
-        package: str = "kernels", out=sys.stdout) -> list[Result]:
+        package: str = "kernels", record: Path | None = None, write: bool = False, check: bool = False,
+        out=sys.stdout) -> list[Result]:
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
         raise SystemExit(f"unknown target(s) {unknown}; known: {', '.join(TARGETS)}")
+    if (write or check) and record is None:
+        raise SystemExit("--write-record and --check-record need --record FILE")
     cases = [c for c in discover_cases(package) if (match is None or match in c.name)
              and (c.representative or not representative)]
     if not cases:
         raise SystemExit("no compile case matches")
-    compiler, results = Compiler(), []
+    recorded = read_record(record) if record is not None else {}
+    compiler, results = Compiler(None if check else recorded), []
     for c in cases:
         for t in targets:
             results.append(compiler.compile(c, TARGETS[t]))
             print(format_result(results[-1]), file=out, flush=True)
     bad = [r for r in results if not r.fits]
     print(f"{len(results) - len(bad)} of {len(results)} compiled kernels fit their target", file=out)
-    return results
+    if record is not None and not check:
+        reused = sum(r.recorded for r in results)
+        print(f"{reused} read from {record} (the same Triton cache key), {len(results) - reused} compiled",
+              file=out)
+    disagreements = _disagreements(results, recorded, out) if check else []
+    if write:
+        write_record(record, results)
+    return results + disagreements
+
+
+def _disagreements(results: list[Result], recorded: Mapping[str, dict], out) -> list[Result]:
+    """The results whose record entry, under the same key, says otherwise (as failed results)."""
+    bad = []
+    for r in results:
+        entry = recorded.get(_record_id(r.case, r.target))
+        if entry is None or r.key != entry["key"]:
+            continue
+        got = {"shared": r.shared, "registers": r.registers, "spill_bytes": r.spill_bytes}
+        if got != {k: entry[k] for k in got}:
+            print(f"{_record_id(r.case, r.target)}: the record says {entry}, the compile gives {got}",
+                  file=out)
+            bad.append(Result(r.case, r.target, error="the record disagrees with the compile"))
+    print(f"{len(bad)} record entries disagree with the compile", file=out)
+    return bad
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,9 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--representative", action="store_true",
                         help="only the representative case of each kernel (the default-tier test)")
     parser.add_argument("--package", default="kernels", help="the package whose op folders are searched")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="reuse the results FILE records under the same Triton cache key (e.g. "
+                             "kernels/compile_record.json); compile the others")
+    parser.add_argument("--write-record", action="store_true",
+                        help="store this run's results in the --record FILE")
+    parser.add_argument("--check-record", action="store_true",
+                        help="compile every case; fail where the --record FILE differs under the same key")
     args = parser.parse_args(argv)
     results = run([t.strip() for t in args.targets.split(",") if t.strip()], match=args.match,
-                  representative=args.representative, package=args.package)
+                  representative=args.representative, package=args.package, record=args.record,
+                  write=args.write_record, check=args.check_record)
     return 0 if all(r.fits for r in results) else 1
 
 

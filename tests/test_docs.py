@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import ast
 import configparser
+import contextlib
 import inspect
+import io
 import itertools
 import re
+import runpy
 import shlex
 import subprocess
 import sys
 import tomllib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,6 +250,24 @@ def _check_pytest(cmd: Command, args: list[str], monkeypatch) -> None:
     assert code == 0 and grab.items, f"`{cmd}` collects no tests (exit {code})"
 
 
+def _run_module_help(module: str) -> tuple[object, str, str]:
+    """``python -m module --help`` in this process (runpy, with ``sys.argv`` as the interpreter sets
+    it): the exit status, stdout and stderr."""
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = [module, "--help"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            # the module may be imported already (by another test): runpy then says so, harmlessly
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
 def _check_python(cmd: Command, args: list[str], help_texts) -> None:
     """``python script.py`` or ``python -m module``: it answers ``--help`` and knows every flag given."""
     if args[0] == "-m":
@@ -254,10 +276,14 @@ def _check_python(cmd: Command, args: list[str], help_texts) -> None:
         assert (REPO / args[0]).is_file(), f"{cmd}: no {args[0]}"
         target, rest = (args[0],), args[1:]
     if target not in help_texts:
-        proc = subprocess.run([sys.executable, *target, "--help"], cwd=REPO, capture_output=True, text=True,
-                              timeout=120, check=False)
-        assert proc.returncode == 0, f"{cmd}: --help exits {proc.returncode}: {proc.stderr[-500:]}"
-        help_texts[target] = proc.stdout
+        if target[0] == "-m":  # the module's __main__ run here as `python -m` runs it: no second torch import
+            code, stdout, stderr = _run_module_help(target[1])
+        else:  # a script imports its folder's modules (sys.path[0]): its own interpreter
+            proc = subprocess.run([sys.executable, *target, "--help"], cwd=REPO, capture_output=True,
+                                  text=True, timeout=120, check=False)
+            code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        assert code == 0, f"{cmd}: --help exits {code}: {stderr[-500:]}"
+        help_texts[target] = stdout
     for flag in (a for a in rest if a.startswith("--")):
         assert flag.split("=")[0] in help_texts[target], f"{cmd}: {' '.join(target)} has no {flag}"
 

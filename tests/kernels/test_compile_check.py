@@ -1,8 +1,11 @@
 """The real-shape compile check: every Triton kernel compiles and fits sm_80 and sm_90, without a GPU.
 
 The check runs in a child process because the test session may have switched Triton to its
-interpreter (tests/conftest.py), which replaces the kernels the compiler needs. Compiled kernels
-land in Triton's cache, so later runs take a few seconds.
+interpreter (tests/conftest.py), which replaces the kernels the compiler needs. The default tier
+reads kernels/compile_record.json: a case recorded there under the same Triton cache key (the
+kernel's source and what it calls, the shapes and options, the target, Triton and ptxas) is not
+compiled again, so a machine with a cold Triton cache checks every kernel in seconds; a kernel that
+changed is compiled. The slow tier compiles every case and checks that the record agrees.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / "kernels" / "compile_record.json"
 HAS_NVIDIA_BACKEND = importlib.util.find_spec("triton") is not None and \
     importlib.util.find_spec("triton.backends.nvidia") is not None
 pytestmark = [pytest.mark.cpu_only,
@@ -53,15 +57,17 @@ def test_representative_case_of_every_kernel_fits_sm80_and_sm90():
     assert {c.kernel.__name__ for c in representative} == kernels, "every kernel needs a representative case"
     chunk = {c.kernel.__name__ for c in cases if c.name.startswith("gdn.chunk") and "D=256" in c.name}
     assert len(chunk) == 3, "the chunked prefill kernels are checked at Dk = Dv = 256 as well"
-    assert_every_case_fits(compile_check("--targets", "sm_80,sm_90", "--representative"),
-                           [c.name for c in representative])
+    proc = compile_check("--targets", "sm_80,sm_90", "--representative", "--record", str(RECORD))
+    assert_every_case_fits(proc, [c.name for c in representative])
 
 
 @pytest.mark.slow
-def test_every_case_fits_sm80_and_sm90():
+def test_every_case_fits_sm80_and_sm90_and_the_record_agrees():
     from kernels.compile_check import discover_cases
 
-    assert_every_case_fits(compile_check("--targets", "sm_80,sm_90"), [c.name for c in discover_cases()])
+    proc = compile_check("--targets", "sm_80,sm_90", "--record", str(RECORD), "--check-record")
+    assert_every_case_fits(proc, [c.name for c in discover_cases()])
+    assert "\n0 record entries disagree with the compile" in proc.stdout, proc.stdout
 
 
 TOO_BIG_OP = '''
@@ -72,32 +78,40 @@ from kernels.compile_check import case
 
 
 @triton.jit
-def square_kernel(x, y, B: tl.constexpr):
-    o = tl.arange(0, B)
-    p = o[:, None] * B + o[None, :]
-    a = tl.load(x + p)
-    tl.store(y + p, tl.dot(a, a).to(y.dtype.element_ty))
+def product_kernel(x, y, n, M: tl.constexpr, K: tl.constexpr):
+    m, k = tl.arange(0, M), tl.arange(0, K)
+    acc = tl.zeros((M, M), dtype=tl.float32)
+    for i in range(n):
+        a = tl.load(x + i * M * K + m[:, None] * K + k[None, :])
+        b = tl.load(x + i * M * K + k[:, None] * M + m[None, :])
+        acc += tl.dot(a, b)
+    tl.store(y + m[:, None] * M + m[None, :], acc)
 
 
 def compile_cases():
-    # The [B, B] float32 operands of the product are staged in shared memory: 2 x 256 KiB at B = 256.
-    return [case(f"square[B={b}]", square_kernel, types={"x": "*fp32", "y": "*fp32"}, constexprs={"B": b},
-                 representative=True) for b in (32, 256)]
+    # The loop's [64, K] and [K, 64] float32 tiles are staged in shared memory, 3 stages deep:
+    # 3 x 128 KiB at K = 256.
+    return [case(f"product[K={k}]", product_kernel, types={"x": "*fp32", "y": "*fp32"},
+                 constexprs={"M": 64, "K": k}, num_stages=3, representative=True) for k in (32, 256)]
 '''
 
 
 def test_an_op_folder_registers_its_cases_and_a_kernel_that_cannot_fit_fails(tmp_path):
-    op = tmp_path / "extra_ops" / "square"
+    op = tmp_path / "extra_ops" / "product"
     op.mkdir(parents=True)
     (op.parent / "__init__.py").write_text("")
     (op / "__init__.py").write_text("")
     (op / "compile_cases.py").write_text(textwrap.dedent(TOO_BIG_OP))
-    proc = compile_check("--package", "extra_ops", "--targets", "sm_90", pythonpath=tmp_path)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
-    assert "sm_90  square[B=32] " in out and out.count(" ok") == 1, out
-    assert "square[B=256]" in out and "CANNOT LAUNCH: shared memory" in out and "> 232448" in out, out
-    assert "1 of 2 compiled kernels fit their target" in out
+    record = tmp_path / "record.json"
+    for run, recorded in ((["--write-record"], "0 read"), ([], "2 read")):  # compiled, then from the record
+        proc = compile_check("--package", "extra_ops", "--targets", "sm_90", "--record", str(record), *run,
+                             pythonpath=tmp_path)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out
+        assert "sm_90  product[K=32] " in out and out.count(" ok") == 1, out
+        assert "product[K=256]" in out and "CANNOT LAUNCH: shared memory" in out and "> 232448" in out, out
+        assert "1 of 2 compiled kernels fit their target" in out
+        assert f"{recorded} from {record}" in out, out
 
 
 def test_unknown_target_is_refused():
