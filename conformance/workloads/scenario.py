@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 TIERS = ("default", "nightly")
 DRAFTERS = ("mtp", "scripted", "ngram")
-PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
+PATTERNS = ("hash", "all-accept", "all-reject", "cycle", "gaps")
 MAMBA_CACHE_MODES = ("align", "all")
 
 
