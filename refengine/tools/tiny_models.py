@@ -1,18 +1,23 @@
-"""Tiny checkpoints of the other registered families, made on first use, for the suite to run every
-family without a download: ``--model tiny:nemotron_h`` (and a mutant that declares that model).
+"""Tiny checkpoints of the other registered families, made on first use, so every command that takes a
+model runs every family without a download: ``--model tiny:nemotron_h`` (``refengine generate / report /
+bench``, every ``conformance`` command, ``LLM("tiny:nemotron_h")``, and a mutant that declares that model).
 
 ``tiny:nemotron_h`` is a Nemotron-H of every block kind (Mamba2, attention, MLP, MoE; pattern
 ``M*ME``) written by transformers' own ``save_pretrained`` from seeded, stressed random weights (so
-greedy margins are not flat), then given an MTP head by ``refengine add-mtp-head``. It is written once
-per version (of this file, the head maker and transformers) into the temp folder and reused; a
-half-written folder is never picked up (written beside, then renamed).
+greedy margins are not flat), then given an MTP head by ``refengine add-mtp-head`` and the embedded default
+model's byte-level tokenizer (ids 0..255 are the UTF-8 bytes; its special tokens, past the tiny
+vocabulary, are left out), so text prompts work. It is written once per version (of this file, the head
+maker and transformers) into the temp folder and reused; a half-written folder is never picked up
+(written beside, then renamed). The first use in a process says which folder it is (stderr, once).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -51,6 +56,7 @@ def tiny_model_path(name: str) -> str:
         raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(tiny_names())}")
     root = Path(tempfile.gettempdir()) / f"conformance-tiny-{family}-{_version()}-uid{os.getuid()}"
     if (root / "config.json").is_file():
+        _announce(name, root, "reused")
         return str(root)
     work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
     try:
@@ -62,7 +68,31 @@ def tiny_model_path(name: str) -> str:
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _announce(name, root, "written now")
     return str(root)
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def _announce(name: str, root: Path, how: str) -> None:
+    """Say once per process where a tiny model's folder is (a replay or a bug report can name it)."""
+    if name not in _ANNOUNCED:
+        _ANNOUNCED.add(name)
+        print(f"{name}: checkpoint folder {root} ({how})", file=sys.stderr, flush=True)
+
+
+def _write_tokenizer(out: Path, vocab_size: int) -> None:
+    """The embedded default model's byte-level tokenizer, without the special tokens past ``vocab_size``."""
+    from importlib.resources import files
+
+    src = files("refengine") / "data" / "default_model"
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tok["added_tokens"] = [t for t in tok.get("added_tokens", []) if t["id"] < vocab_size]
+    (out / "tokenizer.json").write_text(json.dumps(tok))
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config["eos_token"] = None  # the model's own EOS id is config.json's; no special token names it here
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _version() -> str:
@@ -72,7 +102,8 @@ def _version() -> str:
     import refengine.tools.nemotron_mtp_head as head
 
     digest = hashlib.sha256(transformers.__version__.encode())
-    for source in (__file__, head.__file__):
+    tokenizer = Path(__file__).parents[1] / "data" / "default_model" / "tokenizer.json"
+    for source in (__file__, head.__file__, tokenizer):
         digest.update(Path(source).read_bytes())
     return digest.hexdigest()[:12]
 
@@ -108,6 +139,7 @@ def _make_nemotron_h(work: Path) -> None:
                 b.copy_(uniform(b.shape, -0.05, 0.05))
     model.save_pretrained(work / "src")
     add_mtp_head(work / "src", work / "out")
+    _write_tokenizer(work / "out", NEMOTRON_H_CONFIG["vocab_size"])
 
 
 MAKERS = {"nemotron_h": _make_nemotron_h}
