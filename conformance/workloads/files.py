@@ -33,7 +33,7 @@ from pathlib import Path
 from conformance.workloads.scenario import (
     DRAFTERS,
     MAMBA_CACHE_MODES,
-    PATTERNS,
+    SCRIPTED_PATTERNS,
     TIERS,
     EngineSettings,
     RequestSpec,
@@ -94,7 +94,7 @@ class Rule:
 SETTINGS_RULES: dict[str, Rule] = {
     "num_speculative_tokens": Rule("int", minimum=0),
     "drafter": Rule("choice", choices=DRAFTERS),
-    "pattern": Rule("choice", choices=PATTERNS),
+    "pattern": Rule("choice", choices=SCRIPTED_PATTERNS),
     "prompt_lookup_min": Rule("int", minimum=1, nullable=True),
     "prompt_lookup_max": Rule("int", minimum=1, nullable=True),
     "max_num_seqs": Rule("int", minimum=1),
