@@ -7,7 +7,8 @@
 1. ``pytest -n auto`` over everything (``-m ""``: slow and nightly tests included) with the
    conformance suite at ``--conformance-tier nightly``, strict expectations and
    ``--conformance-fail-on-skip`` (a conformance scenario that skips fails: a gate that skipped what
-   it exists for is not green; ``--allow-skips`` turns that off) -> tests.xml, tests.log.
+   it exists for is not green; ``--allow-skips`` turns that off) -> tests.xml, tests.log. A scenario whose
+   reference run misses a workload trigger fails too: ``--allow-unexercised`` is refused here.
 2. Reruns happen inside that same pytest run, with the pytest-rerunfailures plugin: a test that
    fails or errors with an *infrastructure* exception (InfrastructureError, out of memory, timeout,
    lost connection: the types in summarize_junit.INFRA_TYPES) is run again, at most
@@ -140,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
+    unexercised = [a for a in argv or sys.argv[1:] if a.lstrip("-").endswith("allow-unexercised")]
+    if unexercised:  # a scenario that did not test what it exists for is a failure of the nightly, always
+        p.error(f"{unexercised[0]}: the nightly gate never allows a missed workload trigger (a scenario that "
+                "did not test what it exists for fails it)")
     args = p.parse_args(argv)
     reserved = [a for a in args.pytest_args if a.startswith(RESERVED_ARGS)]
     if reserved:

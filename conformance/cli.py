@@ -4,7 +4,7 @@
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
                   [--dtype D] [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
                   [--enable-prefix-caching [--mamba-cache-mode align|all]] [--step-timeout S]
-                  [--fail-on-skip] [--min-scenarios N] [--require-feature F ...] [-x]
+                  [--fail-on-skip] [--min-scenarios N] [--require-feature F ...] [--allow-unexercised] [-x]
   conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH] [--dtype D]
   conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR] [--dtype D]
   conformance mutate [--mutant ID ...] [--dtype D]
@@ -43,8 +43,7 @@ from conformance.engines import (
 )
 from conformance.expectations import ExpectationError
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT
-from conformance.workloads import TIERS, UnknownScenario, scenario_defs
-from conformance.workloads.files import read_scenario_file
+from conformance.workloads import TIERS, UnknownScenario, file_scenario, scenario_defs
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
 from refengine.tools.errors import (
     OneLineParser,
@@ -130,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="FEATURE", help="the engine under test must support FEATURE (checked before "
                       "any scenario runs) and no scenario needing it may be skipped (repeatable; one of "
                       f"{', '.join(REQUIRABLE_FEATURES)})")
+    gate.add_argument("--allow-unexercised", action="store_true",
+                      help="a trigger a scenario's reference run misses (the workload did not test what "
+                      "it exists for on this model) is a warning, not a failure (default: it fails the "
+                      "scenario)")
     rp = sub.add_parser(
         "replay", help="rerun one scenario and print its steps (or one request's) step by step"
     )
@@ -206,6 +209,7 @@ def _selection(args) -> session.Selection:
         enable_prefix_caching=args.enable_prefix_caching,
         mamba_cache_mode=args.mamba_cache_mode,
         step_timeout=args.step_timeout,
+        allow_unexercised=getattr(args, "allow_unexercised", False),
     )
     if sel.device == "cpu":
         import torch
@@ -292,9 +296,11 @@ def cmd_replay(args, out) -> int:
         raise ValueError("name a scenario id or a --scenario-file (exactly one)")
     if args.scenario is not None:
         session.select_scenarios(sel.tier, [args.scenario], [])  # UnknownScenario, naming the right tier
+    else:
+        session.select_scenarios(sel.tier, [], [args.scenario_file])  # the whole file, before any work
     case = sel.open_case()
     if args.scenario_file is not None:
-        scenario = read_scenario_file(args.scenario_file, case.facts.vocab_size, sel.tier)
+        scenario = file_scenario(args.scenario_file, case.facts.vocab_size, sel.tier)
     else:
         scenario = get_def(args.scenario).materialize(sel.tier, case.facts.vocab_size)
     known = [r.request_id for r in scenario.requests]
@@ -422,7 +428,8 @@ def cmd_mutate(args, out) -> int:
     dtype = session.pick(args.dtype, session.ENV_DTYPE, "float32")
     print(
         f"conformance mutate: the async engine with one seed bug re-created at a time, against the reference "
-        f"engine, model {model or 'embedded default model'}, tier {args.tier}, dtype {dtype} (both engines)",
+        f"engine, model {model or 'embedded default model'} (a mutant of another family's mixer runs on "
+        f"that family's tiny model, named on its line), tier {args.tier}, dtype {dtype} (both engines)",
         file=out,
         flush=True,
     )
@@ -430,7 +437,8 @@ def cmd_mutate(args, out) -> int:
     def progress(result, i, n):
         verdict = (f"caught by {result.scenario}" if result.caught
                    else f"not tried: {result.untried}" if result.untried else "MISSED")
-        print(f"[{i}/{n}] {result.mutant.id}: {verdict} in {result.seconds:.1f} s", file=out, flush=True)
+        print(f"[{i}/{n}] {result.mutant.id} on {result.model_name}: {verdict} in {result.seconds:.1f} s",
+              file=out, flush=True)
 
     results = run_mutants(model, args.tier, args.mutant or None, progress=progress, dtype=dtype)
     print("\n" + format_score(results), file=out)

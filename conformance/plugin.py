@@ -22,6 +22,7 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
   --conformance-fail-on-skip      a skipped scenario fails (a CI gate that skips is not green)
   --conformance-require-feature F the engine must support F; a scenario needing it may not skip
   --conformance-min-scenarios N   fewer than N scenarios ran (were not skipped): the run fails
+  --conformance-allow-unexercised a trigger a scenario misses warns instead of failing the scenario
 
 The run's header (only in runs that name the suite or collect its test) and the "conformance summary"
 say what was exercised: the skipped scenarios by reason, the features the scenarios needed, the checks
@@ -138,6 +139,9 @@ def pytest_addoption(parser):
                 f"(default {DEFAULT_STEP_TIMEOUT:g})")
     g.addoption("--conformance-fail-on-skip", action="store_true",
                 help="a skipped scenario fails (a gate that skips is not a pass)")
+    g.addoption("--conformance-allow-unexercised", action="store_true",
+                help="a trigger a scenario's reference run misses is a warning, not a failure (default: the "
+                "scenario fails; the nightly gate never allows it)")
     g.addoption("--conformance-min-scenarios", type=int, default=0, metavar="N",
                 help="fail the run when fewer than N scenarios ran (were not skipped)")
     g.addoption("--conformance-require-feature", action="append", default=[], metavar="FEATURE",
@@ -365,6 +369,8 @@ def _header(config) -> str:
 def _gate_description(config) -> str:
     """What besides failing checks fails the run (the skip gate), in words; "" when nothing."""
     parts = []
+    if config.getoption("conformance_allow_unexercised"):
+        parts.append("a trigger a scenario misses is a warning (--allow-unexercised)")
     if config.getoption("conformance_fail_on_skip"):
         parts.append("a skipped scenario fails")
     required = config.getoption("conformance_require_feature")
@@ -438,7 +444,8 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         device=settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
         xfail_file=opt("conformance_xfail_file"), dtype=_dtype(pytestconfig),
         enable_prefix_caching=opt("conformance_enable_prefix_caching"),
-        mamba_cache_mode=opt("conformance_mamba_cache_mode"), step_timeout=opt("conformance_step_timeout"))
+        mamba_cache_mode=opt("conformance_mamba_cache_mode"), step_timeout=opt("conformance_step_timeout"),
+        allow_unexercised=opt("conformance_allow_unexercised"))
 
 
 @pytest.fixture(scope="session")
@@ -477,14 +484,13 @@ def conformance_result(request, conformance_scenario, conformance_case) -> Scena
     test: the test errors in setup with an InfrastructureError (JUnit ``<error>``, never a failure).
     """
     from conformance.harness import run_scenario
-    from conformance.workloads.files import read_scenario_file
+    from conformance.workloads import file_scenario
 
     node = request.node  # a rerun (pytest-rerunfailures) reuses the item: drop the last attempt's properties
     node.user_properties[:] = [(k, v) for k, v in node.user_properties if not _recorded_key(k)]
     if conformance_scenario in request.config.getoption("conformance_scenario_file"):
-        scenario = read_scenario_file(
-            conformance_scenario, conformance_case.facts.vocab_size, conformance_case.tier
-        )
+        case = conformance_case
+        scenario = file_scenario(conformance_scenario, case.facts.vocab_size, case.tier)
         result, _ = run_scenario(scenario, conformance_case, scenario_file=conformance_scenario)
     else:
         result, _ = run_scenario(conformance_scenario, conformance_case)
@@ -670,6 +676,8 @@ class ResultCollector:
 def gate_failures(results: list[ScenarioResult], min_scenarios: int) -> list[str]:
     """Why the run fails as a whole beyond its scenarios' own verdicts (--conformance-min-scenarios)."""
     ran = sum(not r.skipped for r in results)
+    if results and not ran:  # every scenario skipped: nothing was checked, whatever --min-scenarios says
+        return [f"no scenario ran: all {len(results)} were skipped, so nothing was checked"]
     if ran >= min_scenarios:
         return []
     return [(f"only {ran} of {len(results)} scenarios ran ({len(results) - ran} skipped); "

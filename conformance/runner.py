@@ -87,6 +87,8 @@ def suite_args(
         args += ["--conformance-step-timeout", repr(sel.step_timeout)]
     if fail_on_skip:
         args.append("--conformance-fail-on-skip")
+    if sel.allow_unexercised:
+        args.append("--conformance-allow-unexercised")
     if min_scenarios:
         args += ["--conformance-min-scenarios", str(min_scenarios)]
     for feature in require_features:
@@ -111,7 +113,8 @@ def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label
     ``features``: the engine under test's answer for each adapter feature, for the header."""
     printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model",
                          expectations_note(sel, options.get("strict", False)), dtype or sel.dtype,
-                         features=features, gate=gate_note(**options))
+                         features=features,
+                         gate=gate_note(allow_unexercised=sel.allow_unexercised, **options))
     with _isolated_environment():
         code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
     if printer.setup_error is not None:
@@ -136,7 +139,7 @@ def features_note(features: dict[str, bool]) -> str:
 
 
 def gate_note(*, fail_on_skip: bool = False, min_scenarios: int = 0, require_features=(), step_timeout=None,
-              **_) -> str:
+              allow_unexercised: bool = False, **_) -> str:
     """What fails the run besides a failing check, said up front."""
     parts = ["a failing check or an infrastructure error fails the run"]
     parts.append("a skipped scenario fails it (--fail-on-skip)" if fail_on_skip
@@ -147,6 +150,9 @@ def gate_note(*, fail_on_skip: bool = False, min_scenarios: int = 0, require_fea
                      "skip)")
     if min_scenarios:
         parts.append(f"at least {min_scenarios} scenarios must run")
+    parts.append("a trigger a scenario misses is a warning (--allow-unexercised)" if allow_unexercised
+                 else "a trigger a scenario misses fails it (workload-triggers; --allow-unexercised warns "
+                 "instead)")
     return "gate: " + "; ".join(parts)
 
 

@@ -60,6 +60,7 @@ class Selection:
     enable_prefix_caching: bool = False  # every scenario with prefix caching for the engine under test
     mamba_cache_mode: str | None = None  # with it: "align" | "all" (None: each scenario's own, else align)
     step_timeout: float | None = DEFAULT_STEP_TIMEOUT  # seconds one engine call may take before it fails
+    allow_unexercised: bool = False  # a trigger a scenario misses is a warning, not a failure
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -95,6 +96,7 @@ class Selection:
             self.enable_prefix_caching,
             self.mamba_cache_mode,
             self.step_timeout,
+            self.allow_unexercised,
         )
 
     def expectations(self) -> Expectations:

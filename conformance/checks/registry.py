@@ -64,7 +64,7 @@ class CheckInputs:
     plain: Any  # Trace of the plain (K=0, no aborts) reference run, or None
     vocab_size: int
     batch_invariant: bool  # the engine under test claims bitwise batch invariance
-    strict_triggers: bool  # the shipped model: a trigger it cannot produce is a failure, not a warning
+    strict_triggers: bool  # a trigger the workload misses fails (False: --allow-unexercised, a warning)
     cached: Any = None  # Trace of the reference engine with the scenario's prefix caching, or None
     test_plain: Any = None  # Trace of the engine under test on the plain workload (K=0), or None
     bare: Any = None  # Trace of the reference engine on the same requests without their parameters, or None

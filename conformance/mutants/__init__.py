@@ -684,7 +684,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "contract 1: the live state is s_{a-1}",
         "a decode row with no drafts reads the state of slot s_0, not that of the last accepted token",
         _zero_draft_reads_first_slot,
-        scenarios=("ngram-k3", "ngram-k1"),
+        scenarios=("ngram-k3", "ngram-k1", "scripted-zero-draft-k3"),
     ),
     Mutant(
         "zero-draft-keeps-offset",
@@ -692,7 +692,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "contract 1: the live state is s_{a-1}",
         "a step that verified no drafts leaves the state offset of the step before it",
         _zero_draft_keeps_offset,
-        scenarios=("ngram-k3", "ngram-k1"),
+        scenarios=("ngram-k3", "ngram-k1", "scripted-zero-draft-k3"),
     ),
     Mutant(
         "drafts-counted-from-host",
@@ -701,7 +701,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a decode row verifies and reports the host's K draft positions, fillers included",
         _drafts_counted_from_host,
         graph_mode="full",
-        scenarios=("ngram-k1", "ngram-k3"),
+        scenarios=("ngram-k1", "ngram-k3", "scripted-zero-draft-k3"),
     ),
     Mutant(
         "accepted-count-off-by-one",

@@ -240,7 +240,7 @@ MAMBA2_MUTANTS: tuple[Mutant, ...] = (
         "a decode step in which no row has drafts does not pass the accepted counts: Mamba2 rows read "
         "their state at column 0",
         _no_count_without_drafts,
-        scenarios=("ngram-k3", "ngram-k1"),
+        scenarios=("scripted-zero-draft-k3", "ngram-k3", "ngram-k1"),
     ),
     FamilyMutant(
         "mamba2-spec-nonspec-not-split",
@@ -249,7 +249,7 @@ MAMBA2_MUTANTS: tuple[Mutant, ...] = (
         "a step's spec and non-spec decodes are not split: a first row without drafts makes every row "
         "read its Mamba2 state at column 0",
         _spec_and_nonspec_not_split,
-        scenarios=("ngram-k3", "scripted-ragged-k3"),
+        scenarios=("scripted-zero-draft-k3", "ngram-k3", "scripted-ragged-k3"),
     ),
     FamilyMutant(
         "mamba2-one-token-prefill-as-decode",

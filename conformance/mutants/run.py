@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conformance.harness import Case, run_scenario
 from conformance.model import describe_model, preflight, run_dtype
@@ -26,6 +27,20 @@ class MutantResult:
     replay: str = ""
     untried: str | None = None  # why no scenario could exercise it on this model (e.g. it needs MTP)
     by_fuzz: bool = False  # caught by the fixed fuzz budget, after the hand-written tier missed it
+    model: str | None = None  # the model it ran on (None: the embedded default model)
+    tier: str = "default"
+
+    @property
+    def model_name(self) -> str:
+        return self.model or "embedded default model"
+
+    @property
+    def rerun(self) -> str:
+        """The command that runs this mutant again: the replay of its first failure, else its tier."""
+        if self.caught and self.replay:
+            return self.replay
+        cmd = ["conformance", "run", "--engine", f"mutant:{self.mutant.id}", "--tier", self.tier]
+        return shlex.join(cmd + (["--model", self.model] if self.model else []))
 
 
 def model_for(mutant: Mutant, model: str | None) -> str | None:
@@ -50,9 +65,9 @@ def run_mutant(mutant: Mutant, model: str | None, tier: str = "default", device:
     """Run scenarios (the mutant's preferred ones first) until a check fails (the scenario stops there)."""
     model = model_for(mutant, model)
     facts = preflight(model, device, dtype)
-    case = Case(
-        f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device, run_dtype(dtype, facts)
-    )
+    # A trigger the reference run misses says nothing of the mutant: it must be caught by a check of it.
+    case = Case(f"mutant:{mutant.id}", MutantAdapter(mutant), facts, model, tier, device,
+                run_dtype(dtype, facts), allow_unexercised=True)
     start = time.perf_counter()
     order = scenario_order(mutant, tier)
     if preferred_only:
@@ -128,7 +143,7 @@ def run_mutants(model: str | None, tier: str = "default", only: list[str] | None
         result = run_mutant(m, model, tier, device, dtype=dtype)
         if not result.caught and not result.untried and fuzz_budget:
             result = fuzz_mutant(m, model, device, examples=fuzz_budget, dtype=dtype)
-        results.append(result)
+        results.append(replace(result, model=model_for(m, model), tier=tier))
         if progress is not None:
             progress(results[-1], i, len(chosen))
     return results
@@ -147,8 +162,10 @@ def format_score(results: list[MutantResult]) -> str:
                 f"  MISSED  {m.id:28s} {r.seconds:5.1f}s  no scenario and no generated workload failed"
             )
         lines.append(f"          {m.origin}; breaks {m.contract}: {m.description}")
+        lines.append(f"          model: {r.model_name}")
         if r.caught:
             lines.append(f"          first failure: {r.summary}")
+        lines.append(f"          replay: {r.rerun}")
     caught = sum(r.caught for r in results)
     tried = [r for r in results if not r.untried]
     lines.append(f"mutation score: {caught}/{len(tried)} caught" + (

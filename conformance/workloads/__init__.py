@@ -39,7 +39,24 @@ def load_scenario(scenario_id: str, tier: str, vocab_size: int) -> Scenario:
     return get_def(scenario_id).materialize(tier, vocab_size)
 
 
+def file_scenario(path, vocab_size: int | None, tier: str) -> Scenario:
+    """The scenario of a scenario file as a run names it: a file's scenario never takes a corpus scenario's
+    id (reports, expectations and replays would take it for that scenario), so one reusing a corpus id is
+    named ``<id>@<file name>``."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from conformance.workloads.files import read_scenario_file
+
+    scenario = read_scenario_file(path, vocab_size, tier)
+    if scenario.id in {d.id for d in scenario_defs()}:
+        name = f"{scenario.id}@{Path(path).name}"
+        return replace(scenario, id=name, description=f"{scenario.description} (scenario file {path}, whose "
+                       f"id {scenario.id!r} is a corpus scenario's)".lstrip())
+    return scenario
+
+
 __all__ = [
     "PATTERNS", "TIERS", "EngineSettings", "RequestSpec", "Scenario", "ScenarioDef", "UnknownScenario",
-    "get_def", "load_scenario", "scenario_defs", "scenario_ids", "seed_of",
+    "file_scenario", "get_def", "load_scenario", "scenario_defs", "scenario_ids", "seed_of",
 ]

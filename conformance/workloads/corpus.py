@@ -150,6 +150,29 @@ def _scripted(k: int, pattern: str, name: str, triggers: tuple[str, ...], tiers=
     )
 
 
+def _zero_draft_steps(k: int, tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        # Scripted counts ("gaps": K accepted drafts, a step with none, K-1 accepted, none, ...) make the
+        # acceptance pattern the model's predictions cannot change. Two requests start together and run
+        # alone in step with each other: a step of theirs has no drafts at all right after one that accepted
+        # K. Two more start three steps later, out of step: from then on every step has rows verifying
+        # drafts next to rows verifying none, first in one order and then in the other.
+        for arrival, n in ((0, 2), (3, 2)):
+            for _ in range(n):
+                b.add(b.rng.randint(3, 12), b.size(20, 48) - 4 * arrival, arrival=arrival)
+
+    return ScenarioDef(
+        f"scripted-zero-draft-k{k}",
+        f"scripted drafts accepted, then a step without drafts, on any model: steps where no row has drafts "
+        f"and steps where rows with drafts run next to rows without (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern="gaps"),
+        build,
+        ("spec-verify", "zero-draft-after-accept", "zero-draft-step", "spec-and-nonspec-rows",
+         *(("partial-drafts",) if k > 1 else ())),
+        tiers,
+    )
+
+
 def _mtp(k: int) -> ScenarioDef:
     def build(b):
         for n in (1, 3, 6, 13, 21):
@@ -162,8 +185,11 @@ def _mtp(k: int) -> ScenarioDef:
 
 def _stop_tokens(k: int) -> ScenarioDef:
     def build(b):
-        stops = tuple(sorted(b.rng.sample(range(b.vocab_size), max(1, b.vocab_size // 12))))
-        for n in (2, 5, 8, 11, 14, 17)[: b.size(4, 6)]:
+        # Each request stops on its own random half of the vocabulary: whatever a model generates, some
+        # request's first stop lands inside a verified window (with all-accept drafts, 3 of every 4
+        # positions after the first token), not only on a model whose outputs meet one fixed stop set.
+        for i, n in enumerate((2, 5, 8, 11, 14, 17, 3, 6, 9, 12)[: b.size(8, 10)]):
+            stops = tuple(sorted(b.rng.sample(range(b.vocab_size), max(1, b.vocab_size // 2))))
             b.add(n, b.size(10, 48), ignore_eos=False, stop_token_ids=stops)
 
     return ScenarioDef(
@@ -184,7 +210,9 @@ def _ngram(k: int, lookup: tuple[int, int]) -> ScenarioDef:
         for i in range(b.size(8, 16)):
             b.add(b.rng.randint(4, 24), b.size(40, 64), arrival=i // 2, repeat=i % 4)
 
-    triggers = ("zero-draft-after-accept", "partial-drafts") if k > 1 else ("zero-draft-after-accept",)
+    # Whether n-gram drafts are ever accepted is the model's to say: at K=1 a checkpoint may accept none, so
+    # only K=3 asks for the transitions (scripted-zero-draft-k* reach them on any model).
+    triggers = ("zero-draft-after-accept", "partial-drafts") if k > 1 else ()
     lo, hi = lookup
     return ScenarioDef(
         f"ngram-k{k}",
@@ -641,6 +669,8 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         _scripted(3, "all-accept", "all-accept", ("accept-all",), NIGHTLY),
         _scripted(3, "all-reject", "all-reject", ("reject-all",), NIGHTLY),
         _scripted(1, "hash", "ragged", ("every-accept-count",), NIGHTLY),
+        _zero_draft_steps(3),
+        _zero_draft_steps(1, NIGHTLY),
         *(_mtp(k) for k in (1, 3)),
         _ngram(1, (2, 4)),
         _ngram(3, (1, 3)),

@@ -15,7 +15,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 TIERS = ("default", "nightly")
 DRAFTERS = ("mtp", "scripted", "ngram")
-PATTERNS = ("hash", "all-accept", "all-reject", "cycle")
+PATTERNS = ("hash", "all-accept", "all-reject", "cycle")  # the scripted patterns the fuzzer draws
+# and "gaps" (scripted steps without drafts: scripted-zero-draft-k*), which it does not: a longer list
+# would change what every seed draws
+SCRIPTED_PATTERNS = (*PATTERNS, "gaps")
 MAMBA_CACHE_MODES = ("align", "all")
 # Per-request parameters a scenario may give (vLLM's SamplingParams names and meanings, see
 # refengine/sampling_params.py); stored on a RequestSpec as sorted (name, value) pairs, lists as tuples.
@@ -82,8 +85,8 @@ class EngineSettings:
             )
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
-        if self.pattern not in PATTERNS:
-            raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
+        if self.pattern not in SCRIPTED_PATTERNS:
+            raise ValueError(f"pattern must be one of {SCRIPTED_PATTERNS}, got {self.pattern!r}")
         lookup = {"prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         given = {name: v for name, v in lookup.items() if v is not None}
         if given and self.drafter != "ngram":

@@ -46,8 +46,16 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     """A checkpoint folder: ``name_or_path`` itself when it is a folder, else a hub id
     (``owner/name``) looked up in the local Hugging Face cache only; nothing is ever downloaded.
 
-    Anything else comes back unchanged, for ``load_model`` to name what is missing.
+    ``tiny:<family>`` is a tiny checkpoint of that family (``refengine.tools.tiny_models``), written on
+    first use. Anything else comes back unchanged, for ``load_model`` to name what is missing.
     """
+    from refengine.tools.tiny_models import TINY_PREFIX, tiny_model_path
+
+    if str(name_or_path).startswith(TINY_PREFIX):
+        try:
+            return tiny_model_path(str(name_or_path))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     path = Path(name_or_path).expanduser()
     if path.is_dir() or not HUB_ID_RE.match(str(name_or_path)):
         return str(path)

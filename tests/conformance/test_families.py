@@ -67,3 +67,34 @@ def test_fuzz_draws_the_family_and_names_it(tmp_path):
     assert conformance_main(args, out=out) == 0, out.getvalue()
     assert f"model {MODEL} (nemotron_h)" in out.getvalue(), out.getvalue()
     assert {draw_model(s) for s in range(20)} == {None, MODEL}  # every family drawn
+
+
+def test_every_command_taking_a_model_takes_the_tiny_presets_with_a_tokenizer(capsys):
+    from refengine.tools.cli import main as refengine_main
+    from refengine.tools.tiny_models import _ANNOUNCED
+
+    _ANNOUNCED.discard(MODEL)
+    argv = ["generate", "--model", MODEL, "--prompt", "Once upon a time", "--max-tokens", "3"]
+    assert refengine_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "prompt: 'Once upon a time'" in out and "text: " in out, out
+    assert err.count(f"{MODEL}: checkpoint folder ") == 1, err  # its folder, said once
+    assert describe_model(MODEL).has_tokenizer
+    from refengine.tools import bench, report
+
+    for parser in (report.build_parser(), bench.build_parser()):
+        assert parser.parse_args(["--model", MODEL]).model == MODEL
+
+
+def test_mutate_names_the_model_each_mutant_ran_on_and_how_to_replay_it():
+    out = io.StringIO()
+    assert conformance_main(["mutate", "--mutant", "mamba2-no-count-without-drafts"], out=out) == 0
+    text = out.getvalue()
+    assert f"[1/1] mamba2-no-count-without-drafts on {MODEL}: caught by" in text, text
+    assert f"model: {MODEL}" in text and "replay: conformance replay " in text, text
+    assert f"--engine mutant:mamba2-no-count-without-drafts --tier default --model {MODEL}" in text, text
+
+
+def test_the_default_tier_reaches_the_stop_trigger_on_nemotron_h():
+    text = _run(["--engine", "reference", "--scenario", "stop-tokens-k3", "-v"])
+    assert "[PASS] workload-triggers: reference run hit stop-mid-window" in text, text
