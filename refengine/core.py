@@ -230,6 +230,8 @@ class EngineCore:
                              list(req.acceptance), req.num_preemptions, text,
                              num_cached_tokens=req.num_cached_tokens or 0,
                              logprobs=None if req.logprobs is None else [dict(d) for d in req.logprobs],
+                             prompt_logprobs=None if req.prompt_logprobs is None else [
+                                 None if d is None else dict(d) for d in req.prompt_logprobs],
                              stop_reason=req.stop_reason)
 
     def occupancy(self, request_slots_used: int = 0, request_slots_free: int = 0) -> Occupancy:

@@ -248,6 +248,22 @@ def _length_before_stop(engine) -> None:
     core.stop_string = capped_first
 
 
+def _prompt_chunk_end_skipped(engine) -> None:
+    """vLLM #41411: a prompt chunk's last position (the logprob of the next chunk's first prompt token) is
+    dropped, so a prompt prefilled in chunks loses an entry at each chunk end."""
+    from refengine.async_engine import planner as planner_module
+
+    span = planner_module.prompt_logprob_span
+
+    def skipped(req, num_computed, num_tokens):
+        got = span(req, num_computed, num_tokens)
+        if got is not None and got[1] == num_tokens:  # the chunk ends inside the prompt
+            got = (got[0], got[1] - 1) if got[1] > 1 else None
+        return got
+
+    engine.planner.plan = _with(planner_module, "prompt_logprob_span", skipped, engine.planner.plan)
+
+
 # Written but not registered yet: no default-tier scenario catches them (a reordered penalty slot and a
 # zero-draft sampling row beside penalised decodes are both needed): _state_shared_after_swap (vLLM
 # #49613/#51890) and _zero_draft_misaligned (vLLM #41768, third bug).
@@ -283,6 +299,9 @@ def params_mutants(Mutant) -> tuple:
         m("params-logprobs-of-rejected-draft", "vLLM #31336", lossless,
           "a kept token's logprobs are read one position late (a rejected draft's)",
           _logprobs_one_position_late, (MIXED,)),
+        m("params-prompt-chunk-end-skipped", "vLLM #41411", lossless,
+          "a prompt chunk's last position is skipped: the next chunk's first prompt token gets no logprobs",
+          _prompt_chunk_end_skipped, (MIXED,)),
         m("params-tokens-past-stop", "vLLM #47616", stops,
           "the text is cut at a stop string but the window's later tokens and logprobs are returned",
           _tokens_past_stop, (TEXT,)),

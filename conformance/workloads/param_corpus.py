@@ -38,18 +38,21 @@ def _processors(b, k: int) -> None:
     for i in range(b.size(0, 6)):
         b.add(b.rng.randint(3, 20), n, arrival=6 + i, params={} if i % 2 else
               {"repetition_penalty": 1.3, "allowed_token_ids": _ids(b, v // 4), "logprobs": 3})
+    # prompt logprobs over a prompt longer than the step's budget: prefilled in two chunks or more
+    b.add(276, 3, arrival=12, params={"prompt_logprobs": 2})  # 256: the scenario's token budget
 
 
 def _params_mixed(k: int, pattern: str = "hash", tiers=TIERS) -> ScenarioDef:
     return ScenarioDef(
         f"params-mixed-k{k}",
-        f"allowed ids, logit bias, min_tokens, the three penalties and logprobs in one batch of three seats "
+        f"allowed ids, logit bias, min_tokens, the three penalties, logprobs and prompt logprobs (a prompt "
+        f"prefilled in chunks) in one batch of three seats "
         f"with unrestricted requests beside and after them (scripted drafter, K={k})",
         EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern=pattern, max_num_seqs=3),
         lambda b: _processors(b, k),
         ("unrestricted-beside-restricted", "params-rows-reordered", "slot-reused-unrestricted",
          "penalties-over-drafts", "logprobs-in-window", "min-tokens-end-in-window",
-         "stop-held-in-window") if k else
+         "stop-held-in-window", "prompt-logprobs-chunked") if k else
         ("unrestricted-beside-restricted", "params-rows-reordered", "slot-reused-unrestricted"),
         tiers,
     )
