@@ -116,8 +116,9 @@ def postprocess(
                 reason = "stop"
             else:
                 reason = core.stop_reason(req, token)
-                if reason == "stop" and token in req.params.stop_token_ids:
-                    req.stop_reason = token
+                eos = not req.params.ignore_eos and token in core.model_config.eos_token_ids
+                if reason == "stop" and not eos and token in req.params.stop_token_ids:
+                    req.stop_reason = token  # EOS is checked first: a stop id that is EOS leaves None
             if reason is not None:
                 core.finish(req, reason)
                 finished.append(req)

@@ -155,6 +155,29 @@ def test_prompt_logprobs_across_chunks_in_both_engines():
             assert have is None or cached == 0, "a request asking prompt logprobs read the prefix cache"
 
 
+@pytest.mark.parametrize("engine", ["reference", "async"])
+def test_stop_on_the_max_tokens_th_token_finishes_stop(engine):
+    """vLLM 0.33's check_stop: EOS, then stop ids, then the length cap, so EOS or a stop id that is the
+    max_tokens-th token finishes 'stop' (stop_reason None for EOS, the id for a stop id)."""
+    llm = LLM(engine=engine, num_speculative_tokens=2 if engine == "async" else 0, drafter="ngram",
+              prompt_lookup_min=1, prompt_lookup_max=2)
+    eos = llm.model_config.eos_token_ids[0]
+    other = 120 if eos != 120 else 121
+    cases = [  # (params, tokens, finish_reason, stop_reason)
+        (SamplingParams(max_tokens=3, min_tokens=2, logit_bias={eos: 100.0, other: 50.0}),
+         [other, other, eos], "stop", None),
+        (SamplingParams(max_tokens=1, logit_bias={other: 100.0}, stop_token_ids=[other]),
+         [other], "stop", other),
+        (SamplingParams(max_tokens=1, logit_bias={eos: 100.0}, stop_token_ids=[eos]), [eos], "stop", None),
+        (SamplingParams(max_tokens=2, logit_bias={eos: 100.0}, ignore_eos=True), [eos, eos], "length", None),
+        (SamplingParams(max_tokens=1, logit_bias={eos: 100.0}, ignore_eos=True, stop_token_ids=[eos]), [eos],
+         "stop", eos),
+    ]
+    outs = llm.generate(["Hello"] * len(cases), [c[0] for c in cases])
+    for (params, tokens, reason, stop), o in zip(cases, outs):
+        assert (o.token_ids, o.finish_reason, o.stop_reason) == (tokens, reason, stop), params
+
+
 def test_processing_order_is_bias_then_penalties():
     """Bias adds, penalties scale: a bias of +1 on a logit of 1 under repetition 2 gives 1.0, not 1.5."""
     logits = torch.tensor([1.0, 0.5, -1.0, 0.0])
