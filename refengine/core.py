@@ -136,12 +136,15 @@ class EngineCore:
 
     # ---- stop rules (``refengine.postprocess`` applies them as it appends a step's tokens) ---------------
     def stop_reason(self, req: Request, token: int) -> str | None:
-        """After ``token`` was appended: "stop" (a stop id or EOS, once ``min_tokens`` outputs exist),
-        "length", or None."""
+        """After ``token`` was appended: "stop" (EOS unless ``ignore_eos``, or a stop id), "length", or None.
+
+        vLLM 0.33's ``check_stop`` order: EOS, then the stop ids, then the length cap (``max_tokens``,
+        ``max_model_len``), so EOS or a stop id on the ``max_tokens``-th token finishes "stop"; its
+        ``min_tokens`` test comes after all three (it only holds back checks this engine lacks): the
+        ``min_tokens`` processor masks EOS and the stop ids, so none comes before it.
+        """
         p = req.params
-        held = len(req.output_token_ids) < p.min_tokens
-        if not held and (token in p.stop_token_ids
-                         or (not p.ignore_eos and token in self.model_config.eos_token_ids)):
+        if (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
         confirmed = len(req.prompt_token_ids) + len(req.output_token_ids)
         if len(req.output_token_ids) >= p.max_tokens or confirmed >= self.config.scheduler.max_model_len:
@@ -230,6 +233,8 @@ class EngineCore:
                              list(req.acceptance), req.num_preemptions, text,
                              num_cached_tokens=req.num_cached_tokens or 0,
                              logprobs=None if req.logprobs is None else [dict(d) for d in req.logprobs],
+                             prompt_logprobs=None if req.prompt_logprobs is None else [
+                                 None if d is None else dict(d) for d in req.prompt_logprobs],
                              stop_reason=req.stop_reason)
 
     def occupancy(self, request_slots_used: int = 0, request_slots_free: int = 0) -> Occupancy:

@@ -104,8 +104,8 @@ def resolve(params: SamplingParams, vocab_size: int, eos_token_ids, tokenizer) -
         raise ValueError("stop strings need a tokenizer; this checkpoint has none")
     if params.logprobs is not None and params.logprobs > MAX_LOGPROBS:
         raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {params.logprobs}")
-    if params.prompt_logprobs is not None:
-        raise ValueError("prompt_logprobs is not supported by these engines yet")
+    if params.prompt_logprobs is not None and params.prompt_logprobs > MAX_LOGPROBS:
+        raise ValueError(f"prompt_logprobs must be <= {MAX_LOGPROBS}, got {params.prompt_logprobs}")
     stop_ids = tuple(sorted(set(params.stop_token_ids) | set(eos_token_ids)))
     return Processors(
         allowed_token_ids=tuple(sorted(set(params.allowed_token_ids))) if params.allowed_token_ids else None,
@@ -165,6 +165,22 @@ def top_logprobs(logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``MAX_LOGPROBS`` best (values, ids) of each row of ``logprobs`` [M, V]: both engines take a
     request's top-n as the first n of these, so ties fall the same way."""
     return torch.topk(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]), dim=-1)
+
+
+def prompt_logprob_span(req, num_computed: int, num_tokens: int) -> tuple[int, int] | None:
+    """The prompt logprobs a prefill chunk at positions ``num_computed`` .. ``+ num_tokens`` yields, as
+    (index of the first prompt token they are for, how many); None when it yields none.
+
+    vLLM's meaning: position p's logits give the logprob of prompt token p + 1, so a chunk yields one per
+    position up to the prompt's last token; a chunk's last position is for the next chunk's first token
+    (vLLM #41411 lost it). A request whose prompt logprobs are complete (a readmission after preemption)
+    asks for none; entries a readmission computes again are dropped by the post-step writer.
+    """
+    done = req.prompt_logprobs
+    if done is None or len(done) >= len(req.prompt_token_ids):
+        return None
+    count = min(num_tokens, len(req.prompt_token_ids) - 1 - num_computed)
+    return (num_computed + 1, count) if count > 0 else None
 
 
 def logprob_dict(top_values: list[float], top_ids: list[int], token: int, token_logprob: float,

@@ -22,7 +22,9 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first admission (as vLLM)
     logprobs: list[dict[int, float]] | None = None  # per output token: top-n ids and the chosen one -> raw
     #                                                 logprob; None unless SamplingParams.logprobs is set
-    prompt_logprobs: list | None = None  # not computed yet: the engines refuse SamplingParams.prompt_logprobs
+    # None, then per prompt token after the first: top-n ids and the token itself -> the raw logprob of it
+    # given the prompt before it (vLLM's prompt_logprobs); None unless SamplingParams.prompt_logprobs is set
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     stop_reason: int | str | None = None  # the stop id or stop string that finished it; None for EOS, length
 
 

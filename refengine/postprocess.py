@@ -7,7 +7,8 @@ the outcomes into request state, in this order, for every row:
              as computed at planning; the reference assumes nothing)
     commit   the positions the row kept become computed; a sampling row's kept-token count (bonus
              included) is recorded, its acceptance counted, and its tokens appended one at a time
-             until a stop rule finishes the request; with each token its logprobs (when asked for)
+             until a stop rule finishes the request (a prompt chunk's prompt logprobs, when asked for, are
+             appended first); with each token its logprobs (when asked for)
              and the stop-string window advance, so nothing past a stop reaches the request: a stop
              string is found by its first token, wherever it lies in the row's kept tokens
     propose  (reference engine) the drafter reads the committed requests and returns the next drafts
@@ -41,6 +42,9 @@ class RowOutcome:
     # per kept token: (top values, top ids, the token's logprob), the raw logprobs of its position
     # (``logits_process.top_logprobs``); None when no request of the step asked for logprobs
     logprobs: list[tuple[list[float], list[int], float]] | None = None
+    # a prefill chunk of a request asking for prompt logprobs: (index of the prompt token the first entry
+    # is for, per position (top values, top ids, the next prompt token's logprob)); None otherwise
+    prompt_logprobs: tuple[int, list[tuple[list[float], list[int], float]]] | None = None
 
     @property
     def request(self) -> Request:
@@ -57,6 +61,15 @@ class RowOutcome:
     def num_kept(self) -> int:
         """Positions of the row now committed: a prompt chunk's whole query, a verify row's kept tokens."""
         return self.row.num_tokens - self.num_rejected
+
+
+def write_prompt_logprobs(req: Request, first: int, entries: list) -> None:
+    """Append the entries for prompt tokens ``first``.. that ``req`` lacks (a readmission after preemption
+    computes some again: those already there stay); each holds the top-n and the prompt token."""
+    prompt, have = req.prompt_token_ids, req.prompt_logprobs
+    for at, (values, ids, chosen) in enumerate(entries, first):
+        if at == len(have):
+            have.append(logprob_dict(values, ids, prompt[at], chosen, req.params.prompt_logprobs))
 
 
 def postprocess(
@@ -83,6 +96,8 @@ def postprocess(
             req.num_computed_tokens += o.num_kept
             if o.tokens is not None:
                 req.num_valid = len(o.tokens)
+        if o.prompt_logprobs is not None and req.prompt_logprobs is not None:
+            write_prompt_logprobs(req, *o.prompt_logprobs)
         if o.tokens is None:
             continue
         if o.num_drafts is not None and core.config.speculative.enabled:
@@ -101,8 +116,9 @@ def postprocess(
                 reason = "stop"
             else:
                 reason = core.stop_reason(req, token)
-                if reason == "stop" and token in req.params.stop_token_ids:
-                    req.stop_reason = token
+                eos = not req.params.ignore_eos and token in core.model_config.eos_token_ids
+                if reason == "stop" and not eos and token in req.params.stop_token_ids:
+                    req.stop_reason = token  # EOS is checked first: a stop id that is EOS leaves None
             if reason is not None:
                 core.finish(req, reason)
                 finished.append(req)

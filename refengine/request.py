@@ -29,6 +29,9 @@ class Request:
 
     # What the kept tokens advance besides the tokens (``refengine.postprocess``).
     logprobs: list | None = None  # one {id: logprob} per output token when params.logprobs is set
+    # when params.prompt_logprobs is set: None, then one {id: logprob} per prompt token after the first,
+    # filled in prompt order as chunks are computed (complete when it holds one entry per prompt token)
+    prompt_logprobs: list | None = None
     stop_text_checked: int = 0  # characters of the output text already searched for stop strings
     stop_text_end: int | None = None  # the output text ends here (a stop string was found)
 
@@ -58,6 +61,8 @@ class Request:
     def __post_init__(self):
         if self.params.logprobs is not None and self.logprobs is None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
 
     @property
     def all_token_ids(self) -> list[int]:

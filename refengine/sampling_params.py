@@ -43,7 +43,7 @@ class SamplingParams:
     stop: tuple[str, ...] | None = None  # stop strings, found in the output text
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-n raw logprobs per output token (the chosen token always included)
-    prompt_logprobs: int | None = None  # refused by the engines for now (see README)
+    prompt_logprobs: int | None = None  # top-n raw logprobs per prompt token (the prompt token included)
 
     def __post_init__(self):
         object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, 1))

@@ -121,7 +121,9 @@ class Scheduler:
         while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             total = self.num_tokens(req)
-            hit = self.prefix.find(req, total) if self.prefix is not None else Hit(0, [], None)
+            # vLLM reads no cached prefix for a request asking prompt logprobs (it would lose their entries)
+            lookup = self.prefix is not None and req.params.prompt_logprobs is None
+            hit = self.prefix.find(req, total) if lookup else Hit(0, [], None)
             self.kv_pool.take(hit.blocks)  # before allocating, so eviction cannot hand them out
             req.block_ids, req.num_computed_tokens = list(hit.blocks), hit.num_tokens
             req.num_shared_tokens = hit.num_shared
@@ -137,7 +139,7 @@ class Scheduler:
             req.state_slots = slots
             if hit.checkpoint is not None:
                 out.restores.append(Restore(req.request_id, hit.checkpoint, slots[0]))
-            if self.prefix is not None:
+            if lookup:  # a request that skipped the lookup is not counted (as vLLM's stats)
                 self.prefix.count(total, hit)
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = hit.num_tokens

@@ -153,3 +153,26 @@ def test_conformance_speaks_its_device_flag_but_not_a_scenario_files_fields(caps
 def test_the_python_api_keeps_its_own_names():
     with pytest.raises(ConfigError, match=r"^mamba_cache_mode='all' needs enable_prefix_caching=True$"):
         CacheConfig(mamba_cache_mode="all")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--max-tokens", "4", "--min-tokens", "5"],
+     "refengine generate: --min-tokens must be <= --max-tokens 4"),
+    (["--presence-penalty", "3"], "refengine generate: --presence-penalty must be in [-2, 2]"),
+    (["--logit-bias", "9999=1"], "refengine generate: request 'gen-0': --logit-bias: 9999 is not an id"),
+    (["--prompt-logprobs", "30"], "refengine generate: request 'gen-0': --prompt-logprobs must be <= 20"),
+])
+def test_a_refused_request_parameter_names_its_flag(argv, expected, capsys):
+    line = _refused(capsys, ["generate", "--prompt-ids", "1,2", *argv])
+    assert line.startswith(expected), line
+
+
+def test_generate_takes_the_request_parameters(capsys):
+    from refengine.tools.cli import main
+
+    assert main(["generate", "--prompt", "Hello", "--max-tokens", "6", "--allowed-token-ids", "108,111,32",
+                 "--stop", "l", "--logprobs", "1", "--prompt-logprobs", "0", "--repetition-penalty", "1.2",
+                 "--logit-bias", "32=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "finish_reason: stop" in out and "stop_reason: 'l'" in out, out
+    assert "logprobs: [{" in out and "prompt_logprobs: [None, {101: " in out, out

@@ -139,6 +139,33 @@ def _logprobs_in_window(sc: Scenario, t: Trace) -> bool:
     return any(rid in asked and any(d > a >= 1 for d, a in req.acceptance) for rid, req in t.requests.items())
 
 
+def _prompt_logprobs_chunked(sc: Scenario, t: Trace) -> bool:
+    """A request asking for prompt logprobs had its prompt prefilled in two chunks or more."""
+    asked = {r.request_id for r in sc.requests if r.sampling.get("prompt_logprobs") is not None}
+    chunks: dict[str, int] = {}
+    for s in t.steps:
+        for r in s.rows:
+            if r.request_id in asked and r.kind == "prefill":
+                chunks[r.request_id] = chunks.get(r.request_id, 0) + 1
+    return any(n >= 2 for n in chunks.values())
+
+
+def _zero_draft_beside_drafts(sc: Scenario, t: Trace) -> bool:
+    """A decode row that verified no draft ran ahead of a penalised row that verified some, in one step."""
+    rs = {r.request_id for r in sc.requests if any(r.sampling.get(p) for p in PENALTIES[:2])
+          or r.sampling.get("repetition_penalty", 1.0) != 1.0}
+    for s in t.steps:
+        seen_zero = False
+        for r in s.rows:
+            if r.kind != "decode":
+                continue
+            if not r.draft_token_ids:
+                seen_zero = True
+            elif seen_zero and r.request_id in rs:
+                return True
+    return False
+
+
 def _params_preemption(sc: Scenario, t: Trace) -> bool:
     rs = _restricted(sc)
     return any(rid in rs for s in t.steps for rid in s.preempted)
@@ -178,6 +205,12 @@ PARAM_TRIGGERS: dict[str, tuple[str, Callable[[Scenario, Trace], bool]]] = {
     "logprobs-in-window": (
         "a request asking for logprobs kept two or more tokens of a verify step that rejected a draft",
         _logprobs_in_window),
+    "prompt-logprobs-chunked": (
+        "a request asking for prompt logprobs had its prompt prefilled in two chunks or more",
+        _prompt_logprobs_chunked),
+    "zero-draft-beside-drafts": (
+        "a decode row without drafts ran ahead of a penalised row with drafts in one step",
+        _zero_draft_beside_drafts),
     "params-preemption": ("a request with parameters was preempted", _params_preemption),
     "params-prefix-hit": ("a request with parameters was served tokens from the prefix cache",
                           _params_prefix_hit),

@@ -2,8 +2,9 @@
 every parameter changes something.
 
 ``logprobs`` holds the engine under test's logprobs to the reference's bitwise (ids, order and values)
-wherever the tokens are the reference's; ``stop-semantics`` what a finished request says about why it
-finished (vLLM's ``finish_reason`` / ``stop_reason``) and that nothing past a stop comes back;
+wherever the tokens are the reference's, prompt logprobs at every prompt position; ``stop-semantics``
+what a finished request says about why it finished (vLLM's ``finish_reason`` / ``stop_reason``) and
+that nothing past a stop comes back;
 ``params-change-output`` runs the reference on the same requests without their parameters, so a
 parameter both engines silently ignore fails (as vLLM's async-scheduling test asserts).
 """
@@ -25,8 +26,18 @@ def check_logprobs(scenario, reference: Trace, test: Trace, skip=frozenset()) ->
     entries equal the reference's bitwise over the tokens both produced alike; one that did not, none."""
     name = "logprobs"
     asked = {r.request_id: r.sampling.get("logprobs") for r in scenario.requests}
-    if not any(n is not None for n in asked.values()):
-        return not_applicable(name, "no request asks for logprobs")
+    asked_prompt = {r.request_id: r.sampling.get("prompt_logprobs") for r in scenario.requests}
+    if not any(n is not None for n in (*asked.values(), *asked_prompt.values())):
+        return not_applicable(name, "no request asks for logprobs or prompt logprobs")
+    prompt_compared = 0
+    for rid in sorted(reference.requests):
+        ref, got = reference.requests[rid], test.requests.get(rid)
+        if got is None:
+            continue
+        bad, compared_here = _prompt_fault(rid, asked_prompt.get(rid), ref, got, reference, test, rid in skip)
+        if bad is not None:
+            return bad
+        prompt_compared += compared_here
     compared = 0
     for rid in sorted(reference.requests):
         ref, got = reference.requests[rid], test.requests.get(rid)
@@ -55,7 +66,58 @@ def check_logprobs(scenario, reference: Trace, test: Trace, skip=frozenset()) ->
                     f"  {reference.engine}: {want}\n  {test.engine}: {have}",
                     request_id=rid, position=pos)
         compared += upto
-    return passed(name, f"{compared} output tokens' logprobs bitwise equal")
+    return passed(name, f"{compared} output tokens' and {prompt_compared} prompt tokens' logprobs bitwise "
+                  "equal")
+
+
+def _prompt_fault(rid: str, n: int | None, ref: RequestTrace, got: RequestTrace, reference: Trace,
+                  test: Trace, aborted: bool) -> tuple[CheckResult | None, int]:
+    """(A failure or None, prompt positions compared): vLLM's prompt logprobs, None first, then one entry
+    per prompt token holding it (top-n plus it), bitwise equal to the reference's; none when not asked.
+    An aborted request may come back before its prompt was complete: compared over the entries both have."""
+    name = "logprobs"
+    for side, trace, req in (("reference", reference, ref), ("engine under test", test, got)):
+        why = _prompt_malformed(req, n, aborted)
+        if why:
+            return failed(name, f"request {rid}: {side}'s prompt logprobs {why}",
+                          f"request {rid} (prompt_logprobs={n}) on {trace.engine}: its prompt logprobs {why}",
+                          request_id=rid), 0
+    if n is None:
+        return None, 0
+    want, have = ref.prompt_logprobs, got.prompt_logprobs
+    upto = min(len(want), len(have))
+    if len(want) != len(have) and not aborted:
+        return failed(name, f"request {rid}: {len(have)} prompt logprobs entries, the reference {len(want)}",
+                      f"request {rid} on {test.engine}: {len(have)} prompt logprobs entries, on "
+                      f"{reference.engine} {len(want)}", request_id=rid), 0
+    for pos in range(1, upto):
+        if [[t, _bits(v)] for t, v in want[pos]] != [[t, _bits(v)] for t, v in have[pos]]:
+            return failed(
+                name, f"request {rid}: prompt logprobs differ at prompt position {pos} "
+                f"(token {ref.prompt_token_ids[pos]})",
+                f"request {rid} prompt position {pos}, token {ref.prompt_token_ids[pos]}:\n"
+                f"  {reference.engine}: {want[pos]}\n  {test.engine}: {have[pos]}",
+                request_id=rid, position=pos), 0
+    return None, max(upto - 1, 0)
+
+
+def _prompt_malformed(req: RequestTrace, n: int | None, aborted: bool) -> str | None:
+    entries, prompt = req.prompt_logprobs, req.prompt_token_ids
+    if n is None:
+        return None if entries is None else f"came back ({len(entries)} entries) though none were asked for"
+    if entries is None:
+        return "are missing"
+    if len(entries) != len(prompt) and not (aborted and len(entries) < len(prompt)):
+        return f"have {len(entries)} entries for {len(prompt)} prompt tokens"
+    if entries and entries[0] is not None:
+        return "do not start with None (the first prompt token has no prefix)"
+    for pos in range(1, len(entries)):
+        ids = [i for i, _ in entries[pos] or ()]
+        if prompt[pos] not in ids:
+            return f"at prompt position {pos} lack the prompt token {prompt[pos]}"
+        if len(set(ids)) != len(ids) or not n <= len(ids) <= n + 1:
+            return f"at prompt position {pos} hold {len(ids)} ids, not the top {n} and the prompt token"
+    return None
 
 
 def _bits(v: float) -> str:
@@ -86,7 +148,8 @@ def _malformed(req: RequestTrace, n: int | None) -> str | None:
     passes_when=(
         "a request asking for logprobs gets one entry per output token holding that token (top-n plus the "
         "chosen one), bitwise equal to the reference's (ids, order and values) wherever the tokens are the "
-        "reference's; a request not asking gets none"
+        "reference's; one asking for prompt logprobs gets None then one entry per prompt token holding it "
+        "(top-n plus the token), bitwise equal to the reference's; a request not asking gets none"
     ),
 )
 def _logprobs(c: CheckInputs) -> CheckResult:

@@ -2,9 +2,9 @@
 
 Each patches the instance's processor state (``engine.state.processors``), its verifier or its post-step
 writer's stop rules, never a module or a class for longer than one call of that instance. The scenarios
-that catch them (``params-mixed-k3``, ``params-stop-strings-k3``) are tuned to the embedded default model,
-whose byte-level tokenizer the stop strings and bad words need: the mutants declare ``tokenizer=True`` and
-``conformance mutate`` runs them there unless ``--model`` has a tokenizer.
+that catch them (``params-mixed-k3``, ``params-stop-strings-k3``, ``params-ngram-k3``) are tuned to the
+embedded default model, whose byte-level tokenizer the stop strings and bad words need: the mutants
+declare ``tokenizer=True`` and ``conformance mutate`` runs them there unless ``--model`` has a tokenizer.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from refengine.logits_process import logprob_dict
 
-MIXED, TEXT = "params-mixed-k3", "params-stop-strings-k3"
+MIXED, TEXT, NGRAM = "params-mixed-k3", "params-stop-strings-k3", "params-ngram-k3"
 
 
 def _with(module, name, value, fn):
@@ -102,18 +102,27 @@ def _min_tokens_off_by_one(engine) -> None:
 
 
 def _zero_draft_misaligned(engine) -> None:
-    """vLLM #41768 (3): rows without drafts are skipped when the drafts are laid out, so every row after
-    one reads the drafts (penalty and bad-word history) of the row after it."""
-    proc = engine.state.processors
-    apply = proc.apply
+    """vLLM #41768 (3): rows whose drafter proposed no draft are skipped when the drafts are laid out for
+    the processors, so every row after one reads the drafts (penalty and bad-word history) of the row
+    after it. (Host read of the device's draft counts: eager mode only.)"""
+    runner, proc = engine.runner, engine.state.processors
+    apply, verify = proc.apply, runner.verify
+    step_drafts: list = []
+
+    def verify_seeing_counts(shape, rows, step, hidden):
+        step_drafts.append(step.num_drafts)
+        try:
+            return verify(shape, rows, step, hidden)
+        finally:
+            step_drafts.clear()
 
     def packed(logits, slot, row, j, num_outputs, drafts, tail):
-        counts = torch.bincount(row, minlength=drafts.shape[0])
-        with_drafts = torch.nonzero(counts > 1).flatten()
+        with_drafts = torch.nonzero(step_drafts[-1] > 0).flatten()
         moved = torch.zeros_like(drafts)
         moved[: with_drafts.shape[0]] = drafts[with_drafts]
         return apply(logits, slot, row, j, num_outputs, moved, tail)
 
+    runner.verify = verify_seeing_counts
     proc.apply = packed
 
 
@@ -248,9 +257,20 @@ def _length_before_stop(engine) -> None:
     core.stop_string = capped_first
 
 
-# Written but not registered yet: no default-tier scenario catches them (a reordered penalty slot and a
-# zero-draft sampling row beside penalised decodes are both needed): _state_shared_after_swap (vLLM
-# #49613/#51890) and _zero_draft_misaligned (vLLM #41768, third bug).
+def _prompt_chunk_end_skipped(engine) -> None:
+    """vLLM #41411: a prompt chunk's last position (the logprob of the next chunk's first prompt token) is
+    dropped, so a prompt prefilled in chunks loses an entry at each chunk end."""
+    from refengine.async_engine import planner as planner_module
+
+    span = planner_module.prompt_logprob_span
+
+    def skipped(req, num_computed, num_tokens):
+        got = span(req, num_computed, num_tokens)
+        if got is not None and got[1] == num_tokens:  # the chunk ends inside the prompt
+            got = (got[0], got[1] - 1) if got[1] > 1 else None
+        return got
+
+    engine.planner.plan = _with(planner_module, "prompt_logprob_span", skipped, engine.planner.plan)
 
 
 def params_mutants(Mutant) -> tuple:
@@ -265,6 +285,12 @@ def params_mutants(Mutant) -> tuple:
         m("params-mask-aliasing", "vLLM #48419", state,
           "after rows move, a moved slot reads the allowed-id mask of the slot now at its old row",
           _mask_aliasing, (MIXED,)),
+        m("params-state-shared-after-swap", "vLLM #49613/#51890", state,
+          "after rows move, a moved slot reads the penalty counts, factors and bias of the slot now at its "
+          "old row", _state_shared_after_swap, (NGRAM,)),
+        m("params-zero-draft-misaligned", "vLLM #41768", lossless,
+          "rows whose drafter proposed no draft are skipped when drafts are laid out for the processors: a "
+          "later row reads another row's drafts as its window history", _zero_draft_misaligned, (NGRAM,)),
         m("params-stale-mask-on-reuse", "vLLM #43894", state,
           "an unrestricted request on a reused slot keeps its previous owner's allowed-id mask",
           _stale_mask_on_reuse, (MIXED,)),
@@ -283,6 +309,9 @@ def params_mutants(Mutant) -> tuple:
         m("params-logprobs-of-rejected-draft", "vLLM #31336", lossless,
           "a kept token's logprobs are read one position late (a rejected draft's)",
           _logprobs_one_position_late, (MIXED,)),
+        m("params-prompt-chunk-end-skipped", "vLLM #41411", lossless,
+          "a prompt chunk's last position is skipped: the next chunk's first prompt token gets no logprobs",
+          _prompt_chunk_end_skipped, (MIXED,)),
         m("params-tokens-past-stop", "vLLM #47616", stops,
           "the text is cut at a stop string but the window's later tokens and logprobs are returned",
           _tokens_past_stop, (TEXT,)),

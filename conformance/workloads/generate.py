@@ -26,6 +26,12 @@ pinned to their ceiling. Last (``_geometry``): the n-gram drafter in place of th
 ``ngram``), and with caching a block size of 2..K (several boundaries in one verify step) and a prompt
 that holds another's first block one block in (equal blocks at different offsets).
 
+With ``params`` (drawn after all of that, so earlier draws keep their meaning): each request may carry
+SamplingParams fields that need no tokenizer, in vLLM's names: allowed_token_ids (a few ids up to a
+quarter of the vocabulary), logit_bias, min_tokens (up to max_tokens), the three penalties, logprobs
+and prompt_logprobs; a generated request's parameters may change nothing (``conformance fuzz`` does not
+count that as a failure: it is the workload's property, not the engine's).
+
 Prompt contents come from a per-request seed, so shrinking works on a handful of numbers: fewer
 requests, shorter prompts, earlier arrivals, fewer tokens, fewer aborts, smaller K, no sharing.
 """
@@ -145,6 +151,7 @@ def scenarios(
     aborts: bool = True,
     caching: bool = False,
     ngram: bool = False,
+    params: bool = False,
     name: str = "generated",
 ) -> Scenario:
     """A whole workload: engine settings, graph mode, and 1..limits.max_requests requests (``caching``: prefix
@@ -190,6 +197,8 @@ def scenarios(
             )
         )
     settings, requests = _geometry(draw, settings, requests, max_prompt, caching=caching, ngram=ngram)
+    if params and draw(st.booleans()):  # one choice first, so shrinking drops every parameter at once
+        requests = [replace(r, params=_params(draw, vocab_size, r.max_tokens)) for r in requests]
     return _finish(Scenario(name, _describe(requests, prefixes), "default", settings, tuple(requests), (),
                             graph_mode))
 
@@ -216,6 +225,32 @@ def _geometry(draw, settings: EngineSettings, requests: list[RequestSpec], max_p
     return settings, requests
 
 
+def _params(draw, vocab_size: int, max_tokens: int) -> dict:
+    """One request's SamplingParams fields (none of them needs a tokenizer); often none at all."""
+    if not draw(st.booleans()):
+        return {}
+    out: dict = {}
+    tenth = st.integers(-20, 20).map(lambda x: x / 10)
+    if draw(st.booleans()):
+        out["allowed_token_ids"] = sorted(draw(st.sets(st.integers(0, vocab_size - 1), min_size=1,
+                                                       max_size=max(1, vocab_size // 4))))
+    if draw(st.booleans()):
+        out["logit_bias"] = draw(st.dictionaries(st.integers(0, vocab_size - 1), tenth.map(lambda b: b * 5),
+                                                 min_size=1, max_size=3))
+    if draw(st.booleans()):
+        out["min_tokens"] = draw(st.integers(1, max_tokens))
+    for name in ("presence_penalty", "frequency_penalty"):
+        if draw(st.booleans()):
+            out[name] = draw(tenth)
+    if draw(st.booleans()):
+        out["repetition_penalty"] = draw(st.integers(5, 20).map(lambda x: x / 10))
+    if draw(st.booleans()):
+        out["logprobs"] = draw(st.integers(0, 3))
+    if draw(st.booleans()):
+        out["prompt_logprobs"] = draw(st.integers(0, 2))
+    return out
+
+
 def _finish(scenario: Scenario) -> Scenario:
     """A caching workload without KV pressure gets a pool that evicts nothing (its counts are then pinned)."""
     s = scenario.settings
@@ -229,6 +264,8 @@ def _describe(requests: list[RequestSpec], prefixes: list[tuple[int, ...]]) -> s
         f"generated: {len(requests)} request(s), prompts of {[len(r.prompt) for r in requests]} tokens, "
         f"arrivals {[r.arrival_step for r in requests]}"
     )
+    if any(r.params for r in requests):
+        text += f", parameters on {[r.request_id for r in requests if r.params]}"
     if any(r.abort_step is not None for r in requests):
         text += f", aborts {[r.request_id for r in requests if r.abort_step is not None]}"
     if prefixes:

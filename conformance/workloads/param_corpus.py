@@ -38,18 +38,21 @@ def _processors(b, k: int) -> None:
     for i in range(b.size(0, 6)):
         b.add(b.rng.randint(3, 20), n, arrival=6 + i, params={} if i % 2 else
               {"repetition_penalty": 1.3, "allowed_token_ids": _ids(b, v // 4), "logprobs": 3})
+    # prompt logprobs over a prompt longer than the step's budget: prefilled in two chunks or more
+    b.add(276, 3, arrival=12, params={"prompt_logprobs": 2})  # 256: the scenario's token budget
 
 
 def _params_mixed(k: int, pattern: str = "hash", tiers=TIERS) -> ScenarioDef:
     return ScenarioDef(
         f"params-mixed-k{k}",
-        f"allowed ids, logit bias, min_tokens, the three penalties and logprobs in one batch of three seats "
+        f"allowed ids, logit bias, min_tokens, the three penalties, logprobs and prompt logprobs (a prompt "
+        f"prefilled in chunks) in one batch of three seats "
         f"with unrestricted requests beside and after them (scripted drafter, K={k})",
         EngineSettings(num_speculative_tokens=k, drafter="scripted", pattern=pattern, max_num_seqs=3),
         lambda b: _processors(b, k),
         ("unrestricted-beside-restricted", "params-rows-reordered", "slot-reused-unrestricted",
          "penalties-over-drafts", "logprobs-in-window", "min-tokens-end-in-window",
-         "stop-held-in-window") if k else
+         "stop-held-in-window", "prompt-logprobs-chunked") if k else
         ("unrestricted-beside-restricted", "params-rows-reordered", "slot-reused-unrestricted"),
         tiers,
     )
@@ -85,8 +88,36 @@ def _params_text(k: int, pattern: str = "all-accept", tiers=TIERS) -> ScenarioDe
     )
 
 
+def _ngram(b, k: int) -> None:
+    """Penalised requests over two allowed ids (the frequency penalty picks between them, so their output
+    cycles and the n-gram drafter finds drafts there, and each verify position's counts decide its token)
+    beside unrestricted requests whose random output gives it none; four seats, requests finishing at
+    different lengths so rows move."""
+    n = b.size(14, 40)
+    for i in range(b.size(6, 12)):
+        if i % 2:
+            b.add(8, n + 3 * i, arrival=i // 2,
+                  params={"allowed_token_ids": _ids(b, 2), "frequency_penalty": 0.3 + 0.1 * i})
+        else:
+            b.add(10, n - i, arrival=i // 2)  # unrestricted: rows without drafts
+
+
+def _params_ngram(k: int, tiers=TIERS) -> ScenarioDef:
+    return ScenarioDef(
+        f"params-ngram-k{k}",
+        f"penalised requests with drafts beside rows without any, rows moving between steps "
+        f"(n-gram drafter, K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="ngram", prompt_lookup_min=2, prompt_lookup_max=3,
+                       max_num_seqs=4),
+        lambda b: _ngram(b, k),
+        ("params-rows-reordered", "penalties-over-drafts", "zero-draft-beside-drafts"),
+        tiers,
+    )
+
+
 def param_defs() -> list[ScenarioDef]:
     return [
         _params_mixed(3),
         _params_text(3),
+        _params_ngram(3),
     ]

@@ -212,14 +212,15 @@ class AsyncEngine(Engine):
             if i in discarded:
                 self.stats.wasted_tokens += row.num_tokens
                 continue
+            plp = fut.row_prompt_logprobs(i) if fut.prompt_logprobs is not None else None
             if not row.samples:
-                outcomes.append(RowOutcome(row, None, None))
+                outcomes.append(RowOutcome(row, None, None, prompt_logprobs=plp))
                 continue
             num_drafts = drafted[i] if i < plan.num_decode else None
             if num_drafts is not None:
                 self.stats.count_acceptance(num_drafts, len(tokens[i]) - 1)
             self.stats.tokens += len(tokens[i])
             lp = fut.row_logprobs(i, len(tokens[i])) if row.request.params.logprobs is not None else None
-            outcomes.append(RowOutcome(row, tokens[i], num_drafts, lp))
+            outcomes.append(RowOutcome(row, tokens[i], num_drafts, lp, plp))
         finished, _ = postprocess(self.core, outcomes, undo=settle)
         return finished

@@ -21,6 +21,7 @@ from refengine.async_engine.optimistic import AsyncRequest, assume_accepted
 from refengine.async_engine.processing import ProcessorState
 from refengine.async_engine.state import DeviceState, RequestSlots
 from refengine.async_engine.stream import HostBuffer, Stream
+from refengine.logits_process import prompt_logprob_span
 from refengine.request import Request
 from refengine.scheduler import ScheduledRow, SchedulerOutput
 
@@ -44,6 +45,12 @@ class StepPlan:
     drafter_admission: object = None  # what the drafter's proposer staged for the admitted rows, or None
     prefix_rows: list = field(default_factory=list)  # per row: what prefix caching set aside (RowStage)
     logprobs: bool = False  # a row's request asks for logprobs: the step's logprob tables are copied back
+    # prompt chunks of requests asking prompt logprobs: (row, first prompt index, count) each, and their
+    # positions in the token axis and target prompt tokens ([P] host tensors); empty in a FULL step (no
+    # prefill)
+    prompt_logprobs: list = field(default_factory=list)
+    prompt_positions: torch.Tensor | None = None
+    prompt_targets: torch.Tensor | None = None
 
 
 
@@ -144,12 +151,31 @@ class StepPlanner:
             prefix_rows=prefix_rows,
             logprobs=any(r.request.params.logprobs is not None for r in rows),
         )
+        self._prompt_logprobs(plan)
         self.num_plans += 1
         for row in rows:
             assume_accepted(row, self.num_speculative_tokens)
         mode = shape.mode.value
         self.stats.graph_steps[mode] = self.stats.graph_steps.get(mode, 0) + 1
         return plan
+
+    @staticmethod
+    def _prompt_logprobs(plan: StepPlan) -> None:
+        """The prompt logprobs the plan's prompt chunks yield (``logits_process.prompt_logprob_span``), known
+        on the host before the step: no read back is needed to pick them."""
+        positions, targets = [], []
+        for i, row in enumerate(plan.rows[plan.num_decode:], plan.num_decode):
+            req = row.request
+            span = prompt_logprob_span(req, req.num_computed_tokens, row.num_tokens)
+            if span is None:
+                continue
+            first, count = span
+            plan.prompt_logprobs.append((i, first, count))
+            positions.extend(range(plan.qsl[i], plan.qsl[i] + count))
+            targets.extend(req.prompt_token_ids[first: first + count])
+        if positions:
+            plan.prompt_positions = torch.tensor(positions, dtype=torch.int64)
+            plan.prompt_targets = torch.tensor(targets, dtype=torch.int64)
 
     def _writes(self, sched: SchedulerOutput, rows: list[ScheduledRow],
                 admitted: list[AsyncRequest]) -> StagedWrites:

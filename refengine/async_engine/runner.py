@@ -43,7 +43,7 @@ from refengine.async_engine.state import DeviceState
 from refengine.async_engine.stream import Event, Stream
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
-from refengine.logits_process import MAX_LOGPROBS
+from refengine.logits_process import MAX_LOGPROBS, raw_logprobs, top_logprobs
 from refengine.prefix_cache import geometry
 
 
@@ -87,6 +87,7 @@ class StepOutputs:
     drafts: DraftOutputs | None  # None without a drafter
     next_drafts: torch.Tensor  # [Np, K] int64, the drafts proposed for the next step
     next_num_drafts: torch.Tensor  # [Np] int32, how many of them were proposed
+    hidden: torch.Tensor | None = None  # [Tp, H] the target's hidden states (prompt logprobs read them)
 
 
 @dataclass
@@ -139,6 +140,19 @@ class StepFuture:
     num_drafts: torch.Tensor  # [n] host, drafts each row verified (the device's count)
     payload: StepPayload | None = None  # observer data, filled on the device timeline when recording
     logprobs: tuple | None = None  # host copies of ``Verified.logprobs`` [:n] when the plan asks for them
+    # host copies of the plan's prompt logprobs: top values [P, N], top ids [P, N], the target's [P]
+    prompt_logprobs: tuple | None = None
+
+    def row_prompt_logprobs(self, i: int) -> tuple[int, list] | None:
+        """Row ``i``'s (first prompt index, (top values, top ids, the prompt token's logprob) per position),
+        or None when its chunk yields none."""
+        k = 0
+        for row, first, count in self.plan.prompt_logprobs:
+            if row == i:
+                values, ids, chosen = (t[k: k + count] for t in self.prompt_logprobs)
+                return first, [(v, t, c) for v, t, c in zip(values.tolist(), ids.tolist(), chosen.tolist())]
+            k += count
+        return None
 
     def row_logprobs(self, i: int, num_kept: int) -> list[tuple[list[float], list[int], float]]:
         """Row ``i``'s (top values, top ids, kept token's logprob) per kept token."""
@@ -197,6 +211,10 @@ class AsyncRunner:
             top = min(MAX_LOGPROBS, self.vocab_size)
             fut.logprobs = (torch.zeros(n, k + 1, top), torch.zeros(n, k + 1, top, dtype=torch.int64),
                             torch.zeros(n, k + 1))
+        if plan.prompt_logprobs:
+            p, top = plan.prompt_positions.shape[0], min(MAX_LOGPROBS, self.vocab_size)
+            fut.prompt_logprobs = (torch.zeros(p, top), torch.zeros(p, top, dtype=torch.int64),
+                                   torch.zeros(p))
         self.stream.submit(lambda: self._execute(plan, table, fut))
         fut.event = self.stream.record_event()
         return fut
@@ -222,6 +240,9 @@ class AsyncRunner:
         if fut.logprobs is not None:
             for host, dev in zip(fut.logprobs, out.verified.logprobs):
                 host.copy_(dev[:n], non_blocking=True)
+        if fut.prompt_logprobs is not None:  # copied back with the step's other outputs: no wait added
+            for host, dev in zip(fut.prompt_logprobs, self.prompt_logprobs(plan, out.hidden)):
+                host.copy_(dev, non_blocking=True)
         if plan.record:
             m = sum(1 + len(row.draft_token_ids) for row in plan.rows)
             fut.payload = StepPayload.of(out, n, shape.num_tokens, m)
@@ -237,7 +258,17 @@ class AsyncRunner:
             self.checkpoint(rows, step, verified)
         kept, drafts = self.draft(rows, step, hidden, verified)
         st = self.state
-        return StepOutputs(step, verified, kept, drafts, st.draft_tokens[rows.idx], st.num_drafts[rows.idx])
+        return StepOutputs(step, verified, kept, drafts, st.draft_tokens[rows.idx], st.num_drafts[rows.idx],
+                           hidden)
+
+    def prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor):
+        """The raw logprobs of the plan's prompt positions (never processed): (top values [P, N], top ids
+        [P, N], the next prompt token's [P]). Only a step with a prefill row asks, so never a FULL one."""
+        at = to_device(plan.prompt_positions, self.device)
+        targets = to_device(plan.prompt_targets, self.device)
+        raw = raw_logprobs(self.model.compute_logits(hidden[at]))
+        values, ids = top_logprobs(raw)
+        return values, ids, raw.gather(1, targets[:, None])[:, 0]
 
     # ---- the stages ----------------------------------------------------------------------------------
     def stage(self, plan: StepPlan) -> None:

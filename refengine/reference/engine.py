@@ -55,9 +55,10 @@ class ReferenceEngine(Engine):
         for r in sched.restores:  # restore: a hit's checkpoint goes into s_0 before the step reads it
             self.caches.restore_checkpoint(r.checkpoint, r.slot)
         result = self.runner.execute(sched, record_digests=bool(core.observers))
-        outcomes = [RowOutcome(row, valid, len(row.draft_token_ids) if rec.kind == "decode" else None, lp)
-                    for row, valid, rec, lp in zip(sched.rows, result.valid_tokens, result.records,
-                                                   result.logprobs)]
+        outcomes = [RowOutcome(row, valid, len(row.draft_token_ids) if rec.kind == "decode" else None, lp,
+                               plp)
+                    for row, valid, rec, lp, plp in zip(sched.rows, result.valid_tokens, result.records,
+                                                        result.logprobs, result.prompt_logprobs)]
         spans = self._spans(outcomes, result) if prefix is not None else []
         if prefix is not None:
             prefix.hold(spans)

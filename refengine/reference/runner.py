@@ -15,7 +15,7 @@ import kernels
 from refengine.cache import ModelCaches
 from refengine.drafters import Drafter, HostDraftContext, Proposal
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
-from refengine.logits_process import process, raw_logprobs, top_logprobs
+from refengine.logits_process import process, prompt_logprob_span, raw_logprobs, top_logprobs
 from refengine.outputs import RowRecord, logits_digest
 from refengine.scheduler import ScheduledRow, SchedulerOutput
 
@@ -34,6 +34,8 @@ class StepResult:
     metadata_shapes: dict = field(default_factory=dict)
     # per row: (top values, top ids, chosen logprob) per kept token, for rows whose request asks for logprobs
     logprobs: list = field(default_factory=list)
+    # per row: (first prompt index, entries) for prompt chunks of requests asking prompt logprobs, else None
+    prompt_logprobs: list = field(default_factory=list)
 
 
 class _GroupBuilder:
@@ -159,7 +161,35 @@ class ReferenceRunner:
                 rec.num_accepted = len(v) - 1
                 rec.logits_digest, rec.logits_finite = d if d is not None else (None, None)
         blocks = [list(row.request.block_ids) for row in sched.rows]
-        return StepResult(valid, records, hidden, query_start, computed, blocks, recurrent.shapes(), logprobs)
+        prompt = self._prompt_logprobs(sched.rows, query_start, computed, hidden)
+        return StepResult(valid, records, hidden, query_start, computed, blocks, recurrent.shapes(), logprobs,
+                          prompt)
+
+    def _prompt_logprobs(self, rows: list[ScheduledRow], query_start: list[int], computed: list[int],
+                         hidden) -> list:
+        """Per row: the prompt logprobs its chunk yields (``logits_process.prompt_logprob_span``), from the
+        raw log-softmax of the target's logits at each position (never processed), or None."""
+        out: list = [None] * len(rows)
+        spans = {}
+        for i, row in enumerate(rows):
+            if row.request.is_prefilling:
+                span = prompt_logprob_span(row.request, computed[i], row.num_tokens)
+                if span is not None:
+                    spans[i] = span
+        if not spans:
+            return out
+        at = [query_start[i] + j for i, (_, count) in spans.items() for j in range(count)]
+        targets = [rows[i].request.prompt_token_ids[first + j] for i, (first, count) in spans.items()
+                   for j in range(count)]
+        raw = raw_logprobs(self.model.compute_logits(hidden[torch.tensor(at, device=self.device)]))
+        values, ids = (t.tolist() for t in top_logprobs(raw))
+        chosen = raw[torch.arange(len(at), device=self.device), torch.tensor(targets, device=self.device)]
+        chosen = chosen.tolist()
+        k = 0
+        for i, (first, count) in spans.items():
+            out[i] = (first, [(values[k + j], ids[k + j], chosen[k + j]) for j in range(count)])
+            k += count
+        return out
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
                 digests: list | None, logprobs: list) -> list[list[int] | None]:

@@ -50,6 +50,61 @@ def _parse_ids(text: str) -> list[int]:
         ) from None
 
 
+def _parse_bias(text: str) -> tuple[int, float]:
+    try:
+        t, b = text.split("=")
+        return int(t), float(b)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants ID=BIAS (say 42=-5.0), got {text!r}") from None
+
+
+def _ids_for():
+    def parse(text: str) -> list[int]:
+        try:
+            return [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"wants comma-separated integers, got {text!r}") from None
+    return parse
+
+
+def add_request_flags(g) -> None:
+    """The request's parameters (``SamplingParams``, vLLM's names and meanings); the engine validates them
+    and a refusal names the flag."""
+    r = g.add_argument_group("request parameters (vLLM's SamplingParams; decoding stays greedy)")
+    r.add_argument("--stop-token-ids", type=_ids_for(), default=None, metavar="IDS",
+                   help="comma-separated ids that stop a request (finish_reason stop, stop_reason the id)")
+    r.add_argument("--min-tokens", type=int, default=0, help="no stop before this many output tokens")
+    r.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2], once per id in the output")
+    r.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2], per occurrence in output")
+    r.add_argument("--repetition-penalty", type=float, default=1.0, help="> 0, over prompt and output ids")
+    r.add_argument("--logit-bias", type=_parse_bias, action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS to id ID's logit (repeatable)")
+    r.add_argument("--allowed-token-ids", type=_ids_for(), default=None, metavar="IDS",
+                   help="comma-separated ids: only these may be chosen")
+    r.add_argument("--bad-words", action="append", default=None, metavar="WORD",
+                   help="a word never completed (repeatable; needs the checkpoint's tokenizer)")
+    r.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="a stop string (repeatable; needs the checkpoint's tokenizer)")
+    r.add_argument("--include-stop-str-in-output", action="store_true",
+                   help="keep the stop string at the end of the text")
+    r.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="print the top-N raw logprobs of each output token (the chosen one always)")
+    r.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                   help="print the top-N raw logprobs of each prompt token after the first (it always)")
+
+
+def request_params(args) -> dict:
+    """The SamplingParams fields the request flags give."""
+    return {
+        "stop_token_ids": args.stop_token_ids, "min_tokens": args.min_tokens,
+        "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
+        "repetition_penalty": args.repetition_penalty, "logit_bias": dict(args.logit_bias) or None,
+        "allowed_token_ids": args.allowed_token_ids, "bad_words": args.bad_words, "stop": args.stop,
+        "include_stop_str_in_output": args.include_stop_str_in_output, "logprobs": args.logprobs,
+        "prompt_logprobs": args.prompt_logprobs,
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="refengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -90,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --enable-prefix-caching: align (default) | all; where recurrent states are kept",
     )
+    add_request_flags(g)
     g.add_argument(
         "--threads", type=int_at_least(1), default=1, help="torch intra-op threads (default 1: small models)"
     )
@@ -149,7 +205,8 @@ def generate_command(args) -> int:
                   dtype=args.dtype, seed=args.seed, block_size=args.block_size,
                   max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
                   mamba_cache_mode=args.mamba_cache_mode)
-        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+                                **request_params(args))
     except SETUP_ERRORS as e:
         return report("refengine generate", e)
     try:
@@ -169,6 +226,12 @@ def generate_command(args) -> int:
             print(f"text: {o.text!r}")
         print(f"tokens: {o.token_ids}")
         print(f"finish_reason: {o.finish_reason}")
+        if o.stop_reason is not None:
+            print(f"stop_reason: {o.stop_reason!r}")
+        if o.logprobs is not None:
+            print(f"logprobs: {o.logprobs}")
+        if o.prompt_logprobs is not None:
+            print(f"prompt_logprobs: {o.prompt_logprobs}")
         if args.num_speculative_tokens:
             steps = len(o.acceptance)
             mean = 1 + o.num_accepted_tokens / steps if steps else 1.0

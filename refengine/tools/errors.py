@@ -65,8 +65,22 @@ FLAGS = {
     "seed": "--seed",
     "max_tokens": "--max-tokens",
     "ignore_eos": "--ignore-eos",
+    # the request's parameters (SamplingParams fields, vLLM's names)
+    "stop_token_ids": "--stop-token-ids",
+    "min_tokens": "--min-tokens",
+    "presence_penalty": "--presence-penalty",
+    "frequency_penalty": "--frequency-penalty",
+    "repetition_penalty": "--repetition-penalty",
+    "logit_bias": "--logit-bias",
+    "allowed_token_ids": "--allowed-token-ids",
+    "bad_words": "--bad-words",
+    "stop": "--stop",
+    "include_stop_str_in_output": "--include-stop-str-in-output",
+    "prompt_logprobs": "--prompt-logprobs",
+    "logprobs": "--logprobs",
 }
-SWITCHES = ("enable_prefix_caching", "ignore_eos")  # flags without a value: name=True is the flag itself
+# flags without a value: name=True is the flag itself
+SWITCHES = ("enable_prefix_caching", "ignore_eos", "include_stop_str_in_output")
 # The Python API's advice -> what a user of the command does instead (matched after the flags are spoken).
 FIXES = {
     "(use --num-spec-tokens 0 or --drafter scripted)": (
@@ -96,6 +110,9 @@ def speak_flags(message: str) -> str:
     message = re.sub(rf"(?<![\w.\[-])({'|'.join(n for n in FLAGS if '_' in n)})(?![\w=(-])",
                      lambda m: FLAGS[m.group(1)], message)
     message = re.sub(rf"^({names})(?= must |: )", lambda m: FLAGS[m.group(1)], message)
+    # ... or of what the engine says about one request (``request 'x': logprobs must be ...``)
+    message = re.sub(rf"^(request '[^']*': )({names})(?= must |: )",
+                     lambda m: m.group(1) + FLAGS[m.group(2)], message)
     for api, cli in FIXES.items():
         message = message.replace(api, cli)
     return message

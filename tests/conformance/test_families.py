@@ -11,10 +11,11 @@ from conformance.model import describe_model
 from conformance.workloads import scenario_ids
 
 MODEL = "tiny:nemotron_h"
-# The default tier's share: MTP, n-gram (0..K drafts), ragged scripted drafts, recycled slots, and prefix
-# caching in both modes; the whole corpus runs with -m slow.
+# The default tier's share: MTP, n-gram (0..K drafts), ragged scripted drafts, recycled slots, prefix
+# caching in both modes, and requests that carry parameters (penalties and allowed ids under n-gram drafts:
+# K=3 output equal to K=0's); the whole corpus runs with -m slow.
 LEAN = ("mtp-k3", "ngram-k3", "scripted-ragged-k3", "recycled-slots-k3", "pc-shared-prompt-k3-align",
-        "pc-shared-prompt-k3-all")
+        "pc-shared-prompt-k3-all", "params-ngram-k3")
 
 
 def _run(args: list[str]) -> str:

@@ -290,3 +290,18 @@ def test_fuzz_finds_a_cache_that_never_hits(tmp_path):
     )
     assert report.failed and report.search.check == "cached-tokens" and report.reproduced
     assert read_scenario_file(report.file, VOCAB).caching
+
+
+def test_with_params_the_generator_draws_request_parameters():
+    """Every id-only SamplingParams field comes up, each valid for its request; none without ``params``."""
+    from refengine import SamplingParams
+
+    seen = [r for sc in _generated(0, 120, params=True) for r in sc.requests]
+    drawn = {name for r in seen for name, _ in r.params}
+    assert drawn == {"allowed_token_ids", "logit_bias", "min_tokens", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty", "logprobs", "prompt_logprobs"}
+    assert any(not r.params for r in seen)
+    for r in seen:
+        SamplingParams(max_tokens=r.max_tokens, **r.sampling)  # raises for an invalid field
+        assert all(0 <= t < VOCAB for t in r.sampling.get("allowed_token_ids", ()))
+    assert not any(r.params for sc in _generated(0, 40) for r in sc.requests)

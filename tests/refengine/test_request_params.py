@@ -106,7 +106,7 @@ def test_validation_names_the_field():
     vocab = llm.model_config.vocab_size
     for kw, word in [({"allowed_token_ids": [vocab]}, "allowed_token_ids"),
                      ({"logit_bias": {vocab + 3: 1.0}}, "logit_bias"),
-                     ({"prompt_logprobs": 1}, "prompt_logprobs"),
+                     ({"prompt_logprobs": 21}, "prompt_logprobs"),
                      ({"logprobs": 21}, "logprobs")]:
         with pytest.raises(EngineError, match=word):
             llm.generate("Hi", SamplingParams(max_tokens=2, **kw))
@@ -119,6 +119,63 @@ def test_validation_names_the_field():
         with pytest.raises(ValueError, match=word):
             SamplingParams(**kw)
     assert SamplingParams(logit_bias={"7": 500}).logit_bias == {7: 100.0}  # clamped, as vLLM
+
+
+PROMPT_LP = "the cat sat on the mat. the cat sat on the mat."
+
+
+def _prompt_logprobs(llm: LLM, n: int = 2) -> list:
+    outs = llm.generate([PROMPT_LP, "Hello there", PROMPT_LP],
+                        [SamplingParams(max_tokens=3, prompt_logprobs=n),
+                         SamplingParams(max_tokens=3, logit_bias={32: 5.0}),
+                         SamplingParams(max_tokens=3, prompt_logprobs=0, repetition_penalty=1.5)])
+    return [(o.prompt_logprobs, o.token_ids, o.num_cached_tokens) for o in outs]
+
+
+def test_prompt_logprobs_across_chunks_in_both_engines():
+    """vLLM's prompt_logprobs: None first, then per prompt token the raw logprob of it given the prompt
+    before it (top-n plus the token), unprocessed; chunked prefill (a 16-token budget cuts the prompt) must
+    not lose a chunk's last position (vLLM #41411); both engines bitwise, prefix caching read by no request
+    asking them (vLLM skips the lookup)."""
+    whole = _prompt_logprobs(LLM(engine="reference"))
+    first, _, _ = whole[0]
+    prompt = list(PROMPT_LP.encode())
+    assert first[0] is None and len(first) == len(prompt)
+    assert all(prompt[i] in d and len(d) in (2, 3) for i, d in enumerate(first) if i)
+    assert whole[1][0] is None and [len(d) for d in whole[2][0][1:]] == [1] * (len(prompt) - 1)
+    assert whole[2][0][1:] == [{t: d[t]} for t, d in zip(prompt[1:], first[1:])]  # raw: processors ignored
+    for kw in ({"engine": "reference", "max_num_batched_tokens": 16},
+               {"engine": "async", "max_num_batched_tokens": 16, "graph_mode": "full_and_piecewise"},
+               {"engine": "async", "max_num_batched_tokens": 16, "enable_prefix_caching": True,
+                "num_speculative_tokens": 2, "drafter": "ngram"}):
+        got = _prompt_logprobs(LLM(**kw))
+        for (want, tokens, _), (have, have_tokens, cached) in zip(whole, got):
+            assert have_tokens == tokens
+            assert have == want, kw  # dict equality of floats: bitwise for finite values
+            assert have is None or cached == 0, "a request asking prompt logprobs read the prefix cache"
+
+
+@pytest.mark.parametrize("engine", ["reference", "async"])
+def test_stop_on_the_max_tokens_th_token_finishes_stop(engine):
+    """vLLM 0.33's check_stop: EOS, then stop ids, then the length cap, so EOS or a stop id that is the
+    max_tokens-th token finishes 'stop' (stop_reason None for EOS, the id for a stop id)."""
+    llm = LLM(engine=engine, num_speculative_tokens=2 if engine == "async" else 0, drafter="ngram",
+              prompt_lookup_min=1, prompt_lookup_max=2)
+    eos = llm.model_config.eos_token_ids[0]
+    other = 120 if eos != 120 else 121
+    cases = [  # (params, tokens, finish_reason, stop_reason)
+        (SamplingParams(max_tokens=3, min_tokens=2, logit_bias={eos: 100.0, other: 50.0}),
+         [other, other, eos], "stop", None),
+        (SamplingParams(max_tokens=1, logit_bias={other: 100.0}, stop_token_ids=[other]),
+         [other], "stop", other),
+        (SamplingParams(max_tokens=1, logit_bias={eos: 100.0}, stop_token_ids=[eos]), [eos], "stop", None),
+        (SamplingParams(max_tokens=2, logit_bias={eos: 100.0}, ignore_eos=True), [eos, eos], "length", None),
+        (SamplingParams(max_tokens=1, logit_bias={eos: 100.0}, ignore_eos=True, stop_token_ids=[eos]), [eos],
+         "stop", eos),
+    ]
+    outs = llm.generate(["Hello"] * len(cases), [c[0] for c in cases])
+    for (params, tokens, reason, stop), o in zip(cases, outs):
+        assert (o.token_ids, o.finish_reason, o.stop_reason) == (tokens, reason, stop), params
 
 
 def test_processing_order_is_bias_then_penalties():
