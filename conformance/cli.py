@@ -316,9 +316,6 @@ def cmd_fuzz(args, out) -> int:
         print("conformance fuzz: needs hypothesis (pip install hypothesis, or the package's [test] extra)",
               file=sys.stderr)
         return 2
-    from conformance.report_text import LEGEND, format_result
-    from conformance.workloads.generate import Limits
-
     if args.draw_family:
         if args.model:
             print("conformance fuzz: --draw-family draws the model; drop --model", file=sys.stderr)
@@ -335,9 +332,10 @@ def cmd_fuzz(args, out) -> int:
         file=out,
         flush=True,
     )
-    shrinking = []
+    shrinking, seen = [], [0]
 
     def progress(e):
+        seen[0] = max(seen[0], e.index)
         if e.phase == "shrink" and not shrinking:
             shrinking.append(True)
             print(
@@ -353,7 +351,19 @@ def cmd_fuzz(args, out) -> int:
         )
         print(f"[{e.index:>4}] {e.phase:<8} {e.size}: {verdict} ({e.seconds:.1f} s)", file=out, flush=True)
 
-    report = fuzz(
+    try:
+        report = _fuzz(fuzz, args, case, progress)
+    except KeyboardInterrupt:
+        print(f"conformance fuzz: interrupted after {seen[0]} workload(s) of seed {args.seed}"
+              f"{' (while shrinking a failure)' if shrinking else ''}; nothing was written", file=sys.stderr)
+        return 130
+    return _fuzz_verdict(args, report, out)
+
+
+def _fuzz(fuzz, args, case, progress):
+    from conformance.workloads.generate import Limits
+
+    return fuzz(
         case,
         seed=args.seed,
         max_examples=args.examples,
@@ -367,6 +377,11 @@ def cmd_fuzz(args, out) -> int:
         aborts=False if args.no_aborts else None,
         progress=progress,
     )
+
+
+def _fuzz_verdict(args, report, out) -> int:
+    from conformance.report_text import LEGEND, format_result
+
     s = report.search
     print(f"\n{s.examples} workloads in {s.seconds:.1f} s ({s.skipped} skipped); stopped by "
           f"{'a failure' if report.failed else s.stopped}", file=out)
@@ -420,17 +435,40 @@ def cmd_mutate(args, out) -> int:
         flush=True,
     )
 
+    seen = []
+
     def progress(result, i, n):
+        seen.append(result)
         verdict = (f"caught by {result.scenario}" if result.caught
                    else f"not tried: {result.untried}" if result.untried else "MISSED")
         print(f"[{i}/{n}] {result.mutant.id}: {verdict} in {result.seconds:.1f} s", file=out, flush=True)
 
-    results = run_mutants(model, args.tier, args.mutant or None, progress=progress, dtype=dtype)
+    try:
+        results = run_mutants(model, args.tier, args.mutant or None, progress=progress, dtype=dtype)
+    except KeyboardInterrupt:
+        done = len(seen)
+        print(f"conformance mutate: interrupted after {done} mutant(s) "
+              f"({sum(r.caught for r in seen)} caught); the score covers none of the rest", file=sys.stderr)
+        return 130
     print("\n" + format_score(results), file=out)
     return 0 if all(r.caught or r.untried for r in results) else 1
 
 
 def main(argv: list[str] | None = None, out=None) -> int:
+    """The ``conformance`` command. Called without ``argv`` it is the process's entry point (the console
+    script, ``python -m conformance``): an interrupted command then ends the process with status 130
+    once its reports are written, without finalizing the interpreter under engine threads that may be
+    inside torch (refengine.tools.exits); with ``argv`` it returns the status, 130 included."""
+    if argv is None:
+        from conformance.watchdog import stranded
+        from refengine.tools.exits import process_main
+
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        return process_main(f"conformance {command}".strip(), lambda: _main(sys.argv[1:], out), stranded)
+    return _main(argv, out)
+
+
+def _main(argv: list[str], out=None) -> int:
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
     try:

@@ -1,0 +1,73 @@
+"""How the ``refengine`` and ``conformance`` processes end: with their status, 130 on Ctrl-C, every time.
+
+Why a process interrupted in the middle of engine work cannot simply return 130 and let Python exit:
+the async engine runs its device work on a worker thread (``refengine.async_engine.stream``, on CPU),
+and the conformance watchdog runs the engine under test on a thread of its own that it may abandon
+(``conformance.watchdog``). Both are daemon threads, and when Ctrl-C arrives they may be inside a
+torch op, which runs with the GIL released. Once the interpreter finalizes, a daemon thread that
+comes back from such an op and asks for the GIL is ended by CPython with ``pthread_exit``; the forced
+unwind runs through torch's C++ frames, which do not let it through, and the process aborts with
+``terminate called without an active exception`` (exit status 134) instead of 130. A thread inside
+an op cannot be stopped from Python, and a hung call (what the watchdog abandons) may never return,
+so no amount of joining makes the exit safe.
+
+So a command that is interrupted first finishes what must be written (the run's JUnit and JSON
+reports, its last lines), then :func:`end_process` flushes stdout and stderr and ends the process with
+``os._exit(130)``: the interpreter is not finalized, so no thread can come back into it, and no
+``atexit`` callback (which a second Ctrl-C could interrupt with a traceback) runs. A command that
+finished on its own ends the usual way; a Ctrl-C that arrives while it shuts down still ends it
+with 130 (:func:`process_main`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
+
+def end_process(code: int) -> NoReturn:
+    """Flush stdout and stderr and end the process now with ``code``, without finalizing the interpreter
+    (no ``atexit`` callbacks, no daemon thread coming back into it; see the module docstring). Only for
+    a process entry point, once every report is written."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the flush short
+    except ValueError:  # not the main thread
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
+
+
+def _interrupted_while_exiting(signum, frame) -> None:
+    end_process(INTERRUPTED)
+
+
+def process_main(prog: str, body: Callable[[], int], stranded: Callable[[], bool] | None = None) -> int:
+    """Run ``body`` as the whole work of the process ``prog`` and return its exit status, except on
+    Ctrl-C: when ``body`` returns 130 (it reported the interruption itself, reports written) or lets a
+    KeyboardInterrupt escape (then ``prog: interrupted`` is printed), the process ends here with 130
+    (:func:`end_process`). After ``body`` returned any other status, a Ctrl-C during the shutdown that
+    follows ends the process with 130 too, never with a traceback from an ``atexit`` callback.
+    ``stranded``: whether a thread that may still be inside torch was left behind (an engine the
+    watchdog abandoned); then the process ends with ``body``'s status without finalizing either."""
+    try:
+        try:
+            code = body()
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            code = INTERRUPTED
+        if code != INTERRUPTED and not (stranded is not None and stranded()):
+            signal.signal(signal.SIGINT, _interrupted_while_exiting)
+            return code
+    except KeyboardInterrupt:  # a Ctrl-C between the work's end and the handler above
+        code = INTERRUPTED
+    end_process(code)
