@@ -216,33 +216,76 @@ def cmd_list(args, out) -> int:
     return 0
 
 
+RUN_REFUSALS = (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError, KeyError)
+
+
 def cmd_run(args, out) -> int:
-    """The shipped pytest suite, run in-process with this command's options (conformance.runner)."""
+    """The shipped pytest suite, run in-process with this command's options (conformance.runner). A run
+    that ends before its first scenario (an engine, checkpoint, device, scenario or expectations file
+    that cannot be used, a required feature missing, Ctrl-C) still writes its --junit-xml and
+    --report-json files, holding a ``gate`` (or ``interrupted``) error that names the reason."""
     from conformance.model import describe_model, run_dtype
     from conformance.runner import run_suite
     from refengine.config import check_device
 
-    sel = _selection(args)
-    adapter = session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
-    check_device("device", sel.device)
-    facts = describe_model(sel.model)  # the folder and its config; the weights load once, inside the run
-    session.select_scenarios(sel.tier, args.scenario, args.scenario_file)
-    sel.expectations()  # ExpectationError for an unreadable file
-    for flag, path in (("--report-json", args.report_json), ("--junit-xml", args.junit_xml)):
-        _report_folder(flag, path)
-    lacking = missing_features(adapter, args.require_feature)
-    if lacking:
-        print(f"conformance run: the engine under test ({adapter.name}) does not support required feature(s) "
-              f"{', '.join(lacking)} (--require-feature): the gate fails before any scenario runs",
-              file=sys.stderr)
-        return 1
-    return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
-                     strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
-                     report_json=args.report_json, exitfirst=args.exitfirst, verbose=args.verbose,
-                     model_label=facts.label,
-                     dtype=run_dtype(sel.dtype, facts), fail_on_skip=args.fail_on_skip,
-                     min_scenarios=args.min_scenarios, require_features=args.require_feature,
-                     features=_features(adapter))
+    facts = None
+    try:
+        sel = _selection(args)
+        adapter = session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
+        check_device("device", sel.device)
+        facts = describe_model(sel.model)  # the folder and its config; the weights load once, in the run
+        session.select_scenarios(sel.tier, args.scenario, args.scenario_file)
+        sel.expectations()  # ExpectationError for an unreadable file
+        for flag, path in (("--report-json", args.report_json), ("--junit-xml", args.junit_xml)):
+            _report_folder(flag, path)
+        lacking = missing_features(adapter, args.require_feature)
+        if lacking:
+            return _ended_before_the_run(args, facts, 1, f"the engine under test ({adapter.name}) does not "
+                                         f"support required feature(s) {', '.join(lacking)} "
+                                         "(--require-feature): the gate fails before any scenario runs")
+        dtype = run_dtype(sel.dtype, facts)
+    except RUN_REFUSALS as e:
+        return _ended_before_the_run(args, facts, 2, str(e))
+    except KeyboardInterrupt:
+        return _ended_before_the_run(args, facts, 130, INTERRUPTED_BEFORE_THE_RUN, name="interrupted")
+    try:
+        return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
+                         strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
+                         report_json=args.report_json, exitfirst=args.exitfirst, verbose=args.verbose,
+                         model_label=facts.label, dtype=dtype, fail_on_skip=args.fail_on_skip,
+                         min_scenarios=args.min_scenarios, require_features=args.require_feature,
+                         features=_features(adapter))
+    except KeyboardInterrupt:  # before pytest's session started (it reports an interrupt of its own)
+        return _ended_before_the_run(args, facts, 130, INTERRUPTED_BEFORE_THE_RUN, name="interrupted")
+
+
+INTERRUPTED_BEFORE_THE_RUN = ("interrupted (KeyboardInterrupt) before the first scenario; no scenario ran, "
+                              "and no verdict covers any")
+
+
+def _ended_before_the_run(args, facts, code: int, message: str, name: str = "gate") -> int:
+    """Say why the run ended before its first scenario (one line on stderr, naming the reports written)
+    and write the reports it asked for with a ``name`` error holding ``message``; returns ``code``."""
+    from conformance.env import environment
+    from conformance.report_files import gate_options, write_run_error_reports
+
+    meta = {
+        "engine": session.pick(args.engine, session.ENV_ENGINE, session.DEFAULT_ENGINE),
+        "model": facts.label if facts else (session.pick(args.model, session.ENV_MODEL, None)
+                                            or "embedded default model"),
+        "family": facts.family if facts else "",
+        "dtype": session.pick(args.dtype, session.ENV_DTYPE, "float32"),
+        "tier": args.tier,
+        "device": session.pick(args.device, session.ENV_DEVICE, "cpu"),
+        "gate": gate_options(fail_on_skip=args.fail_on_skip, min_scenarios=args.min_scenarios,
+                             require_features=args.require_feature, step_timeout=args.step_timeout),
+    }
+    written = write_run_error_reports(args.junit_xml, args.report_json, name, message, meta,
+                                      environment(probe_device=False))
+    where = f" (reports written: {', '.join(written)})" if written else ""
+    said = "interrupted before the first scenario" if name == "interrupted" else message
+    print(f"conformance run: {said}{where}", file=sys.stderr)
+    return code
 
 
 def _features(adapter) -> dict[str, bool]:
