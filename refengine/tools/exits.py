@@ -51,18 +51,39 @@ def _interrupted_while_exiting(signum, frame) -> None:
     end_process(INTERRUPTED)
 
 
+_received: list[bool] = []  # a Ctrl-C arrived during the work (whatever became of its KeyboardInterrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    """Python's own SIGINT handler (raise KeyboardInterrupt), remembering that the interrupt came: code
+    called from a C or Rust extension may turn the KeyboardInterrupt into another error (safetensors,
+    interrupted while loading weights, raises a TypeError that the loader reports as a bad checkpoint)."""
+    _received.append(True)
+    raise KeyboardInterrupt
+
+
 def process_main(prog: str, body: Callable[[], int], stranded: Callable[[], bool] | None = None) -> int:
     """Run ``body`` as the whole work of the process ``prog`` and return its exit status, except on
     Ctrl-C: when ``body`` returns 130 (it reported the interruption itself, reports written) or lets a
     KeyboardInterrupt escape (then ``prog: interrupted`` is printed), the process ends here with 130
     (:func:`end_process`). After ``body`` returned any other status, a Ctrl-C during the shutdown that
-    follows ends the process with 130 too, never with a traceback from an ``atexit`` callback.
+    follows ends the process with 130 too, never with a traceback from an ``atexit`` callback; and a
+    Ctrl-C during the work that an extension turned into another error still ends it with 130.
     ``stranded``: whether a thread that may still be inside torch was left behind (an engine the
     watchdog abandoned); then the process ends with ``body``'s status without finalizing either."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         try:
             code = body()
         except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            code = INTERRUPTED
+        except Exception:
+            if not _received:
+                raise
+            code = -1  # the interrupt surfaced as this error
+        if _received and code != INTERRUPTED:  # the interrupt surfaced as another error: still an interrupt
             print(f"{prog}: interrupted", file=sys.stderr)
             code = INTERRUPTED
         if code != INTERRUPTED and not (stranded is not None and stranded()):
