@@ -499,21 +499,19 @@ def cmd_mutate(args, out) -> int:
 
 def main(argv: list[str] | None = None, out=None) -> int:
     """The ``conformance`` command. Called without ``argv`` it is the process's entry point (the console
-    script, ``python -m conformance``): an interrupted command then ends the process with status 130
-    once its reports are written, without finalizing the interpreter under engine threads that may be
+    script, ``python -m conformance``) and ends the process with the command's status (130 on Ctrl-C,
+    once the reports are written) without finalizing the interpreter under engine threads that may be
     inside torch (refengine.tools.exits); with ``argv`` it returns the status, 130 included."""
     if argv is None:
-        from conformance.watchdog import stranded
+        args = build_parser().parse_args(sys.argv[1:])  # --help and usage errors: before anything loads
         from refengine.tools.exits import process_main
 
-        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-        return process_main(f"conformance {command}".strip(), lambda: _main(sys.argv[1:], out), stranded)
-    return _main(argv, out)
+        process_main(f"conformance {args.command}", lambda: _run(args, out))
+    return _run(build_parser().parse_args(argv), out)
 
 
-def _main(argv: list[str], out=None) -> int:
+def _run(args, out=None) -> int:
     out = out or sys.stdout
-    args = build_parser().parse_args(argv)
     try:
         commands = {
             "list": cmd_list,

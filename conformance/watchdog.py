@@ -11,10 +11,10 @@ workload builds a fresh engine instance. An exception of any kind raised on the 
 
 A Ctrl-C reaches the calling thread, never the worker: the worker is then abandoned as a hung call is
 (it stops at its next engine call instead of driving the rest of the workload) and given
-``INTERRUPT_GRACE`` seconds to get there, and the interrupt goes on up. A worker that is still running
-after that (a call inside torch, or a hung one) is *stranded*: :func:`stranded` says so, and the
-command's process then ends without finalizing the interpreter (refengine.tools.exits), since a thread
-coming back from a torch op into a finalized interpreter aborts the process.
+``INTERRUPT_GRACE`` seconds to get there, and the interrupt goes on up. A worker still running after
+that (a call inside torch, or a hung one) is why the command's process ends without finalizing the
+interpreter (refengine.tools.exits): a thread coming back from a torch op into a finalized interpreter
+aborts the process.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from typing import Any
 DEFAULT_STEP_TIMEOUT = 600.0  # seconds one engine call may take: generous for a first step that compiles
 POLL_SECONDS = 0.05
 INTERRUPT_GRACE = 2.0  # seconds an interrupted workload's worker gets to reach its next engine call
-
-_abandoned: list[threading.Thread] = []  # workers given up on (a timeout, an interrupt): maybe still running
 
 
 class EngineHang(RuntimeError):
@@ -107,21 +105,14 @@ def run_watched(body: Callable[[], Any], watch: Watch, name: str) -> Any:
             thread.join(POLL_SECONDS if watch.limit is None else min(POLL_SECONDS, watch.limit))
             what = watch._expired()
             if what is not None:
-                _abandoned.append(thread)
                 raise EngineHang(f"{what} did not return within {watch.limit:g} s (--step-timeout); the "
                                  "engine instance was abandoned")
     except KeyboardInterrupt:  # Ctrl-C: the worker stops at its next engine call, the interrupt goes on
         with watch.lock:
             watch.abandoned = True
-        _abandoned.append(thread)
         thread.join(INTERRUPT_GRACE)
         raise
     if "error" in box:
         raise box["error"]
     return box.get("result")
 
-
-def stranded() -> bool:
-    """Whether a worker this process gave up on (a timeout, an interrupt) is still running: it may be
-    inside torch, so the process must not finalize the interpreter under it (refengine.tools.exits)."""
-    return any(t.is_alive() for t in _abandoned)

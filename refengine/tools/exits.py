@@ -11,12 +11,15 @@ unwind runs through torch's C++ frames, which do not let it through, and the pro
 an op cannot be stopped from Python, and a hung call (what the watchdog abandons) may never return,
 so no amount of joining makes the exit safe.
 
-So a command that is interrupted first finishes what must be written (the run's JUnit and JSON
-reports, its last lines), then :func:`end_process` flushes stdout and stderr and ends the process with
-``os._exit(130)``: the interpreter is not finalized, so no thread can come back into it, and no
-``atexit`` callback (which a second Ctrl-C could interrupt with a traceback) runs. A command that
-finished on its own ends the usual way; a Ctrl-C that arrives while it shuts down still ends it
-with 130 (:func:`process_main`).
+So a command first finishes what must be written (an interrupted run its JUnit and JSON reports and
+its last lines), then :func:`end_process` flushes stdout and stderr and ends the process with
+``os._exit``: 130 when interrupted, else the command's status. The interpreter is not finalized, so no
+thread can come back into it, and no ``atexit`` callback (which a Ctrl-C could interrupt with a
+traceback) runs. A command that finished on its own ends the same way, because a Ctrl-C that arrives
+while the interpreter tears torch down (after the command's last line) would otherwise kill the
+process by the signal, and an engine thread never closed may still be inside an op (a hung call the
+watchdog abandoned). The commands write every file they write before they return, so nothing waits
+for ``atexit``.
 """
 
 from __future__ import annotations
@@ -47,10 +50,6 @@ def end_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _interrupted_while_exiting(signum, frame) -> None:
-    end_process(INTERRUPTED)
-
-
 _received: list[bool] = []  # a Ctrl-C arrived during the work (whatever became of its KeyboardInterrupt)
 
 
@@ -62,15 +61,13 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def process_main(prog: str, body: Callable[[], int], stranded: Callable[[], bool] | None = None) -> int:
-    """Run ``body`` as the whole work of the process ``prog`` and return its exit status, except on
-    Ctrl-C: when ``body`` returns 130 (it reported the interruption itself, reports written) or lets a
-    KeyboardInterrupt escape (then ``prog: interrupted`` is printed), the process ends here with 130
-    (:func:`end_process`). After ``body`` returned any other status, a Ctrl-C during the shutdown that
-    follows ends the process with 130 too, never with a traceback from an ``atexit`` callback; and a
-    Ctrl-C during the work that an extension turned into another error still ends it with 130.
-    ``stranded``: whether a thread that may still be inside torch was left behind (an engine the
-    watchdog abandoned); then the process ends with ``body``'s status without finalizing either."""
+def process_main(prog: str, body: Callable[[], int]) -> NoReturn:
+    """Run ``body`` as the whole work of the process ``prog`` and end the process with its exit status
+    (:func:`end_process`: stdout and stderr flushed, the interpreter not finalized). On Ctrl-C the status
+    is 130: ``body`` returned it (it reported the interruption itself, its reports written) or let a
+    KeyboardInterrupt escape (then ``prog: interrupted`` is printed), or an extension turned the
+    interrupt into another error, or it came once the work was done. An exception that is not an
+    interrupt keeps its traceback."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
         signal.signal(signal.SIGINT, _interrupt)
     try:
@@ -86,9 +83,6 @@ def process_main(prog: str, body: Callable[[], int], stranded: Callable[[], bool
         if _received and code != INTERRUPTED:  # the interrupt surfaced as another error: still an interrupt
             print(f"{prog}: interrupted", file=sys.stderr)
             code = INTERRUPTED
-        if code != INTERRUPTED and not (stranded is not None and stranded()):
-            signal.signal(signal.SIGINT, _interrupted_while_exiting)
-            return code
-    except KeyboardInterrupt:  # a Ctrl-C between the work's end and the handler above
+    except KeyboardInterrupt:  # a Ctrl-C between the work's end and here
         code = INTERRUPTED
     end_process(code)
