@@ -18,6 +18,11 @@ infrastructure error's traceback may well contain "AssertionError"):
 
 A test that pytest-rerunfailures ran more than once leaves a result-less ``<testcase>`` per earlier
 attempt (a nameless one for an attempt whose xdist worker crashed); only its final attempt is kept.
+
+A file that is missing, empty or not JUnit XML (the job ended before writing it) is one line on stderr
+and a note in the summary, never a traceback; the other files are still summarized. A run-level error
+of the conformance suite (``conformance::gate``, ``conformance::interrupted``: the gate failed, possibly
+before any scenario ran, or the run was interrupted) is named with its reason at the top.
 """
 
 from __future__ import annotations
@@ -122,6 +127,30 @@ def read_junit(paths: list[str | Path]) -> list[Case]:
     return cases
 
 
+def read_reports(paths: list[str | Path]) -> tuple[list[Case], list[str]]:
+    """The cases of the files that can be read, and one line for each that cannot (missing, empty, not
+    JUnit XML), saying so."""
+    cases, problems = [], []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            problems.append(f"{path}: no such file (the job ended before writing it; see its log)")
+        elif not p.read_text(errors="replace").strip():
+            problems.append(f"{path}: empty (the job ended before writing it; see its log)")
+        else:
+            try:
+                cases += read_junit([p])
+            except Exception as e:  # noqa: BLE001 - any parser's error: the file is not JUnit XML
+                problems.append(f"{path}: not JUnit XML ({' '.join(str(e).split()) or type(e).__name__})")
+    return cases, problems
+
+
+def run_errors(cases: list[Case]) -> list[str]:
+    """The conformance suite's run-level errors (``conformance::gate``, ``conformance::interrupted``)."""
+    return [f"**conformance {c.id.split('::', 1)[1]}**: {_first_line(c.message or c.text, 400)}"
+            for c in cases if c.id.startswith("conformance::") and c.outcome in FAILING]
+
+
 def load_baseline(path: str | Path | None) -> set[str]:
     if path is None or not Path(path).is_file():
         return set()
@@ -208,9 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    cases = read_junit(args.junit)
+    cases, problems = read_reports(args.junit)
+    for line in problems:
+        print(f"summarize_junit: {line}", file=sys.stderr)
     comparison = compare(cases, load_baseline(args.baseline))
-    text = markdown(cases, comparison, args.title)
+    notes = run_errors(cases) + [f"`{line}`" for line in problems]
+    text = markdown(cases, comparison, args.title, notes=notes)
     if args.output:
         Path(args.output).write_text(text)
     else:

@@ -227,33 +227,76 @@ def cmd_list(args, out) -> int:
     return 0
 
 
+RUN_REFUSALS = (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError, KeyError)
+
+
 def cmd_run(args, out) -> int:
-    """The shipped pytest suite, run in-process with this command's options (conformance.runner)."""
+    """The shipped pytest suite, run in-process with this command's options (conformance.runner). A run
+    that ends before its first scenario (an engine, checkpoint, device, scenario or expectations file
+    that cannot be used, a required feature missing, Ctrl-C) still writes its --junit-xml and
+    --report-json files, holding a ``gate`` (or ``interrupted``) error that names the reason."""
     from conformance.model import describe_model, run_dtype
     from conformance.runner import run_suite
     from refengine.config import check_device
 
-    sel = _selection(args)
-    adapter = session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
-    check_device("device", sel.device)
-    facts = describe_model(sel.model)  # the folder and its config; the weights load once, inside the run
-    session.select_scenarios(sel.tier, args.scenario, args.scenario_file)
-    sel.expectations()  # ExpectationError for an unreadable file
-    for flag, path in (("--report-json", args.report_json), ("--junit-xml", args.junit_xml)):
-        _report_folder(flag, path)
-    lacking = missing_features(adapter, args.require_feature)
-    if lacking:
-        print(f"conformance run: the engine under test ({adapter.name}) does not support required feature(s) "
-              f"{', '.join(lacking)} (--require-feature): the gate fails before any scenario runs",
-              file=sys.stderr)
-        return 1
-    return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
-                     strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
-                     report_json=args.report_json, exitfirst=args.exitfirst, verbose=args.verbose,
-                     model_label=facts.label,
-                     dtype=run_dtype(sel.dtype, facts), fail_on_skip=args.fail_on_skip,
-                     min_scenarios=args.min_scenarios, require_features=args.require_feature,
-                     features=_features(adapter))
+    facts = None
+    try:
+        sel = _selection(args)
+        adapter = session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
+        check_device("device", sel.device)
+        facts = describe_model(sel.model)  # the folder and its config; the weights load once, in the run
+        session.select_scenarios(sel.tier, args.scenario, args.scenario_file)
+        sel.expectations()  # ExpectationError for an unreadable file
+        for flag, path in (("--report-json", args.report_json), ("--junit-xml", args.junit_xml)):
+            _report_folder(flag, path)
+        lacking = missing_features(adapter, args.require_feature)
+        if lacking:
+            return _ended_before_the_run(args, facts, 1, f"the engine under test ({adapter.name}) does not "
+                                         f"support required feature(s) {', '.join(lacking)} "
+                                         "(--require-feature): the gate fails before any scenario runs")
+        dtype = run_dtype(sel.dtype, facts)
+    except RUN_REFUSALS as e:
+        return _ended_before_the_run(args, facts, 2, str(e))
+    except KeyboardInterrupt:
+        return _ended_before_the_run(args, facts, 130, INTERRUPTED_BEFORE_THE_RUN, name="interrupted")
+    try:
+        return run_suite(sel, out=out, scenarios=args.scenario, scenario_files=args.scenario_file,
+                         strict=args.strict_expectations, threads=args.threads, junit_xml=args.junit_xml,
+                         report_json=args.report_json, exitfirst=args.exitfirst, verbose=args.verbose,
+                         model_label=facts.label, dtype=dtype, fail_on_skip=args.fail_on_skip,
+                         min_scenarios=args.min_scenarios, require_features=args.require_feature,
+                         features=_features(adapter))
+    except KeyboardInterrupt:  # before pytest's session started (it reports an interrupt of its own)
+        return _ended_before_the_run(args, facts, 130, INTERRUPTED_BEFORE_THE_RUN, name="interrupted")
+
+
+INTERRUPTED_BEFORE_THE_RUN = ("interrupted (KeyboardInterrupt) before the first scenario; no scenario ran, "
+                              "and no verdict covers any")
+
+
+def _ended_before_the_run(args, facts, code: int, message: str, name: str = "gate") -> int:
+    """Say why the run ended before its first scenario (one line on stderr, naming the reports written)
+    and write the reports it asked for with a ``name`` error holding ``message``; returns ``code``."""
+    from conformance.env import environment
+    from conformance.report_files import gate_options, write_run_error_reports
+
+    meta = {
+        "engine": session.pick(args.engine, session.ENV_ENGINE, session.DEFAULT_ENGINE),
+        "model": facts.label if facts else (session.pick(args.model, session.ENV_MODEL, None)
+                                            or "embedded default model"),
+        "family": facts.family if facts else "",
+        "dtype": session.pick(args.dtype, session.ENV_DTYPE, "float32"),
+        "tier": args.tier,
+        "device": session.pick(args.device, session.ENV_DEVICE, "cpu"),
+        "gate": gate_options(fail_on_skip=args.fail_on_skip, min_scenarios=args.min_scenarios,
+                             require_features=args.require_feature, step_timeout=args.step_timeout),
+    }
+    written = write_run_error_reports(args.junit_xml, args.report_json, name, message, meta,
+                                      environment(probe_device=False))
+    where = f" (reports written: {', '.join(written)})" if written else ""
+    said = "interrupted before the first scenario" if name == "interrupted" else message
+    print(f"conformance run: {said}{where}", file=sys.stderr)
+    return code
 
 
 def _features(adapter) -> dict[str, bool]:
@@ -315,7 +358,7 @@ def cmd_replay(args, out) -> int:
         print("\n" + format_request_detail(args.request, traces), file=out)
     elif traces:
         print("\n" + format_step_table(traces), file=out)
-    if not result.ok:
+    if result.failures:  # the guide reads a failed check
         print("\n" + LEGEND, file=out)
     return 0 if result.ok else 1
 
@@ -329,9 +372,6 @@ def cmd_fuzz(args, out) -> int:
         print("conformance fuzz: needs hypothesis (pip install hypothesis, or the package's [test] extra)",
               file=sys.stderr)
         return 2
-    from conformance.report_text import LEGEND, format_result
-    from conformance.workloads.generate import Limits
-
     if args.draw_family:
         if args.model:
             print("conformance fuzz: --draw-family draws the model; drop --model", file=sys.stderr)
@@ -348,9 +388,10 @@ def cmd_fuzz(args, out) -> int:
         file=out,
         flush=True,
     )
-    shrinking = []
+    shrinking, seen = [], [0]
 
     def progress(e):
+        seen[0] = max(seen[0], e.index)
         if e.phase == "shrink" and not shrinking:
             shrinking.append(True)
             print(
@@ -366,7 +407,19 @@ def cmd_fuzz(args, out) -> int:
         )
         print(f"[{e.index:>4}] {e.phase:<8} {e.size}: {verdict} ({e.seconds:.1f} s)", file=out, flush=True)
 
-    report = fuzz(
+    try:
+        report = _fuzz(fuzz, args, case, progress)
+    except KeyboardInterrupt:
+        print(f"conformance fuzz: interrupted after {seen[0]} workload(s) of seed {args.seed}"
+              f"{' (while shrinking a failure)' if shrinking else ''}; nothing was written", file=sys.stderr)
+        return 130
+    return _fuzz_verdict(args, report, out)
+
+
+def _fuzz(fuzz, args, case, progress):
+    from conformance.workloads.generate import Limits
+
+    return fuzz(
         case,
         seed=args.seed,
         max_examples=args.examples,
@@ -380,6 +433,11 @@ def cmd_fuzz(args, out) -> int:
         aborts=False if args.no_aborts else None,
         progress=progress,
     )
+
+
+def _fuzz_verdict(args, report, out) -> int:
+    from conformance.report_text import LEGEND, format_result
+
     s = report.search
     print(f"\n{s.examples} workloads in {s.seconds:.1f} s ({s.skipped} skipped); stopped by "
           f"{'a failure' if report.failed else s.stopped}", file=out)
@@ -434,20 +492,41 @@ def cmd_mutate(args, out) -> int:
         flush=True,
     )
 
+    seen = []
+
     def progress(result, i, n):
+        seen.append(result)
         verdict = (f"caught by {result.scenario}" if result.caught
                    else f"not tried: {result.untried}" if result.untried else "MISSED")
         print(f"[{i}/{n}] {result.mutant.id} on {result.model_name}: {verdict} in {result.seconds:.1f} s",
               file=out, flush=True)
 
-    results = run_mutants(model, args.tier, args.mutant or None, progress=progress, dtype=dtype)
+    try:
+        results = run_mutants(model, args.tier, args.mutant or None, progress=progress, dtype=dtype)
+    except KeyboardInterrupt:
+        done = len(seen)
+        print(f"conformance mutate: interrupted after {done} mutant(s) "
+              f"({sum(r.caught for r in seen)} caught); the score covers none of the rest", file=sys.stderr)
+        return 130
     print("\n" + format_score(results), file=out)
     return 0 if all(r.caught or r.untried for r in results) else 1
 
 
 def main(argv: list[str] | None = None, out=None) -> int:
+    """The ``conformance`` command. Called without ``argv`` it is the process's entry point (the console
+    script, ``python -m conformance``) and ends the process with the command's status (130 on Ctrl-C,
+    once the reports are written) without finalizing the interpreter under engine threads that may be
+    inside torch (refengine.tools.exits); with ``argv`` it returns the status, 130 included."""
+    if argv is None:
+        args = build_parser().parse_args(sys.argv[1:])  # --help and usage errors: before anything loads
+        from refengine.tools.exits import process_main
+
+        process_main(f"conformance {args.command}", lambda: _run(args, out))
+    return _run(build_parser().parse_args(argv), out)
+
+
+def _run(args, out=None) -> int:
     out = out or sys.stdout
-    args = build_parser().parse_args(argv)
     one_line_warnings(f"conformance {args.command}")
     try:
         commands = {

@@ -301,6 +301,7 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
         replay=case.replay_command(scenario.id, scenario_file=scenario_file),
         dtype=case.dtype,
         features=needed_features(scenario),
+        family=case.facts.family,
     )
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)

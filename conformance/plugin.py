@@ -320,7 +320,11 @@ def pytest_sessionstart(session):
         if model is not None or device is not None:
             preflight(model, device or "cpu", _dtype(config))
     except (UnusableSetup, FileNotFoundError, ValueError) as e:  # UnknownEngine is a ValueError
+        _report_refusal(config, str(e))
         raise pytest.UsageError(f"conformance: {e}") from None
+    except pytest.exit.Exception as e:  # a required feature missing (_require_features)
+        _report_refusal(config, str(e.msg))
+        raise
 
 
 def _require_features(config, adapter) -> None:
@@ -533,7 +537,8 @@ def _refused_skip(config, result: ScenarioResult) -> str:
     return f"it needs required feature {', '.join(needed)}" if needed else ""
 
 
-RECORDED = ("engine", "torch", "triton", "cuda", "device", "replay", "failure_type", RESULT_PROPERTY)
+RECORDED = ("engine", "model", "family", "dtype", "tier", "torch", "triton", "cuda", "device", "replay",
+            "failure_type", "failed_checks", RESULT_PROPERTY)
 
 
 def _recorded_key(key: str) -> bool:
@@ -544,8 +549,11 @@ def _recorded_key(key: str) -> bool:
 def _record(node, result: ScenarioResult) -> None:
     """The JUnit properties of a scenario test, and the result for the controller's reports."""
     env = environment()
-    node.user_properties += [("engine", result.engine), ("torch", env["torch"]), ("triton", env["triton"]),
-                             ("cuda", env["cuda"]), ("device", env["device"])]
+    node.user_properties += [("engine", result.engine), ("model", result.model), ("family", result.family),
+                             ("dtype", result.dtype), ("tier", result.tier), ("torch", env["torch"]),
+                             ("triton", env["triton"]), ("cuda", env["cuda"]), ("device", env["device"])]
+    if result.failed_checks:  # what a CI reader filters on: the checks that failed the scenario
+        node.user_properties.append(("failed_checks", ",".join(result.failed_checks)))
     for c in result.failures[:1]:
         for key in ("position", "verify_step", "step"):
             if c.details.get(key) is not None:
@@ -587,7 +595,8 @@ def conclude(request, result: ScenarioResult, expectations) -> None:
     stale_failure = f"{stale} (strict expectations: a stale entry fails the run)" if stale and strict else ""
     if verdict.outcome == "fail":
         node.user_properties.append(("failure_type", MISMATCH))
-        pytest.fail("CONFORMANCE MISMATCH\n" + format_result(result) + "\n\n" + LEGEND
+        first = f"CONFORMANCE MISMATCH in {result.scenario_id}: {', '.join(result.failed_checks)} failed"
+        pytest.fail(first + "\n" + format_result(result) + "\n\n" + LEGEND
                     + (f"\n\n{stale_failure}" if stale_failure else ""), pytrace=False)
     if stale_failure:
         pytest.fail(stale_failure, pytrace=False)
@@ -605,6 +614,7 @@ class ResultCollector:
         self.by_node: dict[str, ScenarioResult] = {}  # test id -> its scenario's result, in finishing order
         self.gate_failures: list[str] = []  # why the gate failed the run, beyond failing scenarios
         self.interrupted: str | None = None  # what cut the run short (Ctrl-C), in words
+        self.setup_error: str | None = None  # why the run ended before its scenarios (pytest.exit), in words
 
     @property
     def results(self) -> list[ScenarioResult]:
@@ -623,7 +633,9 @@ class ResultCollector:
             self.by_node[report.nodeid] = ScenarioResult.from_dict(json.loads(blobs[-1]))
 
     def pytest_keyboard_interrupt(self, excinfo):
-        if not isinstance(excinfo.value, pytest.exit.Exception):  # pytest.exit: a setup error, said elsewhere
+        if isinstance(excinfo.value, pytest.exit.Exception):  # a setup the run cannot use (_end_run)
+            self.setup_error = str(excinfo.value.msg).removeprefix("conformance: ")
+        else:
             self.interrupted = (f"interrupted ({excinfo.typename}) after {len(self.by_node)} scenario(s); "
                                 "the rest did not run, and no verdict covers them")
 
@@ -631,6 +643,9 @@ class ResultCollector:
     def pytest_sessionfinish(self, session):
         if self.interrupted:
             _junit_error(self.config, "interrupted", self.interrupted)
+        elif self.setup_error:  # the run ended before its scenarios: the reports say why
+            self.gate_failures = [self.setup_error]
+            _junit_error(self.config, "gate", self.setup_error)
         else:
             least = self.config.getoption("conformance_min_scenarios")
             self.gate_failures = gate_failures(self.results, least)
@@ -638,7 +653,18 @@ class ResultCollector:
                 _junit_error(self.config, "gate", message)
             if self.gate_failures and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        _junit_properties(self.config, self.meta())
         self._write_json()
+
+    def meta(self) -> dict:
+        """The run's engine, model, family, dtype, tier, device and gate options (the reports' metadata)."""
+        return run_meta(self.config, self.results[0] if self.results else None)
+
+    @property
+    def run_errors(self) -> list[tuple[str, str]]:
+        """The run-level errors the JUnit file holds as ``conformance::<name>`` testcases."""
+        return ([("interrupted", self.interrupted)] if self.interrupted else []) + \
+            [("gate", m) for m in self.gate_failures]
 
     def pytest_terminal_summary(self, terminalreporter):
         tr = terminalreporter
@@ -655,8 +681,13 @@ class ResultCollector:
                 for c in r.failures:
                     replay = c.details.get("replay", r.replay)
                     tr.write_line(f"  replay {r.scenario_id} ({c.check}): {replay}")
+        said = [self.setup_error]  # pytest's own line ends such a run
         for line in ([self.interrupted] if self.interrupted else []) + self.gate_failures:
-            tr.write_line(f"conformance: {line}", red=True, bold=True)
+            if line not in said:
+                tr.write_line(f"conformance: {line}", red=True, bold=True)
+        path = self.config.getoption("conformance_report_json")
+        if path:
+            tr.write_line(f"conformance: JSON report written to {Path(path).resolve()}")
 
     def _write_json(self):
         path = self.config.getoption("conformance_report_json")
@@ -664,10 +695,11 @@ class ResultCollector:
             return
         from conformance.report_files import build_json, write_json
 
-        r0 = self.results[0] if self.results else None
-        report = build_json(self.results, engine=r0.engine if r0 else "", tier=r0.tier if r0 else "",
-                            model=r0.model if r0 else "", environment=environment(),
-                            elapsed=sum(r.duration_s for r in self.results))
+        meta = self.meta()
+        report = build_json(self.results, engine=meta["engine"], tier=meta["tier"], model=meta["model"],
+                            environment=environment(), elapsed=sum(r.duration_s for r in self.results),
+                            family=meta["family"], dtype=meta["dtype"], device=meta["device"],
+                            gate=meta["gate"], run_errors=self.run_errors)
         report["interrupted"] = self.interrupted
         report["gate_failures"] = self.gate_failures
         write_json(path, report)
@@ -686,12 +718,64 @@ def gate_failures(results: list[ScenarioResult], min_scenarios: int) -> list[str
 
 def _junit_error(config, name: str, message: str) -> None:
     """An ``<error>`` testcase ``conformance::<name>`` in the run's JUnit file (when it writes one), so a
-    CI that reads only the JUnit file sees the run-level failure too."""
+    CI that reads only the JUnit file sees the run-level failure too (the testsuite counts it as an error,
+    as the JSON report's summary does)."""
     from _pytest.junitxml import xml_key
+
+    from conformance.report_files import RUN_ERROR_TYPES
 
     xml = config.stash.get(xml_key, None)
     if xml is None:
         return
     reporter = xml.node_reporter(f"conformance::{name}")
     reporter.attrs.update(classname="conformance", name=name)
-    reporter._add_simple("error", message, message)
+    reporter.add_property("failure_type", RUN_ERROR_TYPES.get(name, name))
+    reporter._add_simple("error", message, message)  # counted as an error of the testsuite
+
+
+def _junit_properties(config, meta: dict) -> None:
+    """The run's engine, model, family, dtype, tier, device and gate options as testsuite properties."""
+    from _pytest.junitxml import xml_key
+
+    from conformance.report_files import junit_properties
+
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        for name, value in junit_properties(meta):
+            xml.add_global_property(name, value)
+
+
+def run_meta(config, first: ScenarioResult | None = None) -> dict:
+    """What the reports say about the run: from its first result where there is one (the model's label
+    and family, the dtype "auto" resolved to), else from the options."""
+    from conformance.report_files import gate_options
+
+    opt = config.getoption
+    return {
+        "engine": first.engine if first else settings.pick(opt("conformance_engine"), settings.ENV_ENGINE,
+                                                           settings.DEFAULT_ENGINE),
+        "model": first.model if first else (settings.pick(opt("conformance_model"), settings.ENV_MODEL, None)
+                                            or "embedded default model"),
+        "family": first.family if first else "",
+        "dtype": first.dtype if first else _dtype(config),
+        "tier": opt("conformance_tier") or "default",
+        "device": settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
+        "gate": gate_options(fail_on_skip=opt("conformance_fail_on_skip"),
+                             min_scenarios=opt("conformance_min_scenarios"),
+                             require_features=opt("conformance_require_feature"),
+                             step_timeout=opt("conformance_step_timeout")),
+    }
+
+
+def _report_refusal(config, message: str) -> None:
+    """A run refused before its session could write its reports (an engine, checkpoint or device that
+    cannot be used, a required feature missing, found while the session starts): both report files
+    written here, with a ``gate`` error naming ``message``."""
+    from _pytest.junitxml import xml_key
+
+    from conformance.report_files import write_run_error_reports
+
+    xml = config.stash.get(xml_key, None)
+    write_run_error_reports(None if xml is None else xml.logfile, config.getoption("conformance_report_json"),
+                            "gate", message.removeprefix("conformance: "), run_meta(config),
+                            environment(probe_device=False))

@@ -111,8 +111,10 @@ def format_coverage(results: list[ScenarioResult]) -> list[str]:
     lines = []
     skipped = [r for r in results if r.skipped]
     if skipped:
+        refused = sum(r.skip_fails for r in skipped)
         lines.append(f"skipped: {len(skipped)} of {len(results)} scenarios did not run, so nothing was "
-                     "checked on them:")
+                     "checked on them" + (f" ({refused} counted failed: this run does not allow their skip)"
+                                          if refused else "") + ":")
         by_reason: dict[str, list[str]] = {}
         for r in skipped:
             by_reason.setdefault(r.skipped, []).append(r.scenario_id)
@@ -142,13 +144,16 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
     checks = [c for r in results for c in r.checks]
     by = {outcome: [r for r in results if r.outcome == outcome] for outcome in VERDICTS}
     failed = by["fail"] + by["error"]
+    refused = sum(bool(r.skipped) for r in by["fail"])  # skips the gate does not allow: counted failed
+    refused_note = f" ({refused} of them skipped, which this run does not allow)" if refused else ""
+    skipped_note = "" if refused and not by["skip"] else f", {len(by['skip'])} skipped"
     dtypes = sorted({r.dtype for r in results})
     lines = [
         (
             f"{len(results)} scenarios in {elapsed:.1f} s"
             + (f", both engines in {', '.join(dtypes)}" if dtypes else "")
-            + f": {len(by['pass'])} passed, {len(failed)} failed, "
-            f"{len(by['xfail'])} expected failures, {len(by['skip'])} skipped; "
+            + f": {len(by['pass'])} passed, {len(failed)} failed{refused_note}, "
+            f"{len(by['xfail'])} expected failures{skipped_note}; "
             f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
             f"{sum(c.status == FAIL for c in checks)} failed, {sum(c.status == NA for c in checks)} n/a"
         )

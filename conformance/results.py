@@ -55,6 +55,7 @@ class ScenarioResult:
     dtype: str = "float32"  # what both engines ran in
     features: list[str] = field(default_factory=list)  # the adapter features the scenario needs (FEATURES)
     skip_fails: bool = False  # a skip that the run refuses (--fail-on-skip, a required feature): a failure
+    family: str = ""  # the model family (refengine.model.registry) of the checkpoint
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -83,6 +84,11 @@ class ScenarioResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def failed_checks(self) -> list[str]:
+        """The checks whose failure fails the scenario (listed expected failures left out)."""
+        return [c.check for c in self.unexpected_failures]
 
     @classmethod
     def from_dict(cls, d: dict) -> ScenarioResult:

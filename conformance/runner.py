@@ -115,11 +115,24 @@ def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label
                          expectations_note(sel, options.get("strict", False)), dtype or sel.dtype,
                          features=features,
                          gate=gate_note(allow_unexercised=sel.allow_unexercised, **options))
+    started = time.time()
     with _isolated_environment():
         code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
+    written = written_reports(options.get("junit_xml"), options.get("report_json"), started)
     if printer.setup_error is not None:
-        print(f"conformance run: {printer.setup_error}", file=sys.stderr)
+        where = f" (reports written: {', '.join(written)})" if written else ""
+        print(f"conformance run: {printer.setup_error}{where}", file=sys.stderr)
+    elif written:
+        print(f"reports written: {', '.join(written)}", file=out, flush=True)
     return EXIT_STATUS.get(code, 1)
+
+
+def written_reports(junit_xml: str | None, report_json: str | None, since: float) -> list[str]:
+    """The report files the run wrote (modified at ``since``, a ``time.time()``, or later), in words with
+    their full paths."""
+    named = (("JUnit XML", junit_xml), ("JSON", report_json))
+    return [f"{what} {Path(path).resolve()}" for what, path in named
+            if path and Path(path).is_file() and Path(path).stat().st_mtime >= since - 1]
 
 
 def dtype_note(dtype: str) -> str:
@@ -285,7 +298,7 @@ class RunPrinter:
 
         if self.total == 0 or self.setup_error is not None:
             return
-        if self.failed:
+        if any(r.failed_checks for r in self._results.values()):  # the guide reads a failed check
             self._print("\n" + LEGEND)
         results = list(self._results.values())
         collector = self.config.pluginmanager.get_plugin("conformance-results")

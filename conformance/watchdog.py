@@ -8,6 +8,13 @@ instead: from that moment nothing it does reaches the caller's state (its observ
 dropped, and the worker raises ``Abandoned`` as soon as the hung call returns), and the next
 workload builds a fresh engine instance. An exception of any kind raised on the worker (a
 ``KeyboardInterrupt`` included) is raised again in the caller.
+
+A Ctrl-C reaches the calling thread, never the worker: the worker is then abandoned as a hung call is
+(it stops at its next engine call instead of driving the rest of the workload) and given
+``INTERRUPT_GRACE`` seconds to get there, and the interrupt goes on up. A worker still running after
+that (a call inside torch, or a hung one) is why the command's process ends without finalizing the
+interpreter (refengine.tools.exits): a thread coming back from a torch op into a finalized interpreter
+aborts the process.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 DEFAULT_STEP_TIMEOUT = 600.0  # seconds one engine call may take: generous for a first step that compiles
 POLL_SECONDS = 0.05
+INTERRUPT_GRACE = 2.0  # seconds an interrupted workload's worker gets to reach its next engine call
 
 
 class EngineHang(RuntimeError):
@@ -92,12 +100,19 @@ def run_watched(body: Callable[[], Any], watch: Watch, name: str) -> Any:
 
     thread = threading.Thread(target=worker, name=f"conformance-engine-{name}", daemon=True)
     thread.start()
-    while thread.is_alive():
-        thread.join(POLL_SECONDS if watch.limit is None else min(POLL_SECONDS, watch.limit))
-        what = watch._expired()
-        if what is not None:
-            raise EngineHang(f"{what} did not return within {watch.limit:g} s (--step-timeout); the engine "
-                             "instance was abandoned")
+    try:
+        while thread.is_alive():
+            thread.join(POLL_SECONDS if watch.limit is None else min(POLL_SECONDS, watch.limit))
+            what = watch._expired()
+            if what is not None:
+                raise EngineHang(f"{what} did not return within {watch.limit:g} s (--step-timeout); the "
+                                 "engine instance was abandoned")
+    except KeyboardInterrupt:  # Ctrl-C: the worker stops at its next engine call, the interrupt goes on
+        with watch.lock:
+            watch.abandoned = True
+        thread.join(INTERRUPT_GRACE)
+        raise
     if "error" in box:
         raise box["error"]
     return box.get("result")
+

@@ -161,7 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The ``refengine`` command. Called without ``argv`` it is the process's entry point and ends the
+    process with the command's status (130 on Ctrl-C) without finalizing the interpreter under the async
+    engine's worker thread, which may be inside torch (refengine.tools.exits); with ``argv`` it returns
+    the status."""
+    if argv is None:
+        from refengine.tools.exits import process_main
+
+        process_main(f"refengine {sys.argv[1] if len(sys.argv) > 1 else 'generate'}",
+                     lambda: main(sys.argv[1:]))
     command = argv[0] if argv else "generate"
     one_line_warnings(f"refengine {command}")
     try:

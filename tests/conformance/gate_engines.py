@@ -1,5 +1,6 @@
 """Adapters a CI gate must not pass: one that declines most features (so most scenarios skip), one
-whose ``step()`` never returns, one interrupted by Ctrl-C in the middle of a step.
+whose ``step()`` never returns, one interrupted by Ctrl-C in the middle of a step, one whose ``step()``
+stays inside torch ops until the process ends (where a Ctrl-C finds it).
 
     conformance run --engine tests.conformance.gate_engines:declining
 """
@@ -62,9 +63,38 @@ class InterruptedAdapter(RefEngineAdapter):
         return _Interrupted(self.build(spec))
 
 
+class _Busy(LLMInstance):
+    def step(self):
+        import os
+        from pathlib import Path
+
+        import torch
+
+        x = torch.randn(384, 384)
+        if os.environ.get(BUSY_MARKER_ENV):  # says when it is inside torch (the run captures its output)
+            Path(os.environ[BUSY_MARKER_ENV]).write_text("busy")
+        while True:  # torch ops (the GIL released inside each) until the process ends
+            x = torch.tanh(x @ x)
+
+
+BUSY_MARKER_ENV = "CONFORMANCE_TEST_BUSY_MARKER"  # a file the busy step writes once it computes
+
+
+class BusyAdapter(RefEngineAdapter):
+    """The reference engine whose first ``step()`` computes in torch forever (on the watchdog's thread)."""
+
+    def __init__(self):
+        super().__init__("reference", "none")
+        self.name = "busy"
+
+    def start(self, spec):
+        return _Busy(self.build(spec))
+
+
 declining = DecliningAdapter
 hanging = HangingAdapter
 interrupted = InterruptedAdapter
+busy = BusyAdapter
 
 
 class _Swapping(LLMInstance):
