@@ -26,13 +26,21 @@ def _processors(b, k: int) -> None:
     n = b.size(10, 40)
     b.add(9, n)  # unrestricted, beside the others
     b.add(7, n, params={"allowed_token_ids": _ids(b, v // 5), "logprobs": 2})
-    b.add(12, n, repeat=3, params={"repetition_penalty": 1.7, "frequency_penalty": 0.6, "logprobs": 1})
-    b.add(5, n, ignore_eos=False, stop_token_ids=stops, params={"min_tokens": 5, "logprobs": 1})
+    # over four allowed ids the output repeats on any model, so the penalties always decide something (the
+    # ids are taken from the vocabulary size, not drawn, so the scenario's other draws stay as they were)
+    b.add(12, n, repeat=3, params={"repetition_penalty": 1.7, "frequency_penalty": 0.6, "logprobs": 1,
+                                   "allowed_token_ids": sorted({v // 7, v // 5, v // 3, v // 2})})
+    # min_tokens requests that stop exactly where min_tokens lets them, on any model: one free id and two stop
+    # ids allowed, the stop ids biased far above it, so min_tokens alone holds the stop back until then
+    held = stops[:2]
+    free = min(set(range(v)) - set(stops))
+    forced = {"allowed_token_ids": sorted({free, *held}), "logit_bias": {t: 50.0 for t in held}}
+    b.add(5, n, ignore_eos=False, stop_token_ids=stops, params={"min_tokens": 5, "logprobs": 1, **forced})
     b.add(10, n, params={"logit_bias": {t: 6.0 for t in _ids(b, 3)}, "presence_penalty": 1.5})
     b.add(6, n, arrival=2)  # unrestricted, onto a seat a restricted request leaves
     for m in (2, 3, 4):  # min_tokens ending at each later position of a verify window
         b.add(6 + m, m + 4, arrival=1 + m, ignore_eos=False, stop_token_ids=stops,
-              params={"min_tokens": m, "logprobs": 1})
+              params={"min_tokens": m, "logprobs": 1, **forced})
     b.add(11, n, arrival=4, params={"allowed_token_ids": _ids(b, v // 2)})
     b.add(14, n + 4, arrival=5, repeat=2, params={"frequency_penalty": 0.5, "presence_penalty": 0.2})
     for i in range(b.size(0, 6)):

@@ -45,7 +45,8 @@ def example_check(tmp_path):
 
 @pytest.fixture
 def run(recorded_run, small_case):
-    """The recorded run's result, its traces and its scenario as the harness ran it."""
+    """The recorded run's result, its traces and its scenario as the harness ran it. Tests ask for it before
+    ``example_check``: the run is shared with other tests, so it is recorded with the shipped checks only."""
     result, traces = recorded_run(SCENARIO)
     scenario = small_case.apply(get_def(SCENARIO).materialize(small_case.tier, small_case.facts.vocab_size))
     return result, traces, scenario
@@ -61,7 +62,7 @@ def test_the_shipped_declarations_in_report_order():
         "params-change-output", "workload-triggers"]
 
 
-def test_a_declared_check_is_run_and_reported(example_check, run, small_case):
+def test_a_declared_check_is_run_and_reported(run, example_check, small_case):
     result, traces, scenario = run
     assert example_check.reads == ("test",) and example_check.needs == ("rows",)
     assert checks.CHECK_NAMES[-1] == NAME and checks.NEEDS[NAME] == ("rows",)
@@ -77,7 +78,7 @@ def test_a_declared_check_is_run_and_reported(example_check, run, small_case):
     assert judge(result, entry).stale == [f"{SCENARIO}/{NAME}"]
 
 
-def test_a_declared_check_fails_and_is_na_as_declared(example_check, run, small_case):
+def test_a_declared_check_fails_and_is_na_as_declared(run, example_check, small_case):
     result, traces, scenario = run
     ghost = copy.deepcopy(traces)
     ghost["test"].steps[0].rows[0].request_id = "ghost"
