@@ -256,7 +256,7 @@ def cmd_run(args, out) -> int:
                                          "(--require-feature): the gate fails before any scenario runs")
         dtype = run_dtype(sel.dtype, facts)
     except RUN_REFUSALS as e:
-        return _ended_before_the_run(args, facts, 2, str(e))
+        return _ended_before_the_run(args, facts, 2, setting_message(e))
     except KeyboardInterrupt:
         return _ended_before_the_run(args, facts, 130, INTERRUPTED_BEFORE_THE_RUN, name="interrupted")
     try:
