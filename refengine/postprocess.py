@@ -123,11 +123,11 @@ def postprocess(
                 core.finish(req, reason)
                 finished.append(req)
                 break
+    core.finished(finished)  # handed out even if the drafter below faults: they are committed
     proposals: list[Proposal | None] = [None] * len(outcomes)
     if propose is not None:
         proposals = propose(outcomes)
         for o, p in zip(outcomes, proposals):
             if o.tokens is not None and not o.request.is_finished:  # the drafts it had are verified
                 o.request.draft_token_ids = [] if p is None or p.drafts is None else list(p.drafts)
-    core.finished(finished)
     return finished, proposals

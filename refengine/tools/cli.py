@@ -19,6 +19,7 @@ from refengine.tools.errors import (
     OneLineParser,
     add_dtype_flag,
     docstring_of,
+    finite_number,
     int_at_least,
     one_line_warnings,
     report,
@@ -73,10 +74,15 @@ def add_request_flags(g) -> None:
     r = g.add_argument_group("request parameters (vLLM's SamplingParams; decoding stays greedy)")
     r.add_argument("--stop-token-ids", type=_ids_for(), default=None, metavar="IDS",
                    help="comma-separated ids that stop a request (finish_reason stop, stop_reason the id)")
-    r.add_argument("--min-tokens", type=int, default=0, help="no stop before this many output tokens")
-    r.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2], once per id in the output")
-    r.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2], per occurrence in output")
-    r.add_argument("--repetition-penalty", type=float, default=1.0, help="> 0, over prompt and output ids")
+    r.add_argument("--min-tokens", type=int_at_least(0), default=0,
+                   help="no stop before this many output tokens")
+    # the penalties' ranges are the request's own (it refuses a value out of range naming the flag)
+    r.add_argument("--presence-penalty", type=finite_number, default=0.0,
+                   help="[-2, 2], once per id in the output")
+    r.add_argument("--frequency-penalty", type=finite_number, default=0.0,
+                   help="[-2, 2], per occurrence in output")
+    r.add_argument("--repetition-penalty", type=finite_number, default=1.0,
+                   help="> 0, over prompt and output ids")
     r.add_argument("--logit-bias", type=_parse_bias, action="append", default=[], metavar="ID=BIAS",
                    help="add BIAS to id ID's logit (repeatable)")
     r.add_argument("--allowed-token-ids", type=_ids_for(), default=None, metavar="IDS",
@@ -87,9 +93,9 @@ def add_request_flags(g) -> None:
                    help="a stop string (repeatable; needs the checkpoint's tokenizer)")
     r.add_argument("--include-stop-str-in-output", action="store_true",
                    help="keep the stop string at the end of the text")
-    r.add_argument("--logprobs", type=int, default=None, metavar="N",
+    r.add_argument("--logprobs", type=int_at_least(0), default=None, metavar="N",
                    help="print the top-N raw logprobs of each output token (the chosen one always)")
-    r.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+    r.add_argument("--prompt-logprobs", type=int_at_least(0), default=None, metavar="N",
                    help="print the top-N raw logprobs of each prompt token after the first (it always)")
 
 

@@ -24,6 +24,7 @@ import argparse
 import ast
 import difflib
 import importlib.util
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -221,6 +222,17 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
     parse.minimum = minimum  # read by the settings test: this flag has a declared range
     return parse
+
+
+def finite_number(text: str) -> float:
+    """An argparse ``type``: a finite number (its range is the setting's own to refuse, naming the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def float_above(minimum: float) -> Callable[[str], float]:

@@ -34,9 +34,10 @@ def fail_once(obj, names: str | tuple[str, ...], at_call: int, *, after: bool = 
               exc: type[BaseException] = InjectedFault):
     """Make the ``at_call``-th call of any of ``obj``'s methods ``names`` raise (before or after its work)."""
     calls = itertools.count()
-    for name in (names,) if isinstance(names, str) else names:
-        if hasattr(obj, name):
-            setattr(obj, name, _failing(getattr(obj, name), name, calls, at_call, after, exc))
+    found = [name for name in ((names,) if isinstance(names, str) else names) if hasattr(obj, name)]
+    assert found, f"{type(obj).__name__} has none of {names}: the fault would never be injected"
+    for name in found:
+        setattr(obj, name, _failing(getattr(obj, name), name, calls, at_call, after, exc))
 
 
 def _failing(original, name, calls, at_call, after, exc):
@@ -66,10 +67,10 @@ def inject(llm: LLM, stage: str, exc) -> None:
     e = llm.engine
     if stage == "observer":
         e.core.observers[:] = [failing_observer(3, exc)]
-    elif stage == "commit":  # in the middle of committing a step's tokens
-        fail_once(e.core, "append", 7, exc=exc)
+    elif stage == "commit":  # in the middle of committing a step's tokens (the stop rule runs per token)
+        fail_once(e.core, "stop_reason", 7, exc=exc)
     elif stage == "plan":  # host planning, before anything is submitted
-        fail_once(e, "plan", 3, exc=exc)
+        fail_once(e.planner, "plan", 3, exc=exc)
     elif stage == "submitted":  # right after the device work was submitted
         fail_once(e.runner, "enqueue", 3, after=True, exc=exc)
     elif stage == "process":  # processing the previous step's output

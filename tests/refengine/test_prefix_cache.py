@@ -317,11 +317,11 @@ def test_generate_cli_flags(capsys):
         == 2
     )
     assert (
-        "mamba_cache_mode must be one of ('none', 'align', 'all') or None, got 'bogus'"
+        "--mamba-cache-mode must be one of ('none', 'align', 'all') or None, got 'bogus'"
         in capsys.readouterr().err
     )
     assert main(["generate", "--prompt-ids", "1,2", "--mamba-cache-mode", "all"]) == 2
-    assert "needs enable_prefix_caching=True" in capsys.readouterr().err
+    assert "--mamba-cache-mode all needs --enable-prefix-caching" in capsys.readouterr().err
 
 
 def test_conformance_settings_reach_the_engine_under_test_only():

@@ -208,8 +208,8 @@ def test_async_fault_frees_held_checkpoints(ckpt, fault_free, stage):
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     outs = llm.generate(waves[0], params)
     e = llm.engine
-    target, name, after = {"plan": (e, "plan", False), "submitted": (e.runner, "enqueue", True),
-                           "process": (e, "process", False), "commit": (e.core, "append", False)}[stage]
+    target, name, after = {"plan": (e.planner, "plan", False), "submitted": (e.runner, "enqueue", True),
+                           "process": (e, "process", False), "commit": (e.core, "stop_reason", False)}[stage]
     fail_once(target, name, 3, after=after)
     for i, p in enumerate(waves[1]):
         llm.add_request(f"r{i}", p, params)
