@@ -8,7 +8,9 @@ workloads exist), the settings, the run's label, dtype, the torch thread count a
 environment. Only CPU runs are stored. A hit returns a deep copy of the stored trace and leaves
 torch's global random state as the run left it.
 
-It is off unless ``enable()`` is called (tests/conftest.py does, for the test session only); the
+It is off unless ``enable()`` is called or ``CONFORMANCE_REFERENCE_CACHE_DIR`` names a folder
+(tests/conftest.py does both, for the test session only: its xdist workers and the interpreters its
+tests start then share the runs through that folder, one pickle per key, written atomically); the
 ``conformance`` commands never turn it on. It applies only to the stock reference engine: an adapter
 of another type, a patched ``RefEngineAdapter.build``/``start`` or a patched ``refengine.LLM`` runs
 as usual, so a test that swaps the reference side needs to do nothing. Runs that end in an error are
@@ -20,11 +22,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import pickle
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
 _MAX_ENTRIES = 512
 _ENV = ("KERNELS_BACKEND", "TRITON_INTERPRET")
+DIR_ENV = "CONFORMANCE_REFERENCE_CACHE_DIR"
 
 _enabled = False
 _entries: OrderedDict[tuple, tuple] = OrderedDict()
@@ -39,7 +44,14 @@ def enable(on: bool = True) -> None:
 
 
 def enabled() -> bool:
-    return _enabled
+    return _enabled or bool(os.environ.get(DIR_ENV))
+
+
+def _file(k: tuple) -> Path | None:
+    folder = os.environ.get(DIR_ENV)
+    if not folder or not Path(folder).is_dir():
+        return None
+    return Path(folder) / (hashlib.sha256(repr(k).encode()).hexdigest() + ".pickle")
 
 
 def _stock_reference(adapter) -> bool:
@@ -75,7 +87,7 @@ def _checkpoint_digest(path: str | None) -> str | None:
 
 def key(adapter, scenario, facts, label: str, settings, device: str, dtype: str) -> tuple | None:
     """What the run depends on, or None when the cache does not apply (off, or not the stock reference)."""
-    if not _enabled or device != "cpu" or not _stock_reference(adapter):
+    if not enabled() or device != "cpu" or not _stock_reference(adapter):
         return None
     digest = _checkpoint_digest(facts.path)
     if digest is None:
@@ -91,8 +103,13 @@ def key(adapter, scenario, facts, label: str, settings, device: str, dtype: str)
 
 def get(k: tuple | None):
     """A copy of the stored trace for ``k`` (torch's random state set as that run left it), or None."""
-    if k is None or k not in _entries:
+    if k is None:
         return None
+    if k not in _entries:
+        path = _file(k)
+        if path is None or not path.is_file():
+            return None
+        _remember(k, *pickle.loads(path.read_bytes()))
     import torch
 
     _entries.move_to_end(k)
@@ -111,6 +128,17 @@ def put(k: tuple | None, trace) -> None:
     stats["misses"] += 1
     if trace.error is not None:
         return
-    _entries[k] = (copy.deepcopy(trace), torch.get_rng_state())
+    entry = (copy.deepcopy(trace), torch.get_rng_state())
+    _remember(k, *entry)
+    path = _file(k)
+    if path is not None:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(entry, f)
+        os.replace(tmp, path)
+
+
+def _remember(k: tuple, trace, rng) -> None:
+    _entries[k] = (trace, rng)
     while len(_entries) > _MAX_ENTRIES:
         _entries.popitem(last=False)

@@ -5,6 +5,8 @@ thread per xdist worker on any machine; the reference engine's traces shared wit
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -26,9 +28,23 @@ def pytest_configure(config):
     # plain, cached and bare runs of its scenarios): the deterministic reference engine's traces are shared
     # in this process. A test that swaps the reference side is not served from it (the cache applies to
     # the stock reference engine only); users' `conformance` commands never turn it on.
+    # The session's first process also names a folder through which its xdist workers and the interpreters
+    # its tests start share those runs.
     from conformance import reference_cache
 
     reference_cache.enable()
+    if not os.environ.get(reference_cache.DIR_ENV):
+        config._reference_traces = os.environ[reference_cache.DIR_ENV] = tempfile.mkdtemp(
+            prefix="reference-traces-")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_reference_traces", None)
+    if folder is not None:
+        from conformance import reference_cache
+
+        os.environ.pop(reference_cache.DIR_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

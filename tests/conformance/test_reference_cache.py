@@ -4,7 +4,9 @@ stands for, and anything the run depends on, or a swapped reference side, misses
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,7 @@ def _key(adapter, scenario, facts, label=REFERENCE_LABEL, device="cpu", dtype="f
 
 
 def test_the_test_session_turns_it_on_and_no_command_does():
-    assert reference_cache.enabled()
+    assert reference_cache.enabled() and os.path.isdir(os.environ[reference_cache.DIR_ENV])
     for folder in ("conformance", "refengine"):
         for path in (REPO / folder).rglob("*.py"):
             assert "reference_cache.enable(" not in path.read_text(), path
@@ -56,6 +58,18 @@ def test_a_hit_is_a_copy_of_the_run_and_leaves_the_random_state_as_the_run_did(f
     again.requests["r0"].token_ids.append(-1)  # a caller changing its copy changes no later hit
     third = run_workload(reference_adapter(), scenario, facts, label=REFERENCE_LABEL)
     assert third.to_dict() == first.to_dict()
+
+
+def test_a_run_stored_by_another_process_is_served_from_the_folder(facts, monkeypatch):
+    scenario = _scenario(sid="cache-probe-folder")
+    first = run_workload(reference_adapter(), scenario, facts, label=REFERENCE_LABEL)
+    after_run = torch.get_rng_state()
+    monkeypatch.setattr(reference_cache, "_entries", OrderedDict())  # forgotten here, held by the folder
+    hits = reference_cache.stats["hits"]
+    torch.manual_seed(123)
+    again = run_workload(reference_adapter(), scenario, facts, label=REFERENCE_LABEL)
+    assert reference_cache.stats["hits"] == hits + 1
+    assert again.to_dict() == first.to_dict() and torch.equal(torch.get_rng_state(), after_run)
 
 
 def test_everything_the_run_depends_on_is_in_the_key(facts, monkeypatch):
@@ -106,5 +120,6 @@ def test_a_swapped_reference_side_is_never_served(facts, monkeypatch):
         assert _key(reference_adapter(), scenario, facts) is None
     with monkeypatch.context() as m:
         m.setattr(reference_cache, "_enabled", False)
+        m.delenv(reference_cache.DIR_ENV)
         assert _key(reference_adapter(), scenario, facts) is None
     assert _key(reference_adapter(), scenario, facts) is not None
