@@ -1,9 +1,12 @@
 """Test-wide set-up: Triton runs under its interpreter when there is no CUDA device; one torch
-thread per xdist worker on any machine."""
+thread per xdist worker on any machine; the reference engine's traces shared within each test process
+(conformance/reference_cache.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -18,6 +21,30 @@ if not torch.cuda.is_available() or os.environ.get("PYTEST_XDIST_WORKER"):
     # The models under test are tiny: intra-op threads only contend with the other xdist workers
     # (with `-n auto` there is one worker per core, several of them sharing each GPU).
     torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    # Many tests run the same reference workloads (each mutant, CLI test and scenario test runs the oracle,
+    # plain, cached and bare runs of its scenarios): the deterministic reference engine's traces are shared
+    # in this process. A test that swaps the reference side is not served from it (the cache applies to
+    # the stock reference engine only); users' `conformance` commands never turn it on.
+    # The session's first process also names a folder through which its xdist workers and the interpreters
+    # its tests start share those runs.
+    from conformance import reference_cache
+
+    reference_cache.enable()
+    if not os.environ.get(reference_cache.DIR_ENV):
+        config._reference_traces = os.environ[reference_cache.DIR_ENV] = tempfile.mkdtemp(
+            prefix="reference-traces-")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_reference_traces", None)
+    if folder is not None:
+        from conformance import reference_cache
+
+        os.environ.pop(reference_cache.DIR_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

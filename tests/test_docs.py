@@ -246,7 +246,10 @@ def _check_pytest(cmd: Command, args: list[str], monkeypatch) -> None:
         monkeypatch.setenv(key, value)
     args = ["0" if (a == "auto" and prev == "-n") else a for prev, a in zip(["", *args], args)]
     grab = _Collected()
-    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *args], plugins=[grab])
+    # no:unraisableexception: that plugin ends every session with rounds of gc.collect() over this whole
+    # process's heap (seconds per command in a worker that holds models) and plays no part in collection
+    quiet = ["-p", "no:cacheprovider", "-p", "no:unraisableexception"]
+    code = pytest.main(["--collect-only", "-q", *quiet, *args], plugins=[grab])
     assert code == 0 and grab.items, f"`{cmd}` collects no tests (exit {code})"
 
 

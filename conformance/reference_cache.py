@@ -1,0 +1,144 @@
+"""A per-process cache of the reference engine's traces, for this repository's own test session.
+
+The repository's tests run the same reference workloads many times (each mutant, each CLI test and
+each scenario test runs the oracle, the plain run, the cached run and the bare run of its scenarios).
+The reference engine is deterministic, so within one process a run is a function of what ``key``
+names: the checkpoint's bytes, the whole scenario (not only its id: scenario files and generated
+workloads exist), the settings, the run's label, dtype, the torch thread count and the kernel-backend
+environment. Only CPU runs are stored. A hit returns a deep copy of the stored trace and leaves
+torch's global random state as the run left it.
+
+It is off unless ``enable()`` is called or ``CONFORMANCE_REFERENCE_CACHE_DIR`` names a folder
+(tests/conftest.py does both, for the test session only: its xdist workers and the interpreters its
+tests start then share the runs through that folder, one pickle per key, written atomically); the
+``conformance`` commands never turn it on. It applies only to the stock reference engine: an adapter
+of another type, a patched ``RefEngineAdapter.build``/``start`` or a patched ``refengine.LLM`` runs
+as usual, so a test that swaps the reference side needs to do nothing. Runs that end in an error are
+never stored.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import pickle
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+_MAX_ENTRIES = 512
+_ENV = ("KERNELS_BACKEND", "TRITON_INTERPRET")
+DIR_ENV = "CONFORMANCE_REFERENCE_CACHE_DIR"
+
+_enabled = False
+_entries: OrderedDict[tuple, tuple] = OrderedDict()
+stats = {"hits": 0, "misses": 0}  # stored runs handed back, and runs made under the cache
+
+
+def enable(on: bool = True) -> None:
+    global _enabled
+    _enabled = on
+    if not on:
+        _entries.clear()
+
+
+def enabled() -> bool:
+    return _enabled or bool(os.environ.get(DIR_ENV))
+
+
+def _file(k: tuple) -> Path | None:
+    folder = os.environ.get(DIR_ENV)
+    if not folder or not Path(folder).is_dir():
+        return None
+    return Path(folder) / (hashlib.sha256(repr(k).encode()).hexdigest() + ".pickle")
+
+
+def _stock_reference(adapter) -> bool:
+    import refengine
+    import refengine.llm
+    from conformance.engines import LLMInstance, RefEngineAdapter
+
+    if type(adapter) is not RefEngineAdapter or adapter.engine != "reference" or adapter.graph_mode != "none":
+        return False
+    stock = (
+        (RefEngineAdapter.build, "conformance.engines", "RefEngineAdapter.build"),
+        (RefEngineAdapter.start, "conformance.engines", "RefEngineAdapter.start"),
+        (LLMInstance, "conformance.engines", "LLMInstance"),
+        (refengine.LLM, "refengine.llm", "LLM"),
+        (refengine.llm.LLM, "refengine.llm", "LLM"),
+    )
+    return all(getattr(obj, "__module__", None) == module and getattr(obj, "__qualname__", None) == name
+               for obj, module, name in stock) and refengine.LLM is refengine.llm.LLM
+
+
+def _checkpoint_digest(path: str | None) -> str | None:
+    """The sha256 of every file under the checkpoint folder (names and bytes); None: not a folder."""
+    if path is None or not Path(path).is_dir():
+        return None
+    h = hashlib.sha256()
+    root = Path(path)
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        h.update(f.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def key(adapter, scenario, facts, label: str, settings, device: str, dtype: str) -> tuple | None:
+    """What the run depends on, or None when the cache does not apply (off, or not the stock reference)."""
+    if not enabled() or device != "cpu" or not _stock_reference(adapter):
+        return None
+    digest = _checkpoint_digest(facts.path)
+    if digest is None:
+        return None
+    import torch
+
+    return (
+        digest, repr(facts), repr(scenario), repr(settings), label, device, dtype, adapter.uncached,
+        torch.get_num_threads(), str(torch.get_default_dtype()),
+        tuple(os.environ.get(name) for name in _ENV),
+    )
+
+
+def get(k: tuple | None):
+    """A copy of the stored trace for ``k`` (torch's random state set as that run left it), or None."""
+    if k is None:
+        return None
+    if k not in _entries:
+        path = _file(k)
+        if path is None or not path.is_file():
+            return None
+        _remember(k, *pickle.loads(path.read_bytes()))
+    import torch
+
+    _entries.move_to_end(k)
+    trace, rng = _entries[k]
+    torch.set_rng_state(rng)
+    stats["hits"] += 1
+    return copy.deepcopy(trace)
+
+
+def put(k: tuple | None, trace) -> None:
+    """Store a copy of ``trace`` (and torch's random state after the run) unless the run failed."""
+    if k is None:
+        return
+    import torch
+
+    stats["misses"] += 1
+    if trace.error is not None:
+        return
+    entry = (copy.deepcopy(trace), torch.get_rng_state())
+    _remember(k, *entry)
+    path = _file(k)
+    if path is not None:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(entry, f)
+        os.replace(tmp, path)
+
+
+def _remember(k: tuple, trace, rng) -> None:
+    _entries[k] = (trace, rng)
+    while len(_entries) > _MAX_ENTRIES:
+        _entries.popitem(last=False)
