@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -24,11 +26,13 @@ def hf_greedy_loop(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    # transformers renamed the forward's ``past_key_values`` to ``cache`` (the old name warns)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     ids = torch.tensor([prompt])
     out: list[int] = []
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(input_ids=ids, use_cache=True, **{name: cache}).logits[0, -1]
             out.append(int(logits.argmax()))
             ids = torch.tensor([[out[-1]]])
     return out
