@@ -45,6 +45,15 @@ class StepShape:
     num_decode_rows: int  # leading rows that run the decode form (FULL: every padded row)
     num_decode_tokens: int  # tokens of those rows (FULL: every padded token)
     num_logits: int  # verified logits rows: 1 + draft positions summed over the padded rows
+    # What the program computes beyond greedy verification (host facts of the planned rows, so part of a FULL
+    # graph's key): a row's request has logits processors; a row's request asks for logprobs.
+    processors: bool = False
+    logprobs: bool = False
+
+    @property
+    def graph_key(self) -> tuple[int, bool, bool]:
+        """The captured program a FULL step replays: its padded request count and what it computes."""
+        return self.num_reqs_padded, self.processors, self.logprobs
 
 
 class GraphDispatcher:
@@ -90,7 +99,7 @@ class StepGraphs:
     def __init__(self, device):
         self.device = device
         self._tables: dict[int, torch.Tensor] = {}  # padded requests -> static row table [Np, F] int64
-        self._graphs: dict[int, tuple] = {}  # padded requests -> (graph, outputs)
+        self._graphs: dict[tuple, tuple] = {}  # StepShape.graph_key -> (graph, outputs)
 
     def pad(self, shape: StepShape, table: torch.Tensor, inert: torch.Tensor) -> torch.Tensor:
         """``table`` [n, F] padded to [Np, F] with ``inert`` [F] rows (the same tensor when Np == n)."""
@@ -108,9 +117,9 @@ class StepGraphs:
     def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program):
         if shape.mode is not GraphMode.FULL or self.device.type != "cuda":
             return program()
-        entry = self._graphs.get(shape.num_reqs_padded)
+        entry = self._graphs.get(shape.graph_key)
         if entry is None:
-            entry = self._graphs[shape.num_reqs_padded] = self._capture(static, inert, program)
+            entry = self._graphs[shape.graph_key] = self._capture(static, inert, program)
         graph, outputs = entry
         graph.replay()
         return outputs

@@ -10,7 +10,7 @@ plans the next step on (``optimistic.assume_accepted``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -113,6 +113,9 @@ class StepPlanner:
             qsl.append(qsl[-1] + row.num_tokens)
         shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))],
                                      [len(r.draft_token_ids) for r in rows])
+        # the program processes logits and computes logprob tables only for steps whose rows need them
+        shape = replace(shape, processors=any(r.request.processors.active for r in rows),
+                        logprobs=any(r.request.params.logprobs is not None for r in rows))
         # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
         prefix_rows = self.prefix.stage(self.num_plans, rows) if self.prefix is not None else []
         width = self.prefix.num_columns if self.prefix is not None else 0
@@ -149,7 +152,7 @@ class StepPlanner:
             writes=self._writes(sched, rows, admitted),
             drafter_admission=proposer.stage(admitted) if proposer is not None and admitted else None,
             prefix_rows=prefix_rows,
-            logprobs=any(r.request.params.logprobs is not None for r in rows),
+            logprobs=shape.logprobs,
         )
         self._prompt_logprobs(plan)
         self.num_plans += 1

@@ -254,6 +254,8 @@ class AsyncRunner:
         hidden = self.run(step)
         verified = self.verify(shape, rows, step, hidden)
         self.commit(rows, verified)
+        if shape.processors:  # the processors' output counts advance by the kept tokens (no request reads
+            self.state.processors.advance(rows.idx, verified.sampled)  # them in a step without processors)
         if self.num_checkpoint_columns:
             self.checkpoint(rows, step, verified)
         kept, drafts = self.draft(rows, step, hidden, verified)
@@ -339,22 +341,26 @@ class AsyncRunner:
         offsets = torch.arange(m, device=dev) - torch.repeat_interleave(cu[:-1], counts, output_size=m)
         logit_idx = torch.repeat_interleave(starts, counts, output_size=m) + offsets
         logits = self.model.compute_logits(hidden[logit_idx])
-        st = self.state
-        # [M] the padded row of each logits row
-        row = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts, output_size=m)
-        slot, idx = rows.idx[row], rows.idx.long()
-        num_outputs = (st.num_tokens[idx] - st.num_prompt[idx]).long()  # [Np]
-        lp = st.processors.bad_prefix.shape[2]
-        at = (st.num_tokens[idx].long()[:, None] - lp + torch.arange(lp, device=dev)[None, :]).clamp(min=0)
-        tail = st.token_ids[idx[:, None], at]  # [Np, L-1] the last committed tokens
-        processed = st.processors.apply(logits, slot.long(), row, offsets, num_outputs[row], step.prev_drafts,
-                                        tail)
+        processed = logits
+        if shape.processors:  # a step none of whose rows has processors verifies the raw logits
+            st = self.state
+            # [M] the padded row of each logits row
+            row = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts, output_size=m)
+            slot, idx = rows.idx[row], rows.idx.long()
+            num_outputs = (st.num_tokens[idx] - st.num_prompt[idx]).long()  # [Np]
+            lp = st.processors.bad_prefix.shape[2]
+            at = st.num_tokens[idx].long()[:, None] - lp + torch.arange(lp, device=dev)[None, :]
+            at = at.clamp(min=0)
+            tail = st.token_ids[idx[:, None], at]  # [Np, L-1] the last committed tokens
+            processed = st.processors.apply(logits, slot.long(), row, offsets, num_outputs[row],
+                                            step.prev_drafts, tail)
         tokens, num_valid = kernels.greedy_verify(processed, step.prev_drafts,
                                                   step.num_drafts.to(torch.int32), cu.to(torch.int32))
         sampling = rows.is_sampling.bool()
         sampled = torch.where(sampling[:, None], tokens, torch.full_like(tokens, -1))
         num_valid = torch.where(sampling, num_valid, torch.ones_like(num_valid))
-        return Verified(cu, logits, sampled, num_valid, logprob_tables(logits, cu, sampled))
+        return Verified(cu, logits, sampled, num_valid,
+                        logprob_tables(logits, cu, sampled) if shape.logprobs else None)
 
     def commit(self, rows: StepRows, v: Verified) -> None:
         """Counted against the host-scheduled draft positions: a row's positions past its kept tokens are
@@ -373,7 +379,6 @@ class AsyncRunner:
             token_ids=st.token_ids,
             num_tokens=st.num_tokens,
         )
-        st.processors.advance(rows.idx, v.sampled)
 
     def checkpoint(self, rows: StepRows, step: PreparedStep, v: Verified) -> None:
         """Copy the state at each block boundary a row's kept tokens reached into the slot held for it.

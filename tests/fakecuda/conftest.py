@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.fake_engines import SETTINGS, WAVES, record_async
+from tests.helpers.fake_engines import REQUEST_PARAMS, SETTINGS, WAVES, record_async
 
 
 @pytest.fixture(scope="session")
 def default_run():
-    """The default model, ``full_and_piecewise``, K=3 MTP drafts, prefix caching, preemption: every kind of
-    step (tests/helpers/fake_engines.py)."""
+    """The default model, ``full_and_piecewise``, K=3 MTP drafts, prefix caching, preemption, every other
+    request with logits processors and logprobs: every kind of step (tests/helpers/fake_engines.py)."""
     return record_async(WAVES, max_tokens=10, graph_mode="full_and_piecewise", num_speculative_tokens=3,
-                        drafter="mtp", **SETTINGS)
+                        drafter="mtp", request_params=REQUEST_PARAMS, **SETTINGS)
+

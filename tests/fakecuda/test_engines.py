@@ -31,6 +31,7 @@ from refengine.config import GraphMode
 from tests.helpers.fake_cuda import FakeCuda
 from tests.helpers.fake_engines import (
     FAMILY_CHECKPOINTS,
+    REQUEST_PARAMS,
     RESTORES,
     SETTINGS,
     WAVES,
@@ -63,11 +64,11 @@ def case_id(case) -> str:
 
 
 def expected_kinds(mode: str, k: int, drafter: str, variant: str) -> set[str]:
-    kinds = set(ALWAYS)
+    kinds = set(ALWAYS) | {"processors", "logprobs"}
     if {**SETTINGS, **VARIANTS[variant]}["enable_prefix_caching"]:
         kinds |= CACHING
     if GraphMode(mode).has_full:
-        kinds.add("full decode")
+        kinds |= {"full decode", "full processors"}
     if k:
         kinds.add(f"verify {drafter}")
     return kinds
@@ -76,7 +77,7 @@ def expected_kinds(mode: str, k: int, drafter: str, variant: str) -> set[str]:
 def record(family, mode, k, drafter, variant, tmp_path_factory):
     model = checkpoint_path(FAMILY_CHECKPOINTS[family], tmp_path_factory)
     return record_async(WAVES, max_tokens=10, model=model, graph_mode=mode, num_speculative_tokens=k,
-                        drafter=drafter, **{**SETTINGS, **VARIANTS[variant]})
+                        drafter=drafter, request_params=REQUEST_PARAMS, **{**SETTINGS, **VARIANTS[variant]})
 
 
 @pytest.mark.parametrize("family,mode,k,drafter,variant", [

@@ -101,7 +101,7 @@ def two_full_runs(run, before=None, between=None) -> tuple[Run, Run, AsyncTwin]:
     between the runs."""
     full = [s for s in run.snaps if s.shape.mode is GraphMode.FULL]
     assert full, "the workload ran no FULL step"
-    same = [s for s in full if s.shape.num_reqs_padded == full[-1].shape.num_reqs_padded]
+    same = [s for s in full if s.shape.graph_key == full[-1].shape.graph_key]  # one captured program
     first, second = same[-2:] if len(same) > 1 else (same[-1], same[-1])
     fc = FakeCuda()
     twin = AsyncTwin(fc, run.llm.engine)

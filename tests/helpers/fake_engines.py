@@ -93,6 +93,13 @@ def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
     return str(write_checkpoint(tmp_path_factory.mktemp(preset), preset))
 
 
+# SamplingParams fields every other request of a recorded run carries: every logits processor the step
+# program applies, and logprobs (its logprob tables); ids small enough for every family's tiny vocabulary
+REQUEST_PARAMS = {"logit_bias": {7: 2.0}, "min_tokens": 2, "repetition_penalty": 1.2,
+                  "frequency_penalty": 0.3, "presence_penalty": 0.1, "allowed_token_ids": list(range(32)),
+                  "logprobs": 2}
+
+
 def step_kinds(snap, k: int, drafter: str) -> set[str]:
     rows = StepRows.view(snap.inputs)
     shape = snap.shape
@@ -119,6 +126,10 @@ def step_kinds(snap, k: int, drafter: str) -> set[str]:
         out.add("resumed")
     if snap.preempted:
         out.add("preempted")
+    if shape.processors:
+        out.add("full processors" if shape.mode is GraphMode.FULL else "processors")
+    if shape.logprobs:
+        out.add("logprobs")
     return out
 
 
@@ -176,9 +187,12 @@ class AsyncRun:
         return {len(row.draft_token_ids) for rec in self.records for row in rec.rows if row.kind == "decode"}
 
 
-def record_async(prompts: list, *, max_tokens: int = 8, **settings) -> AsyncRun:
+def record_async(prompts: list, *, max_tokens: int = 8, request_params: dict | None = None,
+                 **settings) -> AsyncRun:
     """A real async run on the CPU, every step's plan recorded. ``prompts``: one list of prompts per wave
-    (each wave a ``generate`` call, so a later wave can hit what an earlier one published)."""
+    (each wave a ``generate`` call, so a later wave can hit what an earlier one published);
+    ``request_params``: SamplingParams fields every other prompt of a wave carries (logits processors,
+    logprobs), so steps with and without them are recorded."""
     records: list = []
     llm = LLM(engine="async", observer=records.append, **settings)
     runner, snaps = llm.engine.runner, []
@@ -189,9 +203,10 @@ def record_async(prompts: list, *, max_tokens: int = 8, **settings) -> AsyncRun:
         return enqueue(plan)
 
     runner.enqueue = record
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    plain = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    carrying = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(request_params or {}))
     for wave in prompts:
-        llm.generate(wave, params)
+        llm.generate(wave, [carrying if i % 2 and request_params else plain for i in range(len(wave))])
     return AsyncRun(llm, snaps, settings.get("num_speculative_tokens", 0), settings.get("drafter", "mtp"),
                     records)
 
