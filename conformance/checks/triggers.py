@@ -70,16 +70,9 @@ def _accepted(t: Trace) -> set[int]:
 def _zero_draft_after_accept(sc: Scenario, t: Trace) -> bool:
     """A request's verify step accepted drafts and its next verify step (no re-prefill between) had none:
     the step that must read the state of the last accepted token, not the first slot (vLLM #52942)."""
-    for rid in t.requests:
-        previous = None
-        for r in t.rows_of(rid):
-            if r.kind != "decode" or r.num_accepted is None:
-                previous = None
-                continue
-            if previous is not None and previous.num_accepted >= 1 and not r.draft_token_ids:
-                return True
-            previous = r
-    return False
+    after = _after_accept(t)
+    return any(after[(r.step, r.request_id)] and not r.draft_token_ids
+               for rid in t.requests for r in t.rows_of(rid) if (r.step, rid) in after)
 
 
 def _after_accept(t: Trace) -> dict[tuple[int, str], bool]:
