@@ -11,7 +11,8 @@
 # that the suite's pytest selection (with the extra args) and its GPU-marked tests collect, that the
 # compile check and the conformance corpus load.
 # Environment: EXPECTED_CUDA (required, e.g. 12.8), CONFORMANCE_ENGINE (default async),
-#              REPORTS (default reports/gpu).
+#              REPORTS (default reports/gpu), CONFORMANCE_JOBS (graph modes run at once, default 1;
+#              4 on a runner with cores to spare runs the four side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY_RUN=0
@@ -22,6 +23,8 @@ fi
 : "${EXPECTED_CUDA:?set EXPECTED_CUDA to the CUDA version torch must be built for, e.g. 12.8}"
 REPORTS="${REPORTS:-reports/gpu}"
 ENGINE="${CONFORMANCE_ENGINE:-async}"
+JOBS="${CONFORMANCE_JOBS:-1}"
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_runner: CONFORMANCE_JOBS must be a whole number >= 1, got '$JOBS'" >&2; exit 2; }
 DRY_RUN_LOG=()
 
 # A command as a shell would read it back (arguments quoted where they need it).
@@ -52,14 +55,28 @@ run_to "$REPORTS/compile-check.txt" python -m kernels.compile_check --targets sm
 run tail -n 1 "$REPORTS/compile-check.txt"
 # Everything, GPU-marked kernel tests included (they skip only without CUDA).
 run pytest -n auto -rxXfE -o junit_family=xunit1 --junitxml "$REPORTS/tests.xml" "$@" || status=$?
-# The conformance suite with both engines on the GPU, every graph mode.
+# The conformance suite with both engines on the GPU, every graph mode; CONFORMANCE_JOBS modes at a time
+# (each its own process and log, $REPORTS/conformance-MODE.log, printed when it ends).
+pids=()
 for mode in none piecewise full full_and_piecewise; do
     engine="$ENGINE"
     [ "$ENGINE" = async ] && engine="async:$mode"
-    run conformance run --engine "$engine" --device cuda --tier default \
-        --junit-xml "$REPORTS/conformance-$mode.xml" --report-json "$REPORTS/conformance-$mode.json" || status=1
+    cmd=(conformance run --engine "$engine" --device cuda --tier default
+         --junit-xml "$REPORTS/conformance-$mode.xml" --report-json "$REPORTS/conformance-$mode.json")
+    if [ "$DRY_RUN" = 1 ]; then
+        DRY_RUN_LOG+=("$(quoted "${cmd[@]}") > $REPORTS/conformance-$mode.log")
+    else
+        while [ "${#pids[@]}" -ge "$JOBS" ]; do
+            wait "${pids[0]}" || status=1
+            pids=("${pids[@]:1}")
+        done
+        ( rc=0; "${cmd[@]}" > "$REPORTS/conformance-$mode.log" 2>&1 || rc=$?
+          echo "--- conformance $engine: exit $rc"; cat "$REPORTS/conformance-$mode.log"; exit "$rc" ) &
+        pids+=($!)
+    fi
     [ "$ENGINE" = async ] || break
 done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 run python ci/summarize_junit.py "$REPORTS"/*.xml --title "GPU runner (CUDA $EXPECTED_CUDA)" \
     --output "$REPORTS/summary.md"
 run cat "$REPORTS/summary.md"
