@@ -21,7 +21,6 @@ from refengine.drafters.base import (
     HostDraftContext,
     Proposal,
     attn_shapes,
-    check_vocab_ids,
 )
 from refengine.forward_context import AttnMetadata
 from refengine.model import MTP_CACHE_KEY
@@ -130,9 +129,11 @@ class MTPDeviceProposer:
         ctx, model, st = self.ctx, self.ctx.model, self.ctx.state
         k, bs, kv = ctx.num_speculative_tokens, ctx.block_size, ctx.caches.kv[MTP_CACHE_KEY]
         ids = self.next_token_ids(d)
-        if ctx.check_inputs:
-            check_vocab_ids(ids, d.query_start_loc, d.idx, d.positions, ctx.vocab_size)
-        mtp_hidden = model.mtp(ids, d.hidden, d.positions, d.attn, kv)
+        # Debug mode: the runner refuses an id outside the vocabulary once the program is done (the ids go
+        # back as ``first_pass_ids``; a read here would sync inside a captured graph); until then the head
+        # is fed them clamped, so a bad id reads no memory outside the embedding.
+        fed = ids.clamp(0, ctx.vocab_size - 1) if ctx.check_inputs else ids
+        mtp_hidden = model.mtp(fed, d.hidden, d.positions, d.attn, kv)
         hidden = mtp_hidden[d.last_kept().clamp(max=d.num_tokens_padded - 1)]  # [Np]
         drafts = [model.compute_logits(hidden).argmax(dim=-1)]
         live = d.is_sampling

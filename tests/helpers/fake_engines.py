@@ -81,8 +81,11 @@ WAVES = [[SYSTEM + [1, 2]],
          [SYSTEM + [3, 4, 5], SYSTEM + [6], [(7 * 3 + j) % 250 for j in range(11)]],
          [list(b"the cat. the cat. the cat."), *[[(11 * i + j) % 250 for j in range(9 + 2 * i)]
                                                  for i in range(1, 5)]]]
+# hazard_check: as the conformance suite runs the async engine (conformance/engines.py), its debugging
+# checks inside the step program included, so they are held to what a capture allows too.
 SETTINGS = {"block_size": 4, "num_kv_blocks": 20, "max_model_len": 60, "max_num_seqs": 4,
-            "max_num_batched_tokens": 16, "enable_prefix_caching": True, "mamba_cache_mode": "all"}
+            "max_num_batched_tokens": 16, "enable_prefix_caching": True, "mamba_cache_mode": "all",
+            "hazard_check": True}
 
 
 def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
@@ -228,7 +231,9 @@ class AsyncTwin:
         self.fc = fc
         with fc, _patched(async_engine_module, "Stream", _NoStream):
             model = fc.module(engine.model)
-            self.engine = type(engine)(_cuda_config(engine.config), model, engine.core.model_config)
+            # the engine's debugging checks too: those inside the step program must be capture-safe
+            self.engine = type(engine)(_cuda_config(engine.config), model, engine.core.model_config,
+                                       hazard_check=engine.stream.hazard_check)
         self.runner = self.engine.runner
         assert self.runner.device.type == "cuda" and self.engine.state.num_computed.is_cuda
 
