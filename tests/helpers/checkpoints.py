@@ -112,13 +112,36 @@ def get_spec(spec: TinySpec | str) -> TinySpec:
     return PRESETS[spec] if isinstance(spec, str) else spec
 
 
+# The modeling modules of the oracle's families; their kernel functions are pinned to the torch paths.
+ORACLE_MODELING = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
+
+
 def _transformers():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    _torch_paths_only()
     return transformers
+
+
+def _torch_paths_only() -> None:
+    """Make the oracle run transformers' plain-torch GDN, conv and Mamba2 functions.
+
+    transformers swaps in another package's kernels for them where one is importable (flash-linear-
+    attention, causal-conv1d, mamba-ssm: ``use_kernel_func_from_hub_with_fallback``), and those run on
+    CUDA tensors only and round differently; the oracle runs on CPU in float32. Each swapped function in a
+    modeling module's namespace (where the layers call it) is replaced by the torch function it wraps.
+    Idempotent; it touches only the transformers modules of this test process."""
+    import importlib
+
+    for name in ORACLE_MODELING:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        for attr, value in list(vars(module).items()):
+            code = getattr(value, "__code__", None)
+            if code is not None and hasattr(value, "__wrapped__") and code.co_filename.endswith("hub_kernels.py"):
+                setattr(module, attr, value.__wrapped__)
 
 
 def build_hf_model(spec: TinySpec | str):
