@@ -164,7 +164,7 @@ def chunk_gdn_wy_kernel(
         b_w = tl.dot(b_tinv, b_k * b_wk[:, None], input_precision=DOT_PRECISION)
         tl.store(w_buf + o_tok[:, None] * HV * DK + i_hv * DK + o_k[None, :], b_w,
                  mask=m_t[:, None] & m_k[None, :])
-    for i_v in tl.static_range(tl.cdiv(DV, BV)):
+    for i_v in tl.static_range((DV + BV - 1) // BV):  # constexpr arithmetic: a static trip count
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         b_v = _load_tile(v, o_tok, m_t, i_hv, stride_v_t, stride_v_h, o_v, m_v, True)

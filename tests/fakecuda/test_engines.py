@@ -125,7 +125,7 @@ def _device_mix(d, state):
 @pytest.mark.parametrize("plant,expected", [
     (_host_index, "the step program created tensors on the CPU.*arange"),
     (_host_read, "data-dependent|DataDependent|_local_scalar_dense"),
-    (_device_mix, "Expected all tensors to be on the same device"),
+    (_device_mix, "Expected all tensors to be on the same device|found two different devices"),
 ], ids=["host index", "host read", "device mix"])
 def test_planted_device_bugs_in_the_step_program_are_caught(default_run, plant, expected):
     """Planted bugs in the drafter's step (part of the program): an index built without ``device=``, a

@@ -9,7 +9,7 @@ import torch
 from kernels import KernelInputError
 from kernels._testing import assert_close
 from kernels.moe import fused_moe, moe_route, moe_route_sigmoid, naive_fused_moe, naive_moe_route
-from tests.kernels.conftest import requires_triton
+from tests.kernels.conftest import generator, requires_triton
 
 RATIO = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
 # (T, H, E, I, K): odd sizes, a single token, more slots than some experts get, K == E.
@@ -17,7 +17,7 @@ SHAPES = [(1, 64, 4, 32, 4), (5, 48, 5, 20, 2), (37, 40, 7, 24, 3), (19, 72, 9, 
 
 
 def make_weights(h, e, i, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     w13 = (torch.randn(e, 2 * i, h, generator=gen) / h**0.5).to(dtype)
     w2 = (torch.randn(e, h, i, generator=gen) / i**0.5).to(dtype)
     return w13, w2
@@ -68,7 +68,7 @@ def test_reference_matches_float64(t, h, e, i, k, dtype):
 
 def token_in_batch(fn, x_row, ids_row, w_row, w13, w2, m, at, seed):
     """``x_row`` placed at ``at`` among ``m`` random tokens, half of them routed to its experts."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     e, k = w13.shape[0], ids_row.shape[0]
     x = torch.randn(m, x_row.shape[0], generator=gen).to(x_row.dtype)
     ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(m)]).to(torch.int32)
@@ -126,7 +126,7 @@ def test_triton_batch_invariance():
 def test_block_table_covers_every_pair_once():
     from kernels.moe.triton_moe import moe_block_table
 
-    gen = torch.Generator().manual_seed(3)
+    gen = generator(3)
     e, bm = 7, 4
     ids = torch.randint(0, e, (13, 3), generator=gen, dtype=torch.int32)
     ids[:, 1] = 2  # one crowded expert spanning several blocks
@@ -203,7 +203,7 @@ def test_sigmoid_route_selects_on_the_bias_and_weighs_without_it():
 def test_sigmoid_route_batch_invariance():
     """A token's routing weights are bitwise the same alone and among 37 others (the batch size moves
     it between a vectorised body and a scalar tail of the sigmoid)."""
-    gen = torch.Generator().manual_seed(3)
+    gen = generator(3)
     logits, bias = torch.randn(37, 24, generator=gen), 0.1 * torch.randn(24, generator=gen)
     weights, ids = moe_route_sigmoid(logits, bias, 6, routed_scaling_factor=2.5)
     for t in range(logits.shape[0]):
@@ -231,7 +231,7 @@ def float64_relu2_moe(x, w1, w2, weights, ids):
 
 
 def relu2_weights(h, e, i, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     w1 = (torch.randn(e, i, h, generator=gen) / h**0.5).to(dtype)
     w2 = (torch.randn(e, h, i, generator=gen) / i**0.5).to(dtype)
     return w1, w2

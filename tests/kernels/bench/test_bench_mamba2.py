@@ -58,9 +58,11 @@ def test_ssd_chunk_scan_vs_fla_chunk_simple_gla(lens, benchmark):
         return fla_simple_gla.chunk_simple_gla(q, k, v, g=g, scale=1.0, initial_state=h0,
                                                output_final_state=True, cu_seqlens=cu_long)
 
-    y = ours().float() - d[None, :, None] * x.float()
+    # fla has no D x term: compare with D = 0 (subtracting D x from our bf16 output would leave the
+    # rounding of the whole output, up to a bf16 step at |y| in [4, 8), against the smaller SSD part).
+    y = ssd_chunk_scan(x, dt, a, b, c, torch.zeros_like(d), pool.clone(), cu, idx, has_init, chunk_size=CHUNK)
     o, _ = fla()
-    assert_close("ours - D x vs fla", o[0].float(), y, 3e-2)
+    assert_close("ours (D = 0) vs fla", o[0].float(), y.float(), 3e-2)
     _compare(f"ssd_chunk_scan {len(lens)} rows, {sum(lens)} tokens", ours, fla, benchmark)
 
 
