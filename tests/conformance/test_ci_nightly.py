@@ -320,7 +320,8 @@ def test_the_suites_infrastructure_error_is_rerun_and_its_properties_are_fresh(c
     env = {
         **os.environ,
         # the caller's path last: where the suite's own dependencies were installed (a --target folder)
-        "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), str(REPO), os.environ.get("PYTHONPATH")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), str(REPO), os.environ.get("PYTHONPATH"))
+                                      if p),
         "FLAKY_MARKER": str(tmp_path / "marker"),
     }
     for key in ("CONFORMANCE_ENGINE", "PYTEST_ADDOPTS"):

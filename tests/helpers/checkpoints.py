@@ -140,7 +140,8 @@ def _torch_paths_only() -> None:
         module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
         for attr, value in list(vars(module).items()):
             code = getattr(value, "__code__", None)
-            if code is not None and hasattr(value, "__wrapped__") and code.co_filename.endswith("hub_kernels.py"):
+            swapped = code is not None and code.co_filename.endswith("hub_kernels.py")
+            if swapped and hasattr(value, "__wrapped__"):
                 setattr(module, attr, value.__wrapped__)
 
 

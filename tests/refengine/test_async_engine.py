@@ -254,4 +254,5 @@ def test_debug_mode_refuses_a_drafter_input_outside_the_vocabulary(ckpt):
         while llm.has_unfinished():
             llm.step()
     assert isinstance(raised.value.__cause__, DrafterInputError)
-    assert re.search(r"input id \d+ \(outside \[0, \d+\)\) for request slot 0", str(raised.value)), raised.value
+    message = str(raised.value)
+    assert re.search(r"input id \d+ \(outside \[0, \d+\)\) for request slot 0", message), message
