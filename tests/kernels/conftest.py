@@ -22,9 +22,12 @@ depend on the grid, and the claims compare that kernel with itself.
 from __future__ import annotations
 
 import importlib.util
+from contextlib import nullcontext
 
 import pytest
 import torch
+
+from kernels._bounds import bounds_checked
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -49,7 +52,9 @@ def generator(seed: int) -> torch.Generator:
 
 @pytest.fixture(autouse=True)
 def device(request) -> torch.device:
-    """Builds every tensor of the test on its device (``torch.device`` as the default device)."""
+    """Builds every tensor of the test on its device (``torch.device`` as the default device); on the CPU,
+    every Triton launch the interpreter runs is bounds checked (kernels/_bounds.py), as a GPU's memory
+    checker would check the compiled kernel."""
     dev = device_for(request)
-    with dev:
+    with dev, (bounds_checked() if HAS_TRITON and not torch.cuda.is_available() else nullcontext()):
         yield dev
