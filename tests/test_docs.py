@@ -258,6 +258,11 @@ def _run_module_help(module: str) -> tuple[object, str, str]:
     it): the exit status, stdout and stderr."""
     out, err, argv = io.StringIO(), io.StringIO(), sys.argv
     sys.argv = [module, "--help"]
+    # pytest marks the plugin's distribution (this package) for assertion rewriting, and its import hook
+    # has no ``get_code``, which runpy asks the module's finder for: find it as Python itself would
+    rewriting = [hook for hook in sys.meta_path if type(hook).__name__ == "AssertionRewritingHook"]
+    for hook in rewriting:
+        sys.meta_path.remove(hook)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             # the module may be imported already (by another test): runpy then says so, harmlessly
@@ -268,6 +273,7 @@ def _run_module_help(module: str) -> tuple[object, str, str]:
         code = 0 if exc.code is None else exc.code
     finally:
         sys.argv = argv
+        sys.meta_path[:0] = rewriting
     return code, out.getvalue(), err.getvalue()
 
 
