@@ -110,23 +110,24 @@ class StepPayload:
 
     @classmethod
     def of(cls, out: StepOutputs, n: int, t: int, m: int) -> StepPayload:
+        """Host copies, complete once the step's event has passed (no wait here)."""
         s, v, d = out.step, out.verified, out.drafts
         shapes = {**s.recurrent.shapes(), **attn_shapes("attn", s.attn)}
         if d is not None:
             shapes.update(d.metadata_shapes)
         return cls(
-            s.input_ids[:t].cpu(),
-            s.positions[:t].cpu(),
-            s.used_num_valid[:n].cpu(),
-            s.used_initial_state[:n].cpu(),
-            s.prev_drafts[:n].cpu(),
-            v.logits[:m].cpu(),
-            v.cu[: n + 1].cpu(),
-            out.kept[:n].cpu(),
-            None if d is None or d.first_pass_ids is None else d.first_pass_ids[:t].cpu(),
-            None if d is None else d.chain_ids[:n].cpu(),
-            out.next_drafts[:n].cpu(),
-            out.next_num_drafts[:n].cpu(),
+            to_host(s.input_ids[:t]),
+            to_host(s.positions[:t]),
+            to_host(s.used_num_valid[:n]),
+            to_host(s.used_initial_state[:n]),
+            to_host(s.prev_drafts[:n]),
+            to_host(v.logits[:m]),
+            to_host(v.cu[: n + 1]),
+            to_host(out.kept[:n]),
+            None if d is None or d.first_pass_ids is None else to_host(d.first_pass_ids[:t]),
+            None if d is None else to_host(d.chain_ids[:n]),
+            to_host(out.next_drafts[:n]),
+            to_host(out.next_num_drafts[:n]),
             shapes,
         )
 
@@ -142,6 +143,9 @@ class StepFuture:
     logprobs: tuple | None = None  # host copies of ``Verified.logprobs`` [:n] when the plan asks for them
     # host copies of the plan's prompt logprobs: top values [P, N], top ids [P, N], the target's [P]
     prompt_logprobs: tuple | None = None
+    # debug mode: host copies of the drafter's first-pass ids [T], qsl [n+1], slots [n], positions [T], and
+    # the vocabulary size, checked once the step is done (a check inside the step would wait for it)
+    drafter_ids: tuple | None = None
 
     def row_prompt_logprobs(self, i: int) -> tuple[int, list] | None:
         """Row ``i``'s (first prompt index, (top values, top ids, the prompt token's logprob) per position),
@@ -162,6 +166,8 @@ class StepFuture:
     def result(self) -> tuple[list[list[int]], list[int]]:
         """Once the step is done: each row's kept tokens (bonus included) and the drafts it verified."""
         self.event.wait()
+        if self.drafter_ids is not None:
+            check_vocab_ids(*self.drafter_ids)
         tokens, counts = self.sampled.tolist(), self.num_valid.tolist()
         return [t[:c] for t, c in zip(tokens, counts)], self.num_drafts.tolist()
 
@@ -200,21 +206,26 @@ class AsyncRunner:
         width = StepRows.width(self.num_checkpoint_columns)
         table = torch.empty(n, width, dtype=torch.int64, device=self.device)
         self.stream.copy(table, plan.inputs.tensor[:n], host=plan.inputs)
+        # The step's results land in pinned host memory on CUDA: a copy into pageable memory would block the
+        # host until the step is done, the wait asynchronous scheduling exists to avoid.
+        pin = self.device.type == "cuda"
         fut = StepFuture(
             plan,
             None,
-            torch.full((n, k + 1), -1, dtype=torch.int64),
-            torch.ones(n, dtype=torch.int64),
-            torch.zeros(n, dtype=torch.int64),
+            torch.full((n, k + 1), -1, dtype=torch.int64, pin_memory=pin),
+            torch.ones(n, dtype=torch.int64, pin_memory=pin),
+            torch.zeros(n, dtype=torch.int64, pin_memory=pin),
         )
         if plan.logprobs:
             top = min(MAX_LOGPROBS, self.vocab_size)
-            fut.logprobs = (torch.zeros(n, k + 1, top), torch.zeros(n, k + 1, top, dtype=torch.int64),
-                            torch.zeros(n, k + 1))
+            fut.logprobs = (torch.zeros(n, k + 1, top, pin_memory=pin),
+                            torch.zeros(n, k + 1, top, dtype=torch.int64, pin_memory=pin),
+                            torch.zeros(n, k + 1, pin_memory=pin))
         if plan.prompt_logprobs:
             p, top = plan.prompt_positions.shape[0], min(MAX_LOGPROBS, self.vocab_size)
-            fut.prompt_logprobs = (torch.zeros(p, top), torch.zeros(p, top, dtype=torch.int64),
-                                   torch.zeros(p))
+            fut.prompt_logprobs = (torch.zeros(p, top, pin_memory=pin),
+                                   torch.zeros(p, top, dtype=torch.int64, pin_memory=pin),
+                                   torch.zeros(p, pin_memory=pin))
         self.stream.submit(lambda: self._execute(plan, table, fut))
         fut.event = self.stream.record_event()
         return fut
@@ -227,13 +238,9 @@ class AsyncRunner:
         out = self.graphs.run(shape, padded, self._inert, lambda: self.program(shape, StepRows.view(padded)))
         if self.check_inputs and out.drafts is not None and out.drafts.first_pass_ids is not None:
             t = shape.num_tokens
-            check_vocab_ids(
-                out.drafts.first_pass_ids[:t],
-                out.step.qsl[: n + 1],
-                StepRows.view(padded).idx[:n],
-                out.step.positions[:t],
-                self.vocab_size,
-            )
+            fut.drafter_ids = (to_host(out.drafts.first_pass_ids[:t]), to_host(out.step.qsl[: n + 1]),
+                               to_host(StepRows.view(padded).idx[:n]), to_host(out.step.positions[:t]),
+                               self.vocab_size)
         fut.sampled.copy_(out.verified.sampled[:n], non_blocking=True)
         fut.num_valid.copy_(out.verified.num_valid[:n], non_blocking=True)
         fut.num_drafts.copy_(out.step.num_drafts[:n], non_blocking=True)
@@ -425,6 +432,15 @@ class AsyncRunner:
             torch.int32
         )
         return kept, out
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of device tensor ``t``, to read once the step's event has passed. On CUDA it lands in
+    pinned memory without the host waiting (into pageable memory the copy would wait for the step); on
+    the CPU (the device timeline's worker thread) it is a clone, which later steps do not overwrite."""
+    if t.device.type == "cuda":
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+    return t.clone()
 
 
 def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
