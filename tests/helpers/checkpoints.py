@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def get_spec(spec: TinySpec | str) -> TinySpec:
     return PRESETS[spec] if isinstance(spec, str) else spec
 
 
-# The modeling modules of the oracle's families; their kernel functions are pinned to the torch paths.
+# The modeling modules of the oracle's families (transformers.models.<name>.modeling_<name>).
 ORACLE_MODELING = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
 
 
@@ -122,27 +123,28 @@ def _transformers():
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    _torch_paths_only()
     return transformers
 
 
-def _torch_paths_only() -> None:
-    """Make the oracle run transformers' plain-torch GDN, conv and Mamba2 functions.
+def torch_paths_only(module) -> None:
+    """Make an oracle's modeling ``module`` run transformers' plain-torch GDN, conv and Mamba2 functions.
 
     transformers swaps in another package's kernels for them where one is importable (flash-linear-
     attention, causal-conv1d, mamba-ssm: ``use_kernel_func_from_hub_with_fallback``), and those run on
-    CUDA tensors only and round differently; the oracle runs on CPU in float32. Each swapped function in a
-    modeling module's namespace (where the layers call it) is replaced by the torch function it wraps.
+    CUDA tensors only and round differently; the oracle runs on CPU in float32. Each swapped function in
+    the module's namespace (where the layers call it) is replaced by the torch function it wraps.
     Idempotent; it touches only the transformers modules of this test process."""
-    import importlib
+    for attr, value in list(vars(module).items()):
+        code = getattr(value, "__code__", None)
+        swapped = code is not None and code.co_filename.endswith("hub_kernels.py")
+        if swapped and hasattr(value, "__wrapped__"):
+            setattr(module, attr, value.__wrapped__)
 
-    for name in ORACLE_MODELING:
-        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        for attr, value in list(vars(module).items()):
-            code = getattr(value, "__code__", None)
-            swapped = code is not None and code.co_filename.endswith("hub_kernels.py")
-            if swapped and hasattr(value, "__wrapped__"):
-                setattr(module, attr, value.__wrapped__)
+
+def as_oracle(model):
+    """``model`` (a transformers model, eval) with its modeling module on the torch paths."""
+    torch_paths_only(sys.modules[type(model).__module__])
+    return model
 
 
 def build_hf_model(spec: TinySpec | str):
@@ -297,7 +299,7 @@ def load_hf_model(directory: str | Path, dtype: torch.dtype = torch.float32):
     tf = _transformers()
     model_type = json.loads((Path(directory) / "config.json").read_text())["model_type"]
     cls = getattr(tf, MODEL_CLASSES[model_type])
-    return cls.from_pretrained(directory, dtype=dtype).eval()
+    return as_oracle(cls.from_pretrained(directory, dtype=dtype).eval())
 
 
 def read_tensors(directory: str | Path) -> dict[str, torch.Tensor]:

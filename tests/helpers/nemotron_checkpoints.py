@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers.checkpoints import _transformers
+from tests.helpers.checkpoints import _transformers, as_oracle
 
 LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
@@ -142,7 +142,7 @@ def load_hf_model(directory: str | Path, dtype: torch.dtype = torch.float32, lif
     """The transformers oracle for a checkpoint directory (eval). ``lift_dt_clamp``: its Mamba2 mixers
     clamp dt >= time_step_min in the chunked (prefill) path only; served models use (0, inf)."""
     tf = _transformers()
-    model = tf.NemotronHForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    model = as_oracle(tf.NemotronHForCausalLM.from_pretrained(directory, dtype=dtype).eval())
     if lift_dt_clamp:
         for module in model.modules():
             if hasattr(module, "time_step_limit"):

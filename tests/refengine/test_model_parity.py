@@ -149,19 +149,18 @@ def test_mtp_head_smoke(preset, tiny_checkpoint):
     assert driver.kv_caches[MTP_CACHE_KEY][0].abs().sum() > 0, "the MTP layer did not write its KV cache"
 
 
-def test_the_oracle_runs_transformers_torch_paths():
+def test_the_oracle_runs_transformers_torch_paths(tiny_checkpoint, tiny_nemotron):
     """transformers swaps flash-linear-attention's, causal-conv1d's or mamba-ssm's kernels in for its torch
     GDN, conv and Mamba2 functions where a package is importable (a GPU runner with the ``bench`` extra):
     CUDA-only kernels the CPU oracle cannot run. The oracle's modeling modules call the torch ones."""
-    import importlib
+    import sys
 
-    from tests.helpers.checkpoints import ORACLE_MODELING, _transformers
+    from tests.helpers.nemotron_checkpoints import load_hf_model as load_hf_nemotron
 
-    _transformers()
     swapped = []
-    for name in ORACLE_MODELING:
-        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        swapped += [f"{name}.{attr}" for attr, value in vars(module).items()
+    for hf in (load_hf_model(tiny_checkpoint("next-tiny")), load_hf_nemotron(tiny_nemotron("nemotron-dense"))):
+        module = sys.modules[type(hf).__module__]
+        swapped += [f"{module.__name__}.{attr}" for attr, value in vars(module).items()
                     if hasattr(value, "__wrapped__")
                     and getattr(value, "__code__", None) is not None
                     and value.__code__.co_filename.endswith("hub_kernels.py")]
