@@ -158,7 +158,8 @@ def test_the_oracle_runs_transformers_torch_paths(tiny_checkpoint, tiny_nemotron
     from tests.helpers.nemotron_checkpoints import load_hf_model as load_hf_nemotron
 
     swapped = []
-    for hf in (load_hf_model(tiny_checkpoint("next-tiny")), load_hf_nemotron(tiny_nemotron("nemotron-dense"))):
+    oracles = (load_hf_model(tiny_checkpoint("next-tiny")), load_hf_nemotron(tiny_nemotron("nemotron-dense")))
+    for hf in oracles:
         module = sys.modules[type(hf).__module__]
         swapped += [f"{module.__name__}.{attr}" for attr, value in vars(module).items()
                     if hasattr(value, "__wrapped__")
