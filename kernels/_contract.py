@@ -54,6 +54,12 @@ def _dtypes_text(dtypes: tuple[torch.dtype, ...]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
+def _kind(dtypes: tuple[torch.dtype, ...]) -> str:
+    """"a float32 tensor", "an int32 or int64 tensor": formatted only for an error."""
+    kind = _dtypes_text(dtypes)
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} tensor"
+
+
 class Contract:
     """The checks of one call of one op. Every failure raises :class:`KernelInputError` naming ``op``.
 
@@ -78,11 +84,9 @@ class Contract:
         """``x`` must be a tensor of one of ``dtypes`` with one of ``shapes``, on the op's device."""
         if x is None and optional:
             return None
-        kind = _dtypes_text(dtypes)
-        kind = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} tensor"
         if not isinstance(x, torch.Tensor) or x.dtype not in dtypes:
             either = "None or " if optional else ""
-            self.refuse(arg, f"{either}{kind} of shape {self._shapes_text(shapes)}", describe(x))
+            self.refuse(arg, f"{either}{_kind(dtypes)} of shape {self._shapes_text(shapes)}", describe(x))
         for shape in shapes:
             names = shape.split(", ")
             if x.dim() == len(names) and all(self.sizes.get(n, s) == s for n, s in zip(names, x.shape)):
@@ -90,7 +94,7 @@ class Contract:
                     self.sizes.setdefault(n, s)
                 break
         else:
-            self.refuse(arg, f"{kind} of shape {self._shapes_text(shapes)}", describe(x))
+            self.refuse(arg, f"{_kind(dtypes)} of shape {self._shapes_text(shapes)}", describe(x))
         if self.device is None:
             self.device = x.device
         elif x.device != self.device:
@@ -122,7 +126,8 @@ class Contract:
     def at_least(self, arg: str, dim: str, minimum: int) -> None:
         """The bound dimension ``dim`` of ``arg`` must be at least ``minimum``."""
         size = self.sizes[dim]
-        self.require(size >= minimum, arg, f"a tensor with {dim} >= {minimum}", f"{dim} = {size}")
+        if size < minimum:
+            self.refuse(arg, f"a tensor with {dim} >= {minimum}", f"{dim} = {size}")
 
     def multiple(self, arg: str, dim: str, of: str) -> None:
         """Bound dimension ``dim`` must be a multiple of bound dimension ``of`` (value heads of key heads)."""
@@ -132,11 +137,12 @@ class Contract:
 
     def integer(self, arg: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
         """A plain int (not a bool) inside ``[minimum, maximum]``."""
-        bounds = "" if minimum is None and maximum is None else (
-            f" >= {minimum}" if maximum is None else f" from {minimum} to {maximum}")
         ok = isinstance(value, int) and not isinstance(value, bool)
         ok = ok and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
-        self.require(ok, arg, f"an int{bounds}", describe(value))
+        if not ok:
+            bounds = "" if minimum is None and maximum is None else (
+                f" >= {minimum}" if maximum is None else f" from {minimum} to {maximum}")
+            self.refuse(arg, f"an int{bounds}", describe(value))
         return value
 
     def number(self, arg: str, value, optional: bool = False):
@@ -144,17 +150,20 @@ class Contract:
         if value is None and optional:
             return None
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        self.require(ok, arg, f"{'None or ' if optional else ''}a float", describe(value))
+        if not ok:
+            self.refuse(arg, f"{'None or ' if optional else ''}a float", describe(value))
         return value
 
     def flag(self, arg: str, value) -> bool:
-        self.require(isinstance(value, bool), arg, "True or False", describe(value))
+        if not isinstance(value, bool):
+            self.refuse(arg, "True or False", describe(value))
         return value
 
     def choice(self, arg: str, value, allowed: tuple) -> None:
         """``value`` must be one of ``allowed``, of the same type too (16.0 or True is not 16 or 1)."""
         ok = any(type(value) is type(a) and value == a for a in allowed)
-        self.require(ok, arg, f"one of {allowed}", describe(value))
+        if not ok:
+            self.refuse(arg, f"one of {allowed}", describe(value))
 
 
 # ---------------------------------------------------------------- conversions for the Triton wrappers

@@ -10,5 +10,6 @@ def check_linear_inputs(x, weight) -> tuple[int, int, int]:
     c = Contract("linear")
     c.tensor("x", x, FLOATS, "M, K")
     c.tensor("weight", weight, FLOATS, "N, K")
-    c.require(weight.dtype == x.dtype, "weight", f"of x's dtype {dtype_name(x.dtype)}", describe(weight))
+    if weight.dtype != x.dtype:
+        c.refuse("weight", f"of x's dtype {dtype_name(x.dtype)}", describe(weight))
     return c.sizes["M"], c.sizes["K"], c.sizes["N"]
