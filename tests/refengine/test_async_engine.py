@@ -106,8 +106,9 @@ def check_records(records, k):
                 assert rec.metadata_shapes["decode.num_valid"] == (n,)
 
 
-@pytest.mark.parametrize("graph_mode", ["none", "full_and_piecewise", *(
-    pytest.param(m, marks=pytest.mark.slow) for m in ("piecewise", "full"))])
+# The corpus runs churn-k1/k3 in the default graph mode (full_and_piecewise) on every default-tier run.
+@pytest.mark.parametrize("graph_mode", ["none", *(
+    pytest.param(m, marks=pytest.mark.slow) for m in ("full_and_piecewise", "piecewise", "full"))])
 def test_churn_scripted(ckpt, graph_mode):
     llm, records = compare(ckpt, workload(1, 3), k=3, graph_mode=graph_mode, max_num_seqs=5,
                            max_num_batched_tokens=24)
@@ -118,7 +119,7 @@ def test_churn_scripted(ckpt, graph_mode):
         )
 
 
-@pytest.mark.parametrize("k", [0, 1])
+@pytest.mark.parametrize("k", [0, pytest.param(1, marks=pytest.mark.slow)])  # K=1: the corpus's *-k1
 def test_small_k(ckpt, k):
     compare(
         ckpt, workload(2, k), k=k, graph_mode="full_and_piecewise", max_num_seqs=4, max_num_batched_tokens=16
@@ -129,29 +130,30 @@ def test_mtp_drafts(ckpt):
     compare(ckpt, workload(3, 3, n=5), k=3, drafter="mtp", graph_mode="full", max_num_seqs=4)
 
 
-@pytest.mark.parametrize("pattern", ["all-accept", "all-reject"])
+@pytest.mark.parametrize("pattern", [pytest.param("all-accept", marks=pytest.mark.slow), "all-reject"])
 def test_scripted_extremes(ckpt, pattern):
     compare(ckpt, workload(4, 3, n=4), k=3, pattern=pattern, max_num_seqs=4)
 
 
+@pytest.mark.slow  # the corpus's preemption-k0/k3 and recycled-slots-k0/k3 on every default-tier run
 def test_preemption_and_dirty_slots(ckpt):
     items = workload(5, 2, n=8)
     compare(ckpt, items, k=2, block_size=4, num_kv_blocks=40, max_model_len=80, max_num_seqs=6)
 
 
-def test_delay_and_hazard_modes_stay_exact(ckpt):
+@pytest.mark.parametrize("delay,hazard", [(True, True), *(
+    pytest.param(d, h, marks=pytest.mark.slow) for d, h in ((True, False), (False, True)))])
+def test_delay_and_hazard_modes_stay_exact(ckpt, delay, hazard):
     items = workload(6, 3, n=5)
     ref = drive(LLM(model=ckpt, num_speculative_tokens=3, drafter="scripted"), items)
-    for delay, hazard in [(True, True), (True, False), (False, True)]:
-        llm = LLM(model=ckpt, engine="async", num_speculative_tokens=3, drafter="scripted",
-                  graph_mode="full_and_piecewise", delay_copies=delay, hazard_check=hazard)
-        got = drive(llm, items)
-        assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
-        assert llm.engine.stream.num_host_waits <= llm.engine.stats.steps + 1, "more than one sync per step"
-        waited = llm.engine.stream.host_wait_seconds
-        assert 0 < waited <= llm.engine.stats.elapsed, (
-            f"host wait {waited} s outside (0, {llm.engine.stats.elapsed}] s"
-        )
+    llm = LLM(model=ckpt, engine="async", num_speculative_tokens=3, drafter="scripted",
+              graph_mode="full_and_piecewise", delay_copies=delay, hazard_check=hazard)
+    got = drive(llm, items)
+    assert {r: o.token_ids for r, o in got.items()} == {r: o.token_ids for r, o in ref.items()}
+    assert llm.engine.stream.num_host_waits <= llm.engine.stats.steps + 1, "more than one sync per step"
+    waited = llm.engine.stream.host_wait_seconds
+    elapsed = llm.engine.stats.elapsed
+    assert 0 < waited <= elapsed, f"host wait {waited} s outside (0, {elapsed}] s"
 
 
 def test_hazard_checker_names_the_buffer(ckpt):

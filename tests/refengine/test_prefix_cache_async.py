@@ -131,6 +131,7 @@ def test_async_two_boundaries_in_one_verify_step(ckpt):
     assert_same_published(llm, ref_llm)
 
 
+@pytest.mark.slow  # the corpus's prefix-shared-preemption-k3 and pc-preemption-k3 on every default-tier run
 def test_async_preempting_a_request_whose_blocks_are_shared(ckpt):
     rng = random.Random(9)
     system = prompts(rng, 4 * BS)
