@@ -11,6 +11,9 @@ import tempfile
 import pytest
 import torch
 
+# pytester: the suite's pytest runs in the test's own process (tests/conformance/test_plugin.py run_suite)
+pytest_plugins = ["pytester"]
+
 if not torch.cuda.is_available():
     # Read when a Triton kernel is decorated, so it must be set before any kernel module loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -87,18 +87,16 @@ def _junit(path) -> dict[tuple[str, str], tuple[str, str | None]]:
     return out
 
 
-def test_cli_and_pytest_give_the_same_ids_and_outcomes(tiny_checkpoint, tmp_path):
+def test_cli_and_pytest_give_the_same_ids_and_outcomes(tiny_checkpoint, tmp_path, pytester):
     """One route: the CLI's JUnit is pytest's, with the ids a ``pytest --pyargs`` run from any folder
-    gives."""
+    (pytester's) gives."""
     from tests.conformance.test_plugin import run_suite
 
     picked = ["short-prompts-k3", "graph-padding-k0"]
     code, out = run_cli("run", "--engine", CORRUPT, "--model", tiny_checkpoint, "--scenario", picked[0],
                         "--scenario", picked[1], "--junit-xml", str(tmp_path / "cli.xml"))
     assert code == 1, out
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    proc = run_suite(elsewhere, "--conformance-engine", CORRUPT, "--conformance-model", tiny_checkpoint,
+    proc = run_suite(pytester, "--conformance-engine", CORRUPT, "--conformance-model", tiny_checkpoint,
                      "--conformance-scenario", picked[0], "--conformance-scenario", picked[1],
                      "--junitxml", str(tmp_path / "py.xml"))
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -111,9 +111,9 @@ def test_an_interrupted_run_says_so_and_its_junit_too(tiny_checkpoint, tmp_path)
 
 @pytest.mark.parametrize("argv", [["--conformance-fail-on-skip"],
                                   pytest.param(["--conformance-min-scenarios", "2"], marks=pytest.mark.slow)])
-def test_the_plugin_has_the_same_gate(argv, tiny_checkpoint, tmp_path):
+def test_the_plugin_has_the_same_gate(argv, tiny_checkpoint, tmp_path, pytester):
     picked = ("short-prompts-k0", "short-prompts-k3")
-    proc = run_suite(tmp_path, "--conformance-engine", DECLINING, "--conformance-model", tiny_checkpoint,
+    proc = run_suite(pytester, "--conformance-engine", DECLINING, "--conformance-model", tiny_checkpoint,
                      *(a for sid in picked for a in ("--conformance-scenario", sid)),
                      "--junitxml", str(tmp_path / "p.xml"), *argv)
     out = proc.stdout + proc.stderr

@@ -21,23 +21,28 @@ REPO = Path(__file__).resolve().parents[2]
 CORRUPT = "tests.conformance.corrupt_engine:factory"
 
 
-def run_suite(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("CONFORMANCE_ENGINE", None)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rxXf",
-           "--pyargs", "conformance.suite", *args]
-    return subprocess.run(
-        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
-    )
+def run_suite(pytester, *args: str) -> subprocess.CompletedProcess:
+    """``pytest --pyargs conformance.suite ARGS`` as a user runs it, in this process (pytester: a fresh
+    config and plugin manager, the outer run's modules and environment restored after), without the
+    interpreter start and imports a child process pays; the exit status and output as a child's."""
+    env = dict(os.environ)
+    os.environ.pop("CONFORMANCE_ENGINE", None)
+    try:
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-rxXf",
+                                              "--pyargs", "conformance.suite", *args)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    return subprocess.CompletedProcess(args, int(result.ret), result.stdout.str(), result.stderr.str())
 
 
-def test_expected_failures_mismatches_and_stale_entries(tmp_path, tiny_checkpoint):
+def test_expected_failures_mismatches_and_stale_entries(tmp_path, tiny_checkpoint, pytester):
     xfails = tmp_path / "xfails.toml"
     xfails.write_text('[expected-failures]\n"short-prompts-k0/tokens" = "flipped on purpose"\n'
                       '"short-prompts-k0/output-records" = "flipped after the step"\n'
                       '"short-prompts-k0/pools-empty" = "fixed long ago"\n')
     proc = run_suite(
-        tmp_path,
+        pytester,
         "--conformance-engine",
         CORRUPT,
         "--conformance-model",
@@ -251,19 +256,22 @@ def test_a_broken_checkpoint_ends_the_pytest_run_once(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
-def test_an_engine_factory_that_raises_ends_the_run_once(tmp_path, workers):
+def test_an_engine_factory_that_raises_ends_the_run_once(tmp_path, workers, pytester):
     """A user's adapter whose factory raises is one usage error naming the engine and the error, as a
     broken checkpoint is: not a traceback per scenario (23 of them, 924 lines, before)."""
     from tests.conformance.broken_factory import MESSAGE
 
     engine = "tests.conformance.broken_factory:factory"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("CONFORMANCE_ENGINE", None)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite",
-           "--conformance-engine", engine, *workers]
-    proc = subprocess.run(
-        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
-    )
+    if not workers:  # one process: in this one
+        proc = run_suite(pytester, "--conformance-engine", engine)
+    else:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("CONFORMANCE_ENGINE", None)
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite",
+               "--conformance-engine", engine, *workers]
+        proc = subprocess.run(
+            cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
+        )
     out = proc.stdout + proc.stderr
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
     lines = [line for line in out.splitlines() if MESSAGE in line]

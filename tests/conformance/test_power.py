@@ -6,7 +6,6 @@ preset."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -90,16 +89,14 @@ def test_a_missed_trigger_fails_the_run_on_any_model_unless_allowed(tiny_checkpo
     assert "a trigger a scenario misses is a warning (--allow-unexercised)" in out
 
 
-def test_the_plugin_takes_allow_unexercised(tiny_checkpoint, tmp_path):
-    import subprocess
+def test_the_plugin_takes_allow_unexercised(tiny_checkpoint, tmp_path, pytester):
+    from tests.conformance.test_plugin import run_suite
 
-    path = str(_missing_a_trigger(tmp_path))
-    base = [sys.executable, "-m", "pytest", "--pyargs", "conformance.suite", "-p", "no:cacheprovider", "-q",
-            "-p", "no:xdist", "--conformance-engine", "reference", "--conformance-model", tiny_checkpoint,
-            "--conformance-scenario-file", path]
-    assert subprocess.run(base, cwd=tmp_path, capture_output=True, check=False).returncode == 1
-    allowed = subprocess.run([*base, "--conformance-allow-unexercised"], cwd=tmp_path, capture_output=True,
-                             text=True, check=False)
+    base = ("-q", "--conformance-engine", "reference", "--conformance-model", tiny_checkpoint,
+            "--conformance-scenario-file", str(_missing_a_trigger(tmp_path)))
+    missed = run_suite(pytester, *base)
+    assert missed.returncode == 1 and "workload-triggers" in missed.stdout, missed.stdout + missed.stderr
+    allowed = run_suite(pytester, *base, "--conformance-allow-unexercised")
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
 
 
