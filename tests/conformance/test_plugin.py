@@ -26,7 +26,9 @@ def run_suite(pytester, *args: str) -> subprocess.CompletedProcess:
     config and plugin manager, the outer run's modules and environment restored after), without the
     interpreter start and imports a child process pays; the exit status and output as a child's."""
     env = dict(os.environ)
-    os.environ.pop("CONFORMANCE_ENGINE", None)
+    for key in ("CONFORMANCE_ENGINE", "CONFORMANCE_MODEL", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER",
+                "PYTEST_XDIST_WORKER_COUNT"):  # a user's shell has none of the outer run's settings
+        os.environ.pop(key, None)
     try:
         result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-rxXf",
                                               "--pyargs", "conformance.suite", *args)

@@ -89,9 +89,14 @@ def _pytest(cwd, *args) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("workers", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)],
                          ids=["one-process", "xdist"])
-def test_the_plugin_writes_both_reports_when_the_engine_cannot_load(workers, tmp_path):
-    proc = _pytest(tmp_path, "--conformance-engine", BROKEN, "--junitxml", "r.xml",
-                   "--conformance-report-json", "r.json", *workers)
+def test_the_plugin_writes_both_reports_when_the_engine_cannot_load(workers, tmp_path, pytester):
+    reports = ("--junitxml", str(tmp_path / "r.xml"), "--conformance-report-json", str(tmp_path / "r.json"))
+    if workers:
+        proc = _pytest(tmp_path, "--conformance-engine", BROKEN, *reports, *workers)
+    else:  # one process: in this one
+        from tests.conformance.test_plugin import run_suite
+
+        proc = run_suite(pytester, "--conformance-engine", BROKEN, *reports)
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
     message, _ = _gate_error(tmp_path)
     assert f"cannot load engine '{BROKEN}': factory() raised RuntimeError" in message
