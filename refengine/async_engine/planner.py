@@ -19,6 +19,7 @@ from refengine.async_engine.graphs import GraphDispatcher, StepShape
 from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.optimistic import AsyncRequest, assume_accepted
 from refengine.async_engine.processing import ProcessorState
+from refengine.async_engine.sampling_rows import SamplingRows
 from refengine.async_engine.state import DeviceState, RequestSlots
 from refengine.async_engine.stream import HostBuffer, Stream
 from refengine.logits_process import prompt_logprob_span
@@ -115,7 +116,8 @@ class StepPlanner:
                                      [len(r.draft_token_ids) for r in rows])
         # the program processes logits and computes logprob tables only for steps whose rows need them
         shape = replace(shape, processors=any(r.request.processors.active for r in rows),
-                        logprobs=any(r.request.params.logprobs is not None for r in rows))
+                        logprobs=any(r.request.params.logprobs is not None for r in rows),
+                        sampling=any(r.request.params.samples for r in rows))
         # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
         prefix_rows = self.prefix.stage(self.num_plans, rows) if self.prefix is not None else []
         width = self.prefix.num_columns if self.prefix is not None else 0
@@ -199,6 +201,7 @@ class StepPlanner:
             # [n] tokens a prefix-cache hit serves (0 without one)
             w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
             ProcessorState.staged_writes(w, [r.processors for r in admitted])  # every admitted slot, always
+            SamplingRows.staged_writes(w, admitted)  # every admitted slot, always (greedy ones too)
         grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if grown:
             table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,
