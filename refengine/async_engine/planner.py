@@ -19,7 +19,6 @@ from refengine.async_engine.graphs import GraphDispatcher, StepShape
 from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.optimistic import AsyncRequest, assume_accepted
 from refengine.async_engine.processing import ProcessorState
-from refengine.async_engine.sampling_rows import SamplingRows
 from refengine.async_engine.state import DeviceState, RequestSlots
 from refengine.async_engine.stream import HostBuffer, Stream
 from refengine.logits_process import prompt_logprob_span
@@ -201,7 +200,7 @@ class StepPlanner:
             # [n] tokens a prefix-cache hit serves (0 without one)
             w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
             ProcessorState.staged_writes(w, [r.processors for r in admitted])  # every admitted slot, always
-            SamplingRows.staged_writes(w, admitted)  # every admitted slot, always (greedy ones too)
+            self.state.sampling.staged_writes(w, admitted)  # every admitted slot, always (greedy ones too)
         grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if grown:
             table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,
