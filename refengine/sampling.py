@@ -99,9 +99,9 @@ def filtered_logits(x: torch.Tensor, p: RowParams) -> torch.Tensor:
     """``x`` [N, J, V] processed logits of sampling rows -> tempered logits with the ids top-k/top-p/min-p
     drop at -inf [N, J, V] float32 (steps 1-4; a greedy row's result is not used: divided by 1)."""
     v = x.shape[-1]
-    neg = torch.tensor(float("-inf"), device=x.device)
     t = torch.where(p.temperature > 0, p.temperature, torch.ones_like(p.temperature))
     x = x.to(torch.float32) / t[:, None, None]  # 1
+    neg = torch.full_like(x, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     floor = p.min_p[:, None, None] * probs.amax(dim=-1, keepdim=True)
     x = torch.where(probs < floor, neg, x)  # 2

@@ -111,7 +111,7 @@ def _sampling(params: SamplingParams) -> None:
     if temperature < SAMPLING_EPS:
         temperature = 0.0  # vLLM's rule: greedy below this
     for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p),
-                        ("top_k", max(int(params.top_k), 0)), ("seed", seed)):
+                        ("top_k", int(params.top_k)), ("seed", seed)):
         object.__setattr__(params, name, value)
 
 

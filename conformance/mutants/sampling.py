@@ -22,14 +22,14 @@ def _in_verify(engine, name: str, value) -> None:
 
 
 def _shared_noise(engine) -> None:
-    """vLLM #54282: the acceptance test reuses the noise that draws the position's token (the Gumbel key of
-    the draft's own id) instead of a stream of its own: acceptance and the draw are correlated."""
+    """vLLM #54282's class (two draws of one position from one noise stream): the residual draw of a rejected
+    position reuses the acceptance test's uniform, so, given the rejection (u >= p(draft)), it only
+    reaches the upper part of the residual's CDF. The drafters here are greedy and draw nothing, so the
+    stream the acceptance shares is the target's own."""
     uniform = sampling.uniform
 
     def shared(seed, position, salt, token=None):
-        if salt == sampling.ACCEPT:
-            return uniform(seed, position, sampling.SAMPLE, torch.zeros_like(position))
-        return uniform(seed, position, salt, token)
+        return uniform(seed, position, sampling.ACCEPT if salt == sampling.RECOVER else salt, token)
 
     _in_verify(engine, "uniform", shared)
 
@@ -131,7 +131,7 @@ def sampling_mutants(Mutant) -> tuple:
     lossless = "issue 37: standard rejection sampling, lossless in distribution"
     return (
         m("sampling-shared-noise", "vLLM #54282", lossless,
-          "the acceptance test reuses the noise that draws the position's token instead of its own stream",
+          "a rejected position's residual draw reuses the acceptance test's uniform, not a stream of its own",
           _shared_noise),
         m("sampling-seed-lost-beside-unseeded", "vLLM #51866", noise,
           "seeded requests admitted beside an unseeded one draw from the process-wide generator",

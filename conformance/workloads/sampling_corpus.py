@@ -28,28 +28,34 @@ SETTINGS = (
     {"temperature": 1.0, "min_p": 0.1},  # unseeded
     {"temperature": 1.5, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "seed": 14},
     {"temperature": 0.6, "seed": 11, "repetition_penalty": 1.2},  # the same seed as the first
+    # nearly greedy: the scripted drafter's greedy continuation is kept whole, on any model (the penalty
+    # makes its output differ from the bare request's)
+    {"temperature": 0.05, "seed": 15, "repetition_penalty": 2.0, "frequency_penalty": 2.0},
 )
 
 
 def _mixed(b) -> None:
     """Three seats, requests finishing at different lengths and arriving later, so rows move and slots
-    are reused; each sampling setting twice (a second wave on reused slots)."""
-    n = b.size(12, 36)
-    for i, params in enumerate(SETTINGS * 2):
+    are reused; each sampling setting once, then a second wave on reused slots (three of them by default,
+    all of them nightly)."""
+    n = b.size(10, 36)
+    for i, params in enumerate(SETTINGS + SETTINGS[: b.size(3, len(SETTINGS))]):
         b.add(b.rng.randint(2, 14), n - (i % 4) * 2, arrival=i // 2, params=params)
 
 
 def _sampling_mixed(k: int, drafter: str = "mtp", tiers=TIERS) -> ScenarioDef:
     triggers = ("seeded-beside-unseeded", "params-rows-reordered", "slot-reused-unrestricted")
-    if k:
-        triggers += ("sampled-draft-rejected", "sampled-drafts-all-kept")
+    if k:  # the scripted drafter's whole greedy windows are kept on any model, the others' on some
+        triggers += ("sampled-draft-rejected",)
+    if k and drafter == "scripted":
+        triggers += ("sampled-drafts-all-kept",)
+    lookup = {"prompt_lookup_min": 2, "prompt_lookup_max": 3} if drafter == "ngram" and k else {}
     return ScenarioDef(
         f"sampling-mixed-{drafter}-k{k}" if k else "sampling-mixed-k0",
         f"seeded, unseeded and greedy requests in one batch of three seats, with temperature, top-k, "
         f"top-p and min-p alone and together, rows moving and seats reused ({drafter} drafter, K={k})",
         EngineSettings(num_speculative_tokens=k, drafter=drafter if k else "mtp", max_num_seqs=3,
-                       pattern="hash", **({"prompt_lookup_min": 2, "prompt_lookup_max": 3}
-                                          if drafter == "ngram" and k else {})),
+                       pattern="all-accept" if drafter == "scripted" else "hash", **lookup),
         _mixed,
         triggers,
         tiers,
@@ -95,6 +101,48 @@ def _sampling_prefix(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
     )
 
 
+# The statistical scenarios (nightly): groups of requests that differ in their seed only
+# (conformance/checks/statistics.py); the seeds are the fixed set 0..N-1 of each group.
+GROUP = 2000
+FREQUENCY_GROUPS = (
+    {"temperature": 1.0, "top_k": 20},
+    {"temperature": 0.7, "top_k": 12, "top_p": 0.8},
+    {"temperature": 1.5, "top_k": 20, "min_p": 0.05, "top_p": 0.95},
+)
+SPEC_GROUPS = ({"temperature": 1.0}, {"temperature": 1.3, "top_k": 8, "top_p": 0.9})
+
+
+def _groups(b, groups: tuple, max_tokens: int, extra: dict) -> None:
+    prompt = b.prompt(3)
+    for params in groups:
+        for seed in range(GROUP):
+            b.add_ids(prompt, max_tokens, params={**params, **extra, "seed": seed})
+
+
+def _sampling_frequencies() -> ScenarioDef:
+    return ScenarioDef(
+        "sampling-frequencies-k0",
+        f"{len(FREQUENCY_GROUPS)} groups of {GROUP} requests (one prompt, seeds 0..{GROUP - 1}, top-k, top-p "
+        f"and min-p settings) sampling one token each: their frequencies against the reference's logprobs",
+        EngineSettings(max_num_seqs=64, max_num_batched_tokens=512),
+        lambda b: _groups(b, FREQUENCY_GROUPS, 1, {"logprobs": 20}),
+        (),
+        NIGHTLY,
+    )
+
+
+def _spec_distribution(k: int) -> ScenarioDef:
+    return ScenarioDef(
+        f"sampling-spec-distribution-k{k}",
+        f"{len(SPEC_GROUPS)} groups of {GROUP} requests (one prompt, seeds 0..{GROUP - 1}) sampling four "
+        f"tokens with K={k} MTP drafts: distributed as the plain (K=0) run's",
+        EngineSettings(num_speculative_tokens=k, drafter="mtp", max_num_seqs=64, max_num_batched_tokens=512),
+        lambda b: _groups(b, SPEC_GROUPS, 1 + k, {}),
+        ("sampled-draft-rejected",),
+        NIGHTLY,
+    )
+
+
 def sampling_defs() -> list[ScenarioDef]:
     return [
         _sampling_mixed(3),
@@ -104,4 +152,6 @@ def sampling_defs() -> list[ScenarioDef]:
         _sampling_preemption(0),
         _sampling_prefix(3, "align"),
         _sampling_prefix(3, "all", NIGHTLY),
+        _sampling_frequencies(),
+        _spec_distribution(3),
     ]

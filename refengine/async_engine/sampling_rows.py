@@ -30,7 +30,7 @@ class SamplingRows:
         floats = torch.tensor([[r.params.temperature, r.params.top_p, r.params.min_p] for r in requests],
                               dtype=torch.float32)
         w.add("sampling.floats", floats.view(torch.int32))  # [n, 3] temperature, top_p, min_p (float32 bits)
-        w.add("sampling.top_k", torch.tensor([r.params.top_k for r in requests], dtype=torch.int64))  # [n]
+        w.add("sampling.top_k", torch.tensor([max(r.params.top_k, 0) for r in requests]))  # [n] 0: off
         w.add("sampling.seed", torch.tensor([r.seed for r in requests], dtype=torch.int64))  # [n]
 
     def admit(self, idx: torch.Tensor, w: dict) -> None:
