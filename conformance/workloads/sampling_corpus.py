@@ -36,10 +36,10 @@ SETTINGS = (
 
 def _mixed(b) -> None:
     """Three seats, requests finishing at different lengths and arriving later, so rows move and slots
-    are reused; each sampling setting once, then a second wave on reused slots (three of them by default,
+    are reused; each sampling setting once, then a second wave on reused slots (two of them by default,
     all of them nightly)."""
-    n = b.size(10, 36)
-    for i, params in enumerate(SETTINGS + SETTINGS[: b.size(3, len(SETTINGS))]):
+    n = b.size(8, 36)
+    for i, params in enumerate(SETTINGS + SETTINGS[: b.size(2, len(SETTINGS))]):
         b.add(b.rng.randint(2, 14), n - (i % 4) * 2, arrival=i // 2, params=params)
 
 
@@ -83,8 +83,8 @@ def _sampling_preemption(k: int, tiers=TIERS) -> ScenarioDef:
 def _cached(b) -> None:
     system = b.prompt(3 * 4 + 1)
     b.add_ids(system + b.prompt(2), b.size(4, 12), params=SETTINGS[0])  # warms the cache
-    for i in range(b.size(4, 8)):
-        b.add_ids(system + b.prompt(1 + i), b.size(6, 20), arrival=8, params=SETTINGS[i % len(SETTINGS)])
+    for i in range(b.size(3, 8)):
+        b.add_ids(system + b.prompt(1 + i), b.size(5, 20), arrival=8, params=SETTINGS[i % len(SETTINGS)])
 
 
 def _sampling_prefix(k: int, mode: str, tiers=TIERS) -> ScenarioDef:
