@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 import torch
 
+from conformance import reference_cache
 from conformance.checks.statistics import (
     ALPHA,
     chi2_sf,
@@ -21,7 +22,6 @@ from conformance.checks.statistics import (
     goodness_of_fit,
     homogeneity,
 )
-from conformance import reference_cache
 from conformance.engines import RefEngineAdapter
 from conformance.harness import Case, run_scenario
 from conformance.model import describe_model
