@@ -183,3 +183,12 @@ def test_seeded_alone_equals_batched_and_reported_seed_replays(references):
     assert alone.token_ids == batched[3][0]
     replay = SamplingParams(max_tokens=10, temperature=1.0, seed=batched[1][1])
     assert llm.generate([PROMPTS[1]], [replay])[0].token_ids == batched[1][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["none", "piecewise", "full", "full_and_piecewise"])
+def test_sampled_batch_is_token_exact_on_nemotron_h(mode):
+    """The second family (Mamba2 + attention + MoE, an MTP head), K=3, every graph mode."""
+    ref = _run(model="tiny:nemotron_h", engine="reference", num_speculative_tokens=3)
+    assert _run(model="tiny:nemotron_h", engine="async", num_speculative_tokens=3, graph_mode=mode) == ref
+    assert any(len(tokens) > 1 for tokens, _ in ref)
