@@ -37,9 +37,10 @@ SETTINGS = (
 def _mixed(b) -> None:
     """Three seats, requests finishing at different lengths and arriving later, so rows move and slots
     are reused; each sampling setting once, then a second wave on reused slots (two of them by default,
-    all of them nightly)."""
+    the greedy one first, all of them nightly)."""
     n = b.size(8, 36)
-    for i, params in enumerate(SETTINGS + SETTINGS[: b.size(2, len(SETTINGS))]):
+    again = (SETTINGS[2:] + SETTINGS[:2])[: b.size(2, len(SETTINGS))]
+    for i, params in enumerate(SETTINGS + again):
         b.add(b.rng.randint(2, 14), n - (i % 4) * 2, arrival=i // 2, params=params)
 
 
