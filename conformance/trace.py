@@ -73,6 +73,7 @@ class RequestTrace:
     # (position, rows, digest) per sampling row
     logits: list[tuple[int, int, str]] = field(default_factory=list)
     stop_reason: int | str | None = None  # the stop id or stop string that finished it (None: EOS, length)
+    seed: int | None = None  # the sampling seed it reported using (None: not reported)
     # per output token, its logprobs entry as [[id, logprob], ...] in the engine's order (None: not asked)
     logprobs: list[list[list]] | None = None
     # per prompt position, None or [[id, logprob], ...] (None: not asked)
@@ -226,6 +227,7 @@ class Recorder:
             added_at=self.added.get(out.request_id),
             returned_at=steps_run,
             stop_reason=getattr(out, "stop_reason", None),
+            seed=_opt_int(getattr(out, "seed", None)),
             logprobs=_logprobs(getattr(out, "logprobs", None)),
             prompt_logprobs=None if getattr(out, "prompt_logprobs", None) is None else [
                 None if d is None else _entry(d) for d in out.prompt_logprobs],

@@ -17,6 +17,7 @@ from refengine.config import EngineConfig
 from refengine.logits_process import Processors, resolve
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.request import Request
+from refengine.sampling import draw_seed
 from refengine.sampling_params import SamplingParams
 from refengine.scheduler import Scheduler
 
@@ -116,6 +117,7 @@ class EngineCore:
         ids = self.validate(request_id, prompt_token_ids, params)
         req = self.request_type(request_id, ids, params, self._arrivals)
         req.processors = self.processors(request_id, params)
+        req.seed = params.seed if params.seed is not None else draw_seed(self.config.seed, self._arrivals)
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -235,7 +237,7 @@ class EngineCore:
                              logprobs=None if req.logprobs is None else [dict(d) for d in req.logprobs],
                              prompt_logprobs=None if req.prompt_logprobs is None else [
                                  None if d is None else dict(d) for d in req.prompt_logprobs],
-                             stop_reason=req.stop_reason)
+                             stop_reason=req.stop_reason, seed=req.seed)
 
     def occupancy(self, request_slots_used: int = 0, request_slots_free: int = 0) -> Occupancy:
         s = self.scheduler

@@ -181,7 +181,8 @@ def _make_engine(config: EngineConfig, net, model_config, tokenizer, **async_opt
 class GreedyTruth:
     """A scripted drafter's truth source: each request's plain greedy (K=0) output under its own logits
     processors, from a private reference engine on the same weights, ``K`` tokens past ``max_tokens`` so
-    drafts made near the end are scripted too (stop strings and logprobs left out: they change no token)."""
+    drafts made near the end are scripted too (stop strings and logprobs left out: they change no token; a
+    sampled request's truth is its greedy continuation, what the drafts of a greedy drafter are)."""
 
     def __init__(self, config: EngineConfig, net, model_config, tokenizer=None):
         self._config = EngineConfig(
@@ -206,7 +207,8 @@ class GreedyTruth:
             "truth",
             req.prompt_token_ids,
             dataclasses.replace(p, max_tokens=p.max_tokens + self._num_speculative_tokens, stop=None,
-                                include_stop_str_in_output=False, logprobs=None, prompt_logprobs=None),
+                                include_stop_str_in_output=False, logprobs=None, prompt_logprobs=None,
+                                temperature=0.0),
         )
         out = []
         while self._engine.has_unfinished():

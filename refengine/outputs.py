@@ -26,6 +26,7 @@ class RequestOutput:
     # given the prompt before it (vLLM's prompt_logprobs); None unless SamplingParams.prompt_logprobs is set
     prompt_logprobs: list[dict[int, float] | None] | None = None
     stop_reason: int | str | None = None  # the stop id or stop string that finished it; None for EOS, length
+    seed: int | None = None  # the sampling seed its noise used (SamplingParams.seed, or drawn at admission)
 
 
 @dataclass

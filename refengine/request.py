@@ -26,6 +26,7 @@ class Request:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop id or stop string that finished it (None: EOS, length)
     processors: Processors = NONE  # the params' logits processors as token ids (set at admission)
+    seed: int = 0  # the sampling seed: params.seed, or drawn at admission (``sampling.draw_seed``), reported
 
     # What the kept tokens advance besides the tokens (``refengine.postprocess``).
     logprobs: list | None = None  # one {id: logprob} per output token when params.logprobs is set

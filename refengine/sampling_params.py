@@ -1,7 +1,9 @@
-"""Per-request generation parameters (greedy only: the suite compares argmax decisions).
+"""Per-request generation parameters, with vLLM's spellings and meanings.
 
-vLLM's sampling fields are accepted where they mean greedy decoding (``temperature=0.0``,
-``top_p=1.0``, ``top_k`` 0 or -1) and refused by name otherwise. The logits processors
+``temperature=0`` (the default) is greedy decoding; ``temperature > 0`` samples after ``min_p``,
+``top_k`` and ``top_p`` (``refengine.sampling``, vLLM's order), its random numbers a function of
+``seed`` and the position only (a request without a seed gets one at admission, reported in its
+output). The logits processors
 (``allowed_token_ids``, ``bad_words``, ``logit_bias``, ``min_tokens``, the three penalties), stop
 strings and ``logprobs`` have vLLM's spellings and meanings; ``refengine.logits_process`` applies them
 in vLLM 0.33's order, and decoding is the argmax of the processed logits. What needs the model
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 
 from refengine.config import ConfigError, check_bool, check_int
 
+SAMPLING_EPS = 1e-5  # a temperature below this is greedy decoding (vLLM's _SAMPLING_EPS)
+
 
 def _number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -29,9 +33,11 @@ class SamplingParams:
     max_tokens: int = 32
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] | None = ()  # None: no stop ids (vLLM's default)
-    temperature: float = 0.0  # greedy only
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: no top-k
+    temperature: float = 0.0  # >= 0; 0: greedy (top_k, top_p, min_p and seed then change nothing)
+    top_p: float = 1.0  # (0, 1]: sample from the likeliest ids whose mass reaches it
+    top_k: int = 0  # 0 or -1: no top-k; else >= 1
+    min_p: float = 0.0  # [0, 1]: ids below min_p * the top probability are dropped
+    seed: int | None = None  # [0, 2**63); None: drawn at admission and reported (RequestOutput.seed)
     min_tokens: int = 0  # no stop (EOS, stop ids, stop strings) before this many output tokens
     presence_penalty: float = 0.0  # [-2, 2], subtracted once from every id in the output
     frequency_penalty: float = 0.0  # [-2, 2], subtracted once per occurrence in the output
@@ -49,16 +55,7 @@ class SamplingParams:
         object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, 1))
         check_bool("ignore_eos", self.ignore_eos)
         object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
-        greedy = "this engine decodes greedily only"
-        if _number("temperature", self.temperature) != 0.0:
-            raise ConfigError(f"temperature must be 0.0 ({greedy}), got {self.temperature!r}")
-        if _number("top_p", self.top_p) != 1.0:
-            raise ConfigError(f"top_p must be 1.0 ({greedy}), got {self.top_p!r}")
-        object.__setattr__(self, "temperature", 0.0)
-        object.__setattr__(self, "top_p", 1.0)
-        check_int("top_k", self.top_k, -1)
-        if self.top_k not in (0, -1):
-            raise ConfigError(f"top_k must be 0 or -1 ({greedy}), got {self.top_k!r}")
+        _sampling(self)
         check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
             raise ConfigError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens!r}")
@@ -85,10 +82,37 @@ class SamplingParams:
         check_int("prompt_logprobs", self.prompt_logprobs, 0, optional=True)
 
     @property
+    def samples(self) -> bool:
+        """Whether tokens are drawn (else the argmax of the processed logits is taken)."""
+        return self.temperature > 0.0
+
+    @property
     def has_processors(self) -> bool:
         """Whether any logits processor changes this request's logits (else they are left as they are)."""
         return bool(self.allowed_token_ids or self.bad_words or self.logit_bias or self.min_tokens
                     or self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+def _sampling(params: SamplingParams) -> None:
+    """Check and normalise the sampling fields (vLLM's ranges); ConfigError names the field."""
+    temperature = _number("temperature", params.temperature)
+    if not math.isfinite(temperature) or temperature < 0.0:
+        raise ConfigError(f"temperature must be a finite number >= 0, got {params.temperature!r}")
+    top_p = _number("top_p", params.top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {params.top_p!r}")
+    check_int("top_k", params.top_k, -1)
+    min_p = _number("min_p", params.min_p)
+    if not 0.0 <= min_p <= 1.0:
+        raise ConfigError(f"min_p must be in [0, 1], got {params.min_p!r}")
+    seed = check_int("seed", params.seed, 0, optional=True)
+    if seed is not None and seed >= 1 << 63:
+        raise ConfigError(f"seed must be < 2**63, got {params.seed!r}")
+    if temperature < SAMPLING_EPS:
+        temperature = 0.0  # vLLM's rule: greedy below this
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p),
+                        ("top_k", int(params.top_k)), ("seed", seed)):
+        object.__setattr__(params, name, value)
 
 
 def _stop_ids(value, name: str = "stop_token_ids") -> tuple[int, ...]:

@@ -35,6 +35,7 @@ from conformance.checks.registry import (
     declaring,
 )
 from conformance.checks.sanity import check_degenerate_run, check_output_records
+from conformance.checks.statistics import check_sampler_frequencies, check_spec_distribution
 from conformance.checks.triggers import CACHE_TRIGGERS, TRIGGERS, check_triggers
 
 
@@ -80,6 +81,8 @@ __all__ = [
     "check_request_outputs",
     "check_restored_state",
     "check_runs",
+    "check_sampler_frequencies",
+    "check_spec_distribution",
     "check_spec_lossless",
     "check_state_slots",
     "check_stop_semantics",

@@ -309,12 +309,17 @@ def check_spec_lossless(
     passes_when=(
         "output equals plain greedy output (same workload, K=0, reference engine); when it does not, the "
         "engine under test is run once more with K=0, and speculation is blamed only if that run agrees "
-        "with plain greedy output (else the report says the bug is not in speculative decoding)"
+        "with plain greedy output (else the report says the bug is not in speculative decoding); "
+        "sampling requests are equal in distribution only (the nightly `spec-distribution` check)"
     ),
 )
 def _spec_lossless(c: CheckInputs) -> CheckResult:
     plain = c.plain if c.scenario.k else None
-    return check_spec_lossless(plain, c.test, skip=c.aborted, test_plain=c.test_plain)
+    sampled = {r.request_id for r in c.scenario.requests if r.samples}
+    if plain is not None and sampled and len(sampled) == len(c.scenario.requests):
+        return not_applicable("spec-lossless", "every request samples: equal to plain output in distribution "
+                              "only (the nightly spec-distribution check)")
+    return check_spec_lossless(plain, c.test, skip=c.aborted | sampled, test_plain=c.test_plain)
 
 
 def _spec_blame(plain: Trace, test_plain: Trace | None, skip) -> str:
@@ -344,7 +349,9 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
       what it drafted. With the "acceptance" check (identical histories for requests neither engine
       preempted or aborted), the counters are then equal across the engines wherever they must be;
     - across the engines: ``prompt_token_ids`` are equal, and so is ``text`` wherever both engines
-      report one and the tokens agree (differing tokens are the "tokens" check's failure).
+      report one and the tokens agree (differing tokens are the "tokens" check's failure), and ``seed``
+      (the sampling seed a request reports: its own, or the one drawn at its admission) wherever both
+      report one, so a run can be replayed from what it reported.
 
     Not compared across engines: ``num_preemptions`` (an engine that schedules a step ahead uses the
     KV pool differently and may preempt other requests, or at other points), nor the counters of
@@ -373,6 +380,8 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
     for rid in sorted(reference.requests):
         ref, got = reference.requests[rid], test.requests[rid]
         fields = ["prompt_token_ids"]
+        if ref.seed is not None and got.seed is not None:
+            fields.append("seed")
         if ref.text is not None and got.text is not None and ref.token_ids == got.token_ids:
             fields.append("text")
             texts += 1
@@ -395,8 +404,8 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
     passes_when=(
         "the other public `RequestOutput` fields: per engine `num_draft_tokens` / `num_accepted_tokens` are "
         "the sums of its `acceptance` (each step 0 <= accepted <= drafted <= K); `prompt_token_ids` equal, "
-        "`text` equal where the tokens are; `num_preemptions` not compared (an async engine may preempt "
-        "elsewhere), `num_cached_tokens` is `cached-tokens`'"
+        "`text` equal where the tokens are, the reported sampling `seed` equal; `num_preemptions` not "
+        "compared (an async engine may preempt elsewhere), `num_cached_tokens` is `cached-tokens`'"
     ),
 )
 def _request_outputs(c: CheckInputs) -> CheckResult:

@@ -241,19 +241,27 @@ def _stop_semantics(c: CheckInputs) -> CheckResult:
 def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
                                skip=frozenset()) -> CheckResult:
     """Every request whose parameters can change its tokens has another output (tokens, finish reason or
-    text) than the same request without them; every request without such parameters has the same one."""
+    text) than the same request without them; every request without such parameters has the same one.
+    Sampled requests are held as a whole: a draw may come out greedy by chance, so one of them at least
+    must differ (a temperature both engines ignore fails)."""
     name = "params-change-output"
     if bare is None:
         return not_applicable(name, "no request carries a parameter that changes its tokens")
     if bare.error is not None:
         return not_applicable(name, "the reference run without the parameters broke")
     changed = same = 0
+    sampled: list[str] = []
+    sampled_changed = 0
     for r in scenario.requests:
         rid = r.request_id
         if rid in skip or rid not in reference.requests or rid not in bare.requests:
             continue
         a, b = reference.requests[rid], bare.requests[rid]
         differs = (a.token_ids, a.finish_reason, a.text) != (b.token_ids, b.finish_reason, b.text)
+        if r.samples:
+            sampled.append(rid)
+            sampled_changed += differs
+            continue
         if r.restricted and not differs:
             return failed(
                 name, f"request {rid}: its parameters changed nothing",
@@ -270,8 +278,14 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
                 request_id=rid)
         changed += r.restricted
         same += not r.restricted
+    if sampled and not sampled_changed:
+        return failed(name, f"none of the {len(sampled)} sampled requests differs from greedy decoding",
+                      f"requests {', '.join(sampled[:8])}{' ...' if len(sampled) > 8 else ''} sample "
+                      "(temperature > 0), yet each gives the reference's output without parameters: a "
+                      "temperature both engines ignored would pass the comparison", request_id=sampled[0])
+    tail = f", {sampled_changed} of {len(sampled)} sampled requests differ from greedy" if sampled else ""
     return passed(name, f"{changed} requests changed by their parameters, {same} without parameters "
-                  "unchanged")
+                  f"unchanged{tail}")
 
 
 @check(
@@ -281,7 +295,8 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
     passes_when=(
         "every request whose parameters can change its tokens has another output (tokens, finish reason or "
         "text) in the reference run than in the reference run of the same requests without any parameters "
-        "(a parameter both engines ignore fails), and every request without such parameters the same one"
+        "(a parameter both engines ignore fails), and every request without such parameters the same one; "
+        "sampled requests as a whole (one at least differs: a draw may come out greedy by chance)"
     ),
 )
 def _params_change_output(c: CheckInputs) -> CheckResult:

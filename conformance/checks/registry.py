@@ -50,6 +50,8 @@ REPORT_ORDER = (
     "logprobs",
     "stop-semantics",
     "params-change-output",
+    "sampler-frequencies",
+    "spec-distribution",
     "workload-triggers",
 )
 

@@ -844,6 +844,11 @@ from conformance.mutants.params import params_mutants
 
 MUTANTS += params_mutants(Mutant)
 
+# Seeded sampling and rejection sampling (issue 37).
+from conformance.mutants.sampling import sampling_mutants
+
+MUTANTS += sampling_mutants(Mutant)
+
 
 def get_mutant(mutant_id: str) -> Mutant:
     for m in MUTANTS:

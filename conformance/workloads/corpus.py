@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from conformance.workloads.files import regression_defs
 from conformance.workloads.param_corpus import param_defs
+from conformance.workloads.sampling_corpus import sampling_defs
 from conformance.workloads.scenario import TIERS, EngineSettings, RequestSpec, ScenarioDef
 
 NIGHTLY = ("nightly",)  # scenarios too slow for the default tier
@@ -684,6 +685,7 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         *(_shared_prompt(k, mode) for k in (0, 3) for mode in ("all", "align")),
         _cached_preemption(3),
         *param_defs(),  # requests that carry state (conformance/workloads/param_corpus.py)
+        *sampling_defs(),  # seeded sampling and rejection sampling (conformance/workloads/sampling_corpus.py)
         *regression_defs(),  # shrunk generated workloads that once failed (conformance/workloads/regressions)
     ]
     ids = [d.id for d in defs]

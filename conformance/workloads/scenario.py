@@ -24,9 +24,13 @@ MAMBA_CACHE_MODES = ("align", "all")
 # refengine/sampling_params.py); stored on a RequestSpec as sorted (name, value) pairs, lists as tuples.
 REQUEST_PARAMS = ("allowed_token_ids", "bad_words", "logit_bias", "min_tokens", "presence_penalty",
                   "frequency_penalty", "repetition_penalty", "stop", "include_stop_str_in_output",
-                  "logprobs", "prompt_logprobs")
-# The ones that change no token: a request with only these is unrestricted.
-OUTPUT_NEUTRAL_PARAMS = frozenset({"logprobs", "prompt_logprobs", "include_stop_str_in_output"})
+                  "logprobs", "prompt_logprobs", "temperature", "top_k", "top_p", "min_p", "seed")
+# The ones that change no token: a request with only these is unrestricted (a seed only matters with a
+# temperature).
+OUTPUT_NEUTRAL_PARAMS = frozenset({"logprobs", "prompt_logprobs", "include_stop_str_in_output", "seed"})
+# The ones under which a request samples: its spec-decoded output equals its plain output in distribution
+# only (the nightly statistical checks), not token for token.
+SAMPLING_PARAMS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed"})
 # The ones that need the model's tokenizer (text).
 TEXT_PARAMS = frozenset({"bad_words", "stop"})
 
@@ -162,6 +166,11 @@ class RequestSpec:
     def sampling(self) -> dict:
         """``params`` as SamplingParams keyword arguments (``logit_bias`` a dict again)."""
         return {name: dict(value) if name == "logit_bias" else value for name, value in self.params}
+
+    @property
+    def samples(self) -> bool:
+        """Whether the request draws its tokens (a temperature above vLLM's greedy threshold)."""
+        return self.sampling.get("temperature", 0.0) >= 1e-5
 
     @property
     def restricted(self) -> bool:

@@ -46,14 +46,16 @@ class StepShape:
     num_decode_tokens: int  # tokens of those rows (FULL: every padded token)
     num_logits: int  # verified logits rows: 1 + draft positions summed over the padded rows
     # What the program computes beyond greedy verification (host facts of the planned rows, so part of a FULL
-    # graph's key): a row's request has logits processors; a row's request asks for logprobs.
+    # graph's key): a row's request has logits processors; a row's request asks for logprobs; a row's
+    # request samples (temperature > 0).
     processors: bool = False
     logprobs: bool = False
+    sampling: bool = False
 
     @property
-    def graph_key(self) -> tuple[int, bool, bool]:
+    def graph_key(self) -> tuple[int, bool, bool, bool]:
         """The captured program a FULL step replays: its padded request count and what it computes."""
-        return self.num_reqs_padded, self.processors, self.logprobs
+        return self.num_reqs_padded, self.processors, self.logprobs, self.sampling
 
 
 class GraphDispatcher:

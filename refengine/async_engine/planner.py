@@ -115,7 +115,8 @@ class StepPlanner:
                                      [len(r.draft_token_ids) for r in rows])
         # the program processes logits and computes logprob tables only for steps whose rows need them
         shape = replace(shape, processors=any(r.request.processors.active for r in rows),
-                        logprobs=any(r.request.params.logprobs is not None for r in rows))
+                        logprobs=any(r.request.params.logprobs is not None for r in rows),
+                        sampling=any(r.request.params.samples for r in rows))
         # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
         prefix_rows = self.prefix.stage(self.num_plans, rows) if self.prefix is not None else []
         width = self.prefix.num_columns if self.prefix is not None else 0
@@ -199,6 +200,7 @@ class StepPlanner:
             # [n] tokens a prefix-cache hit serves (0 without one)
             w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
             ProcessorState.staged_writes(w, [r.processors for r in admitted])  # every admitted slot, always
+            self.state.sampling.staged_writes(w, admitted)  # every admitted slot, always (greedy ones too)
         grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if grown:
             table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,

@@ -9,7 +9,8 @@ by request count (``Np`` rows; padding rows have request slot -1 and run zero to
     prepare     input ids, positions and slot mappings on the device; padded attention/recurrent metadata
     run         the model
     verify      the requests' logits processors (``processing.py``: each verify position sees the drafts
-                before it as decoded), then greedy verification of every row's last 1 + drafts tokens
+                before it as decoded), then verification of every row's last 1 + drafts tokens (greedy,
+                or ``refengine.sampling``'s seeded rejection sampling in a step with a sampling row)
                 against the drafts the device holds (a decode row runs 1+K tokens; its drafter may have
                 proposed fewer, and only those are compared); rows that do not sample (prompt chunks,
                 padding) are flagged and keep nothing
@@ -34,6 +35,7 @@ import torch
 
 import kernels
 from kernels.input_prep import post_update, prepare_inputs
+from refengine import sampling as seeded
 from refengine.async_engine.graphs import StepGraphs, StepShape
 from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.metadata import MetadataBuilder
@@ -291,6 +293,7 @@ class AsyncRunner:
                              w["admit.num_prompt"], w["admit.slots"], w["admit.num_computed"])
             self.state.processors.admit(w["admit.idx"], w, w["admit.token_rows"], w["admit.num_tokens"],
                                         w["admit.num_prompt"])
+            self.state.sampling.admit(w["admit.idx"], w)
             if self.proposer is not None:
                 self.proposer.admit(w["admit.idx"], plan.drafter_admission)
         if "blocks.idx" in w:
@@ -361,8 +364,13 @@ class AsyncRunner:
             tail = st.token_ids[idx[:, None], at]  # [Np, L-1] the last committed tokens
             processed = st.processors.apply(logits, slot.long(), row, offsets, num_outputs[row],
                                             step.prev_drafts, tail)
-        tokens, num_valid = kernels.greedy_verify(processed, step.prev_drafts,
-                                                  step.num_drafts.to(torch.int32), cu.to(torch.int32))
+        if shape.sampling:  # seeded rejection sampling for rows with a temperature; greedy rows stay argmax
+            first = step.start + rows.query_len - counts + 1  # [Np] the position column 0 chooses a token for
+            tokens, num_valid = seeded.verify(processed, step.prev_drafts, step.num_drafts, cu,
+                                              self.state.sampling.rows(rows.idx), first)
+        else:
+            tokens, num_valid = kernels.greedy_verify(processed, step.prev_drafts,
+                                                      step.num_drafts.to(torch.int32), cu.to(torch.int32))
         sampling = rows.is_sampling.bool()
         sampled = torch.where(sampling[:, None], tokens, torch.full_like(tokens, -1))
         num_valid = torch.where(sampling, num_valid, torch.ones_like(num_valid))

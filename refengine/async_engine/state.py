@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from refengine.async_engine.processing import ProcessorState
+from refengine.async_engine.sampling_rows import SamplingRows
 
 
 class RequestSlots:
@@ -58,6 +59,7 @@ class DeviceState:
         self.state_slots = torch.zeros(num_slots, 1 + num_speculative_tokens, **i32)
         # the requests' logits processors (masks, bias, penalty counts, min_tokens, bad words), per slot
         self.processors = ProcessorState(num_slots, vocab_size, device)
+        self.sampling = SamplingRows(num_slots, device)  # temperature, top-k/p, min-p and seed, per slot
 
     def admit(
         self,

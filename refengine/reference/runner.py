@@ -17,6 +17,8 @@ from refengine.drafters import Drafter, HostDraftContext, Proposal
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
 from refengine.logits_process import process, prompt_logprob_span, raw_logprobs, top_logprobs
 from refengine.outputs import RowRecord, logits_digest
+from refengine.sampling import RowParams
+from refengine.sampling import verify as sampling_verify
 from refengine.scheduler import ScheduledRow, SchedulerOutput
 
 
@@ -193,9 +195,10 @@ class ReferenceRunner:
 
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
                 digests: list | None, logprobs: list) -> list[list[int] | None]:
-        """Greedy verification of each sampling row's last committed token and drafts, on the logits each
+        """Verification of each sampling row's last committed token and drafts, on the logits each
         position's processors left (``logits_process.process``, position j seeing drafts 0..j-1 as
-        decoded); ``logprobs`` gets the raw logprobs of every kept token of rows that ask for them."""
+        decoded): greedy, or seeded rejection sampling for requests with a temperature (``sampling``);
+        ``logprobs`` gets the raw logprobs of every kept token of rows that ask for them."""
         sampling = [i for i, r in enumerate(rows) if r.samples]
         out: list[list[int] | None] = [None] * len(rows)
         if not sampling:
@@ -221,12 +224,20 @@ class ReferenceRunner:
             for pos in range(len(drafts_i) + 1):  # as if the drafts before it had been decoded
                 processed[cu[j] + pos] = process(logits[cu[j] + pos], req.processors, req.prompt_token_ids,
                                                  req.output_token_ids + drafts_i[:pos])
-        tokens, num_valid = kernels.greedy_verify(
+        verify_args = (
             processed,
             torch.tensor(drafts, dtype=torch.int64, device=dev).reshape(len(sampling), k),
             torch.tensor(num_drafts, dtype=torch.int32, device=dev),
             torch.tensor(cu, dtype=torch.int32, device=dev),
         )
+        reqs = [rows[i].request for i in sampling]
+        if any(r.params.samples for r in reqs):  # seeded rejection sampling (greedy rows stay argmax)
+            first = [r.num_computed_tokens + rows[i].num_committed for i, r in zip(sampling, reqs)]
+            tokens, num_valid = sampling_verify(
+                *verify_args, RowParams.of([r.params for r in reqs], [r.seed for r in reqs], dev),
+                torch.tensor(first, dtype=torch.int64, device=dev))
+        else:
+            tokens, num_valid = kernels.greedy_verify(*verify_args)
         tokens, num_valid = tokens.tolist(), num_valid.tolist()
         wanted = [j for j, i in enumerate(sampling) if rows[i].request.params.logprobs is not None]
         if wanted:

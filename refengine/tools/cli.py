@@ -71,7 +71,17 @@ def _ids_for():
 def add_request_flags(g) -> None:
     """The request's parameters (``SamplingParams``, vLLM's names and meanings); the engine validates them
     and a refusal names the flag."""
-    r = g.add_argument_group("request parameters (vLLM's SamplingParams; decoding stays greedy)")
+    r = g.add_argument_group("request parameters (vLLM's SamplingParams)")
+    r.add_argument("--temperature", type=finite_number, default=0.0,
+                   help=">= 0; 0: greedy decoding (default), else sample (seeded: --request-seed)")
+    r.add_argument("--top-k", type=int_at_least(-1), default=0,
+                   help="sample from the K likeliest ids (0 or -1: all)")
+    r.add_argument("--top-p", type=finite_number, default=1.0,
+                   help="(0, 1]: sample from the likeliest ids whose mass reaches it")
+    r.add_argument("--min-p", type=finite_number, default=0.0,
+                   help="[0, 1]: drop ids below min-p times the top probability")
+    r.add_argument("--request-seed", type=int_at_least(0), default=None, metavar="N",
+                   help="the request's sampling seed (SamplingParams.seed; default: drawn, and printed)")
     r.add_argument("--stop-token-ids", type=_ids_for(), default=None, metavar="IDS",
                    help="comma-separated ids that stop a request (finish_reason stop, stop_reason the id)")
     r.add_argument("--min-tokens", type=int_at_least(0), default=0,
@@ -107,7 +117,8 @@ def request_params(args) -> dict:
         "repetition_penalty": args.repetition_penalty, "logit_bias": dict(args.logit_bias) or None,
         "allowed_token_ids": args.allowed_token_ids, "bad_words": args.bad_words, "stop": args.stop,
         "include_stop_str_in_output": args.include_stop_str_in_output, "logprobs": args.logprobs,
-        "prompt_logprobs": args.prompt_logprobs,
+        "prompt_logprobs": args.prompt_logprobs, "temperature": args.temperature, "top_k": args.top_k,
+        "top_p": args.top_p, "min_p": args.min_p, "seed": args.request_seed,
     }
 
 
@@ -242,6 +253,8 @@ def generate_command(args) -> int:
         print(f"finish_reason: {o.finish_reason}")
         if o.stop_reason is not None:
             print(f"stop_reason: {o.stop_reason!r}")
+        if params.samples:
+            print(f"seed: {o.seed}")
         if o.logprobs is not None:
             print(f"logprobs: {o.logprobs}")
         if o.prompt_logprobs is not None:

@@ -79,6 +79,10 @@ FLAGS = {
     "include_stop_str_in_output": "--include-stop-str-in-output",
     "prompt_logprobs": "--prompt-logprobs",
     "logprobs": "--logprobs",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "min_p": "--min-p",
 }
 # flags without a value: name=True is the flag itself
 SWITCHES = ("enable_prefix_caching", "ignore_eos", "include_stop_str_in_output")

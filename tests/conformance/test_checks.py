@@ -12,7 +12,8 @@ from conformance.workloads import get_def
 
 SCENARIO = "short-prompts-mixed-k3"  # new short prompts next to running decodes, K=3 verify steps
 CACHING_ONLY = {"cache-lossless", "restored-state", "cache-floor"}  # n/a without prefix caching
-PARAMS_ONLY = {"logprobs", "params-change-output"}  # n/a for requests without parameters
+# n/a for requests without parameters (the statistical ones: without groups of seeded sampled requests)
+PARAMS_ONLY = {"logprobs", "params-change-output", "sampler-frequencies", "spec-distribution"}
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +224,18 @@ def test_text_is_compared_where_the_tokens_agree(traces):
     result = checks.check_request_outputs(traces["reference"], traces["test"], 3)
     assert result.failed and result.details["field"] == "text"
     traces["test"].requests[rid].token_ids.append(1)  # differing tokens: the "tokens" check's failure
+    assert checks.check_request_outputs(traces["reference"], traces["test"], 3).status == PASS
+
+
+def test_the_reported_seed_is_compared(traces):
+    """Both engines draw an unseeded request's seed the same way at admission and report it: a run replays
+    from what it reported only if the engine under test reports the seed the reference does."""
+    rid = min(traces["test"].requests)
+    assert traces["reference"].requests[rid].seed == traces["test"].requests[rid].seed is not None
+    traces["test"].requests[rid].seed += 1
+    result = checks.check_request_outputs(traces["reference"], traces["test"], 3)
+    assert result.failed and result.details["field"] == "seed" and result.request_id == rid
+    traces["test"].requests[rid].seed = None  # an engine that reports none: nothing to compare
     assert checks.check_request_outputs(traces["reference"], traces["test"], 3).status == PASS
 
 

@@ -55,11 +55,12 @@ def run(recorded_run, small_case):
 def test_the_shipped_declarations_in_report_order():
     assert checks.CHECK_NAMES[:2] == ("runs", "tokens") and checks.CHECK_NAMES[-1] == "workload-triggers"
     assert [c.name for c in checks.declared() if c.late] == [
-        "aborts", "spec-lossless", "cache-lossless", "params-change-output", "workload-triggers"]
+        "aborts", "spec-lossless", "cache-lossless", "params-change-output", "spec-distribution",
+        "workload-triggers"]
     assert [c.name for c in checks.declared() if c.runs_when_test_broke] == [
         "runs", "cache-lossless", "params-change-output", "workload-triggers"]
     assert [c.name for c in checks.declared() if not c.replay] == [
-        "params-change-output", "workload-triggers"]
+        "params-change-output", "sampler-frequencies", "spec-distribution", "workload-triggers"]
 
 
 def test_a_declared_check_is_run_and_reported(run, example_check, small_case):

@@ -58,6 +58,10 @@ BAD = {
                        "requests[0] (r00).params: unknown key 'min_tokn' (did you mean 'min_tokens'?)"),
     "param out of range": (_request(params={"presence_penalty": 9}),
                            "requests[0] (r00).params: presence_penalty must be in [-2, 2], got 9"),
+    "top_p out of range": (_request(params={"temperature": 0.8, "top_p": 0}),
+                           "requests[0] (r00).params: top_p must be in (0, 1], got 0"),
+    "negative temperature": (_request(params={"temperature": -1}),
+                             "requests[0] (r00).params: temperature must be a finite number >= 0, got -1"),
     "unknown trigger": (lambda d: d.update(triggers=["preemptoin"]),
                         "triggers: unknown trigger 'preemptoin' (did you mean 'preemption'?)"),
 }

@@ -64,11 +64,11 @@ def case_id(case) -> str:
 
 
 def expected_kinds(mode: str, k: int, drafter: str, variant: str) -> set[str]:
-    kinds = set(ALWAYS) | {"processors", "logprobs"}
+    kinds = set(ALWAYS) | {"processors", "logprobs", "sampling"}
     if {**SETTINGS, **VARIANTS[variant]}["enable_prefix_caching"]:
         kinds |= CACHING
     if GraphMode(mode).has_full:
-        kinds |= {"full decode", "full processors"}
+        kinds |= {"full decode", "full processors", "full sampling"}
     if k:
         kinds.add(f"verify {drafter}")
     return kinds

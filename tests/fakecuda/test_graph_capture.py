@@ -95,11 +95,11 @@ def record_full(k: int, drafter: str):
                         drafter=drafter, **SETTINGS)
 
 
-def two_full_runs(run, before=None, between=None) -> tuple[Run, Run, AsyncTwin]:
+def two_full_runs(run, before=None, between=None, where=None) -> tuple[Run, Run, AsyncTwin]:
     """Two runs of the FULL program at one padded size of a recorded ``run`` (two of its steps, or one
     twice); ``before`` and ``between`` (planted bugs) are called with the twin before the first run and
-    between the runs."""
-    full = [s for s in run.snaps if s.shape.mode is GraphMode.FULL]
+    between the runs; ``where``: which FULL steps may be taken (all by default)."""
+    full = [s for s in run.snaps if s.shape.mode is GraphMode.FULL and (where is None or where(s))]
     assert full, "the workload ran no FULL step"
     same = [s for s in full if s.shape.graph_key == full[-1].shape.graph_key]  # one captured program
     first, second = same[-2:] if len(same) > 1 else (same[-1], same[-1])
@@ -139,6 +139,15 @@ def test_the_full_program_touches_only_static_buffers_and_repeats_itself(k, draf
     persistent += [t for states in twin.runner.caches.states.values() for t in states]
     missing = [i for i, t in enumerate(persistent) if storage_key(t) not in one.written]
     assert not missing, f"persistent state the step must advance was not written: {missing}"
+
+
+def test_the_full_sampling_program_touches_only_static_buffers_and_repeats_itself(default_run):
+    """Seeded rejection sampling in a FULL step: the noise comes from the slots' seeds and the positions
+    on the device, so two steps of one padded size run the same ops on static buffers, no host read."""
+    one, two, _ = two_full_runs(default_run, where=lambda s: s.shape.sampling)
+    assert not one.stray and not two.stray, (one.stray + two.stray)[:5]
+    assert not one.cpu_ops and not two.cpu_ops, one.cpu_ops + two.cpu_ops
+    assert one.ops == two.ops and one.launches == two.launches
 
 
 def test_a_scratch_buffer_kept_across_runs_is_caught(default_run):

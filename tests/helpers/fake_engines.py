@@ -97,10 +97,11 @@ def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
 
 
 # SamplingParams fields every other request of a recorded run carries: every logits processor the step
-# program applies, and logprobs (its logprob tables); ids small enough for every family's tiny vocabulary
+# program applies, logprobs (its logprob tables) and seeded sampling with every filter (its rejection
+# sampler); ids small enough for every family's tiny vocabulary
 REQUEST_PARAMS = {"logit_bias": {7: 2.0}, "min_tokens": 2, "repetition_penalty": 1.2,
                   "frequency_penalty": 0.3, "presence_penalty": 0.1, "allowed_token_ids": list(range(32)),
-                  "logprobs": 2}
+                  "logprobs": 2, "temperature": 0.9, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "seed": 7}
 
 
 def step_kinds(snap, k: int, drafter: str) -> set[str]:
@@ -133,6 +134,8 @@ def step_kinds(snap, k: int, drafter: str) -> set[str]:
         out.add("full processors" if shape.mode is GraphMode.FULL else "processors")
     if shape.logprobs:
         out.add("logprobs")
+    if shape.sampling:
+        out.add("full sampling" if shape.mode is GraphMode.FULL else "sampling")
     return out
 
 
@@ -195,7 +198,7 @@ def record_async(prompts: list, *, max_tokens: int = 8, request_params: dict | N
     """A real async run on the CPU, every step's plan recorded. ``prompts``: one list of prompts per wave
     (each wave a ``generate`` call, so a later wave can hit what an earlier one published);
     ``request_params``: SamplingParams fields every other prompt of a wave carries (logits processors,
-    logprobs), so steps with and without them are recorded."""
+    logprobs, sampling), so steps with and without them are recorded."""
     records: list = []
     llm = LLM(engine="async", observer=records.append, **settings)
     runner, snaps = llm.engine.runner, []

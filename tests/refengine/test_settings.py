@@ -97,13 +97,17 @@ BAD = [
     (SamplingParams, "prompt_logprobs", -1),
     (SamplingParams, "prompt_logprobs", 1.5),
     (SamplingParams, "stop_token_ids", [True]),
-    (SamplingParams, "temperature", 0.7),
+    (SamplingParams, "temperature", -0.7),
     (SamplingParams, "temperature", "0"),
-    (SamplingParams, "top_p", 0.9),
+    (SamplingParams, "top_p", 0.0),
     (SamplingParams, "top_p", None),
-    (SamplingParams, "top_k", 5),
+    (SamplingParams, "top_k", -3),
     (SamplingParams, "top_k", 1.0),
     (SamplingParams, "top_k", -2),
+    (SamplingParams, "min_p", 1.5),
+    (SamplingParams, "min_p", -0.1),
+    (SamplingParams, "seed", -4),
+    (SamplingParams, "seed", 2.0),
 ]
 if NO_CUDA:
     BAD.append((EngineConfig, "device", "cuda"))
@@ -119,6 +123,8 @@ GOOD = [
     (SamplingParams, {"max_tokens": 1, "ignore_eos": True, "stop_token_ids": None}),
     (SamplingParams, {"stop_token_ids": [3, 4], "temperature": 0.0, "top_p": 1.0, "top_k": -1}),
     (SamplingParams, {"stop_token_ids": (5,), "temperature": 0, "top_k": 0}),
+    (SamplingParams, {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "seed": 0}),
+    (SamplingParams, {"temperature": 2, "top_p": 1, "min_p": 1, "seed": (1 << 63) - 1}),
 ]
 
 
@@ -229,7 +235,8 @@ BAD_FLAGS = [
     ("refengine generate", "--threads", "0"), ("refengine generate", "--threads", "-1"),
     ("refengine generate", "--max-tokens", "0"), ("refengine generate", "--num-spec-tokens", "-1"),
     ("refengine generate", "--min-tokens", "-1"), ("refengine generate", "--logprobs", "-1"),
-    ("refengine generate", "--prompt-logprobs", "-1"),
+    ("refengine generate", "--prompt-logprobs", "-1"), ("refengine generate", "--top-k", "-2"),
+    ("refengine generate", "--request-seed", "-1"),
     ("refengine report", "--threads", "0"), ("refengine report", "--samples", "-1"),
     ("refengine report", "--num-spec-tokens", "0"), ("refengine report", "--max-tokens", "0"),
     ("refengine bench", "--threads", "-1"), ("refengine bench", "--num-spec-tokens", "-1"),
