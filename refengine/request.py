@@ -26,6 +26,8 @@ class Request:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop id or stop string that finished it (None: EOS, length)
     processors: Processors = NONE  # the params' logits processors as token ids (set at admission)
+    compiled_grammar: object = None  # structured outputs: the engine's compiled grammar (set when added)
+    grammar: object = None  # its GrammarState, advanced by the committed outputs (None while it holds none)
 
     # What the kept tokens advance besides the tokens (``refengine.postprocess``).
     logprobs: list | None = None  # one {id: logprob} per output token when params.logprobs is set

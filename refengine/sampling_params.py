@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from refengine.config import ConfigError, check_bool, check_int
+from refengine.structured_outputs import StructuredOutputsParams
 
 
 def _number(name: str, value) -> float:
@@ -44,6 +45,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-n raw logprobs per output token (the chosen token always included)
     prompt_logprobs: int | None = None  # top-n raw logprobs per prompt token (the prompt token included)
+    # the output held to a JSON schema, regex, choice or grammar (``refengine.structured_outputs``; a dict
+    # of its fields is taken too)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, 1))
@@ -83,6 +87,7 @@ class SamplingParams:
         check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         check_int("logprobs", self.logprobs, 0, optional=True)
         check_int("prompt_logprobs", self.prompt_logprobs, 0, optional=True)
+        object.__setattr__(self, "structured_outputs", StructuredOutputsParams.of(self.structured_outputs))
 
     @property
     def has_processors(self) -> bool:

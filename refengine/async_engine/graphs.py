@@ -49,11 +49,14 @@ class StepShape:
     # graph's key): a row's request has logits processors; a row's request asks for logprobs.
     processors: bool = False
     logprobs: bool = False
+    # a row's request has structured outputs: the program runs in two parts (``AsyncRunner.forward``, then
+    # ``finish`` once the host built the step's grammar bitmask), two graphs in a FULL step
+    grammar: bool = False
 
     @property
-    def graph_key(self) -> tuple[int, bool, bool]:
+    def graph_key(self) -> tuple[int, bool, bool, bool]:
         """The captured program a FULL step replays: its padded request count and what it computes."""
-        return self.num_reqs_padded, self.processors, self.logprobs
+        return self.num_reqs_padded, self.processors, self.logprobs, self.grammar
 
 
 class GraphDispatcher:
@@ -114,19 +117,26 @@ class StepGraphs:
         static[n:] = inert
         return static
 
-    def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program):
+    def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program, part: int = 0):
+        """``part``: which part of a program run in parts this is (each its own graph)."""
         if shape.mode is not GraphMode.FULL or self.device.type != "cuda":
             return program()
-        entry = self._graphs.get(shape.graph_key)
+        key = (*shape.graph_key, part)
+        entry = self._graphs.get(key)
         if entry is None:
-            entry = self._graphs[shape.graph_key] = self._capture(static, inert, program)
+            # a later part reads the outputs of the graph before it: captured after that graph replayed on
+            # the padding table too (and replayed on the real one again after)
+            before = self._graphs[(*shape.graph_key, part - 1)][0].replay if part > 1 else None
+            entry = self._graphs[key] = self._capture(static, inert, program, before)
         graph, outputs = entry
         graph.replay()
         return outputs
 
-    def _capture(self, static: torch.Tensor, inert: torch.Tensor, program) -> tuple:
+    def _capture(self, static: torch.Tensor, inert: torch.Tensor, program, before=None) -> tuple:
         real = static.clone()
         static.copy_(inert.expand_as(static))
+        if before is not None:
+            before()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -136,4 +146,6 @@ class StepGraphs:
         with torch.cuda.graph(graph):
             outputs = program()
         static.copy_(real)
+        if before is not None:
+            before()
         return graph, outputs
