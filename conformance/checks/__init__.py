@@ -35,6 +35,7 @@ from conformance.checks.registry import (
     declaring,
 )
 from conformance.checks.sanity import check_degenerate_run, check_output_records
+from conformance.checks.structured import check_structured_outputs
 from conformance.checks.triggers import CACHE_TRIGGERS, TRIGGERS, check_triggers
 
 
@@ -83,6 +84,7 @@ __all__ = [
     "check_spec_lossless",
     "check_state_slots",
     "check_stop_semantics",
+    "check_structured_outputs",
     "check_tokens",
     "check_triggers",
     "declaration",

@@ -50,6 +50,7 @@ REPORT_ORDER = (
     "logprobs",
     "stop-semantics",
     "params-change-output",
+    "structured-outputs",
     "workload-triggers",
 )
 

@@ -17,6 +17,7 @@ from conformance.checks.cache_floor import floor
 from conformance.checks.param_triggers import PARAM_CACHE_TRIGGERS, PARAM_TRIGGERS
 from conformance.checks.prefix_cache import Timeline, bounds, no_eviction_before, tokens_of
 from conformance.checks.registry import CheckInputs, check
+from conformance.checks.structured_triggers import STRUCTURED_TRIGGERS
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 from conformance.workloads import Scenario
@@ -367,6 +368,7 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
             _floor_under_pressure,
         ),
         **PARAM_TRIGGERS,  # the request-parameter scenarios' (conformance/checks/param_triggers.py)
+        **STRUCTURED_TRIGGERS,  # the structured-outputs scenarios' (checks/structured_triggers.py)
     }
 )
 # Judged on the reference engine's run with the scenario's prefix caching.

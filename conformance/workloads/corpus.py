@@ -11,6 +11,7 @@ from __future__ import annotations
 from conformance.workloads.files import regression_defs
 from conformance.workloads.param_corpus import param_defs
 from conformance.workloads.scenario import TIERS, EngineSettings, RequestSpec, ScenarioDef
+from conformance.workloads.structured_corpus import structured_defs
 
 NIGHTLY = ("nightly",)  # scenarios too slow for the default tier
 
@@ -684,6 +685,7 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         *(_shared_prompt(k, mode) for k in (0, 3) for mode in ("all", "align")),
         _cached_preemption(3),
         *param_defs(),  # requests that carry state (conformance/workloads/param_corpus.py)
+        *structured_defs(),  # structured outputs (conformance/workloads/structured_corpus.py)
         *regression_defs(),  # shrunk generated workloads that once failed (conformance/workloads/regressions)
     ]
     ids = [d.id for d in defs]
