@@ -61,10 +61,10 @@ def _ngram(b, k: int) -> None:
 
 def _preemption(b, k: int) -> None:
     """More constrained requests than the KV pool holds: they are preempted and resumed mid-output."""
-    n = b.size(28, 40)
-    for i in range(b.size(5, 8)):
+    n = b.size(26, 40)
+    for i in range(b.size(4, 8)):
         params = [_json(PERSON), {"structured_outputs": {"regex": CODE}}, {}][i % 3]
-        b.add(14 + 3 * i, n, arrival=i // 3, params=params)
+        b.add(12 + 3 * i, n, arrival=i // 3, params=params)
 
 
 def structured_defs() -> list[ScenarioDef]:
@@ -82,7 +82,7 @@ def structured_defs() -> list[ScenarioDef]:
             "JSON-schema, regex and choice requests beside unconstrained ones (MTP drafts, K=3; needs a "
             "tokenizer)",
             EngineSettings(num_speculative_tokens=3, drafter="mtp", max_num_seqs=3),
-            lambda b: _mixed(b, 3), ("unrestricted-beside-restricted", "grammar-draft-rejected"), TIERS),
+            lambda b: _mixed(b, 3), ("unrestricted-beside-restricted", "grammar-draft-rejected"), ("nightly",)),
         ScenarioDef(
             "structured-ngram-k3",
             "regex requests with n-gram drafts beside unconstrained rows without any (K=3; needs a "

@@ -191,3 +191,23 @@ def test_reference_steps_on_fake_cuda(family, variant, tmp_path_factory):
     if variant == "chunked":
         want |= {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}
     assert want <= launched, f"not launched: {want - launched}"
+
+
+@pytest.mark.parametrize("mode", [pytest.param("full_and_piecewise"),
+                                  pytest.param("none", marks=pytest.mark.slow)])
+def test_structured_outputs_steps_on_fake_cuda(mode):
+    """Steps with grammar rows, run in two parts (the forward, the host's bitmask copied into its static
+    buffer, then the rest), eager and FULL, beside steps without: no host read, no CPU tensor."""
+    params = {"structured_outputs": {"regex": "[a-z ]{1,40}"}, "logit_bias": {7: 2.0}}
+    run = record_async(WAVES, max_tokens=10, graph_mode=mode, num_speculative_tokens=3,
+                       request_params=params, **SETTINGS)
+    steps, kinds = covering(run.snaps, 3, "mtp")
+    want = {"grammar", "prefill", "admission"}
+    if mode != "none":
+        want |= {"full grammar", "full decode"}
+    assert kinds >= want, f"the workload lacks {want - kinds}"
+    assert any(not s.shape.grammar for s in run.snaps), "steps without grammar rows too"
+    fc = FakeCuda()
+    twin = AsyncTwin(fc, run.llm.engine)
+    for snap in steps:
+        twin.step(snap)

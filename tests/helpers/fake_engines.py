@@ -133,6 +133,8 @@ def step_kinds(snap, k: int, drafter: str) -> set[str]:
         out.add("full processors" if shape.mode is GraphMode.FULL else "processors")
     if shape.logprobs:
         out.add("logprobs")
+    if shape.grammar:
+        out.add("full grammar" if shape.mode is GraphMode.FULL else "grammar")
     return out
 
 
@@ -206,6 +208,13 @@ def record_async(prompts: list, *, max_tokens: int = 8, request_params: dict | N
         return enqueue(plan)
 
     runner.enqueue = record
+    complete = runner.complete
+
+    def record_bitmask(fut, bitmask):
+        next(s for s in reversed(snaps) if s.index == fut.plan.index).bitmask = bitmask.tensor.clone()
+        return complete(fut, bitmask)
+
+    runner.complete = record_bitmask
     plain = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     carrying = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(request_params or {}))
     for wave in prompts:
@@ -263,13 +272,25 @@ class AsyncTwin:
             out = self.runner.program(snap.shape, StepRows.view(padded))
         return out, watch.cpu_ops
 
+    def parts(self, snap, padded: torch.Tensor) -> tuple[StepOutputs, list[str]]:
+        """A structured-outputs step as the engine runs it: ``forward``, the grammar bitmask copied into its
+        static buffer (the host built it, [Np, K+1, W]), then ``finish``."""
+        runner, rows = self.runner, StepRows.view(padded)
+        with self.fc.watching() as watch:
+            staged = runner.forward(snap.shape, rows)
+            n_pad = snap.shape.num_reqs_padded
+            runner.grammar_mask[:n_pad].copy_(self.fc.host(snap.bitmask), non_blocking=True)
+            out = runner.finish(snap.shape, rows, *staged)
+        return out, watch.cpu_ops
+
     def step(self, snap) -> StepOutputs:
         """Stage and run one recorded step; raises on a host read, a device mismatch or a bad launch,
         asserts no CPU tensor was created."""
         with self.fc:
             cpu = self.stage(snap)
             assert not cpu, f"staging created tensors on the CPU: {cpu}"
-            out, cpu = self.program(snap, self.table(snap))
+            run = self.parts if snap.shape.grammar else self.program
+            out, cpu = run(snap, self.table(snap))
             assert not cpu, f"the step program created tensors on the CPU: {cpu}"
             n_pad = snap.shape.num_reqs_padded
             assert out.verified.sampled.shape == (n_pad, self.runner.num_speculative_tokens + 1)
