@@ -82,7 +82,8 @@ def structured_defs() -> list[ScenarioDef]:
             "JSON-schema, regex and choice requests beside unconstrained ones (MTP drafts, K=3; needs a "
             "tokenizer)",
             EngineSettings(num_speculative_tokens=3, drafter="mtp", max_num_seqs=3),
-            lambda b: _mixed(b, 3), ("unrestricted-beside-restricted", "grammar-draft-rejected"), ("nightly",)),
+            lambda b: _mixed(b, 3), ("unrestricted-beside-restricted", "grammar-draft-rejected"),
+            ("nightly",)),
         ScenarioDef(
             "structured-ngram-k3",
             "regex requests with n-gram drafts beside unconstrained rows without any (K=3; needs a "

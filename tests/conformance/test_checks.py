@@ -12,7 +12,7 @@ from conformance.workloads import get_def
 
 SCENARIO = "short-prompts-mixed-k3"  # new short prompts next to running decodes, K=3 verify steps
 CACHING_ONLY = {"cache-lossless", "restored-state", "cache-floor"}  # n/a without prefix caching
-PARAMS_ONLY = {"logprobs", "params-change-output"}  # n/a for requests without parameters
+PARAMS_ONLY = {"logprobs", "params-change-output", "structured-outputs"}  # n/a without parameters
 
 
 @pytest.fixture(scope="module")
