@@ -31,7 +31,7 @@ def _json(schema: dict, compact: bool = True) -> dict:
 
 def _mixed(b, k: int) -> None:
     """Constrained requests of each kind next to unconstrained ones, seats changing hands both ways."""
-    n = b.size(28, 48)
+    n = b.size(26, 48)
     b.add(9, n, params=_json(PERSON))
     b.add(7, n)  # unconstrained, beside the others
     b.add(6, n, params={"structured_outputs": {"regex": REGEX}})
@@ -40,7 +40,7 @@ def _mixed(b, k: int) -> None:
     b.add(10, n, arrival=3, params={"structured_outputs": {"regex": CODE}})
     b.add(11, n, arrival=4, params=_json(LIST))
     b.add(6, 10, arrival=5)
-    b.add(7, n, arrival=6, params=_json(PERSON, compact=False))
+    b.add(7, n, arrival=6, params=_json(PERSON, compact=False))  # may run to its cap
     b.add(8, n, arrival=7, params={"structured_outputs": {"choice": CHOICE}})
     b.add(9, n, arrival=8, params={"structured_outputs": {"regex": REGEX}})
     for i in range(b.size(0, 6)):

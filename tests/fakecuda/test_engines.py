@@ -199,7 +199,7 @@ def test_structured_outputs_steps_on_fake_cuda(mode):
     """Steps with grammar rows, run in two parts (the forward, the host's bitmask copied into its static
     buffer, then the rest), eager and FULL, beside steps without: no host read, no CPU tensor."""
     params = {"structured_outputs": {"regex": "[a-z ]{1,40}"}, "logit_bias": {7: 2.0}}
-    run = record_async(WAVES, max_tokens=10, graph_mode=mode, num_speculative_tokens=3,
+    run = record_async(WAVES[1:2], max_tokens=6, graph_mode=mode, num_speculative_tokens=3,
                        request_params=params, **SETTINGS)
     steps, kinds = covering(run.snaps, 3, "mtp")
     want = {"grammar", "prefill", "admission"}
