@@ -117,26 +117,26 @@ class StepGraphs:
         static[n:] = inert
         return static
 
-    def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program, part: int = 0):
-        """``part``: which part of a program run in parts this is (each its own graph)."""
+    def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program, part: int = 0,
+            then=None):
+        """``part``: which part of a program run in parts this is (each its own graph); ``then(outputs)``:
+        the next part's program over this part's outputs, captured with this one (on the padding table, the
+        outputs holding what padding left, so no graph ever replays twice for one step)."""
         if shape.mode is not GraphMode.FULL or self.device.type != "cuda":
             return program()
         key = (*shape.graph_key, part)
         entry = self._graphs.get(key)
         if entry is None:
-            # a later part reads the outputs of the graph before it: captured after that graph replayed on
-            # the padding table too (and replayed on the real one again after)
-            before = self._graphs[(*shape.graph_key, part - 1)][0].replay if part > 1 else None
-            entry = self._graphs[key] = self._capture(static, inert, program, before)
+            entry = self._graphs[key] = self._capture(static, inert, program)
+            if then is not None:
+                self._graphs[(*shape.graph_key, part + 1)] = self._capture(static, inert, then(entry[1]))
         graph, outputs = entry
         graph.replay()
         return outputs
 
-    def _capture(self, static: torch.Tensor, inert: torch.Tensor, program, before=None) -> tuple:
+    def _capture(self, static: torch.Tensor, inert: torch.Tensor, program) -> tuple:
         real = static.clone()
         static.copy_(inert.expand_as(static))
-        if before is not None:
-            before()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -146,6 +146,4 @@ class StepGraphs:
         with torch.cuda.graph(graph):
             outputs = program()
         static.copy_(real)
-        if before is not None:
-            before()
         return graph, outputs

@@ -267,8 +267,13 @@ class AsyncRunner:
         shape = plan.shape
         self.stage(plan)
         padded = self.graphs.pad(shape, table, self._inert)
-        fut.staged = (padded, self.graphs.run(shape, padded, self._inert,
-                                              lambda: self.forward(shape, StepRows.view(padded)), part=1))
+        rows = StepRows.view(padded)
+
+        def finish_over(staged):  # a FULL graph's second part, captured with the first
+            return lambda: self.finish(shape, rows, *staged)
+
+        fut.staged = (padded, self.graphs.run(shape, padded, self._inert, lambda: self.forward(shape, rows),
+                                              part=1, then=finish_over))
 
     def _finish(self, plan: StepPlan, fut: StepFuture) -> None:
         shape, (padded, (step, hidden)) = plan.shape, fut.staged
