@@ -128,3 +128,22 @@ def test_window_masks_follow_the_drafts_and_roll_back():
     assert torch.isfinite(masked[0]).nonzero().flatten().tolist() == [ord("b")]
     assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [ord("c"), ord("d")]
     assert g.accept(ord("a")) and not g.accept(ord("a")) and g.accept(ord("b"))
+
+
+def test_prefix_cache_hits_change_nothing():
+    prefix = "The answer to the question, in one word, is: "
+    waves = [[prefix + "x"], [prefix + "y", prefix + "z"]]
+    constraints = [{"choice": ["yes", "no", "maybe"]}, {"regex": "[a-c]{2,5}(x|yz)"}]
+
+    def run(**settings):
+        llm = LLM(num_speculative_tokens=3, block_size=16, **settings)
+        outs = []
+        for wave in waves:
+            outs += llm.generate(wave, [_params(constraints[i % 2]) for i in range(len(wave))])
+        return outs
+
+    cached = run(engine="async", enable_prefix_caching=True)
+    plain = run(engine="reference")
+    assert any(o.num_cached_tokens for o in cached), "the second wave hits the first's blocks"
+    assert [(o.token_ids, o.finish_reason, o.acceptance) for o in cached] == \
+        [(o.token_ids, o.finish_reason, o.acceptance) for o in plain]
