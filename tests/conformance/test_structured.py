@@ -57,3 +57,19 @@ def test_an_output_cut_at_max_tokens_is_not_judged():
     assert _check(GOOD, {**GOOD, "r": "ab"}, {"r": "length"}).status == PASS
     none_completed = {rid: "length" for rid in GOOD}
     assert _check(GOOD, GOOD, none_completed).status == NA
+
+
+def test_scenario_files_hold_structured_outputs_and_refuse_bad_ones(tmp_path):
+    import json
+
+    from conformance.workloads.files import ScenarioFileError, read_scenario_file, write_scenario_file
+    from conformance.workloads.scenario import TIERS, EngineSettings, Scenario
+
+    scenario = Scenario("so", "structured", TIERS[0], EngineSettings(), tuple(SPECS), ())
+    path = write_scenario_file(tmp_path / "so.json", scenario, 260)
+    assert read_scenario_file(path).requests == scenario.requests
+    data = json.loads(path.read_text())
+    data["requests"][1]["params"]["structured_outputs"] = {"regex": "a", "choice": ["b"]}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScenarioFileError, match="exactly one of"):
+        read_scenario_file(path)
