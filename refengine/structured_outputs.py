@@ -17,6 +17,7 @@ finishes with ``finish_reason="stop"``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import torch
@@ -120,7 +121,9 @@ class GrammarCompiler:
             else:
                 got = c.compile_grammar(p.grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            lines = str(exc).strip().splitlines()
+            # xgrammar's messages start "[time] source.cc:line: "; the reason is what follows
+            reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[-1]) if lines else type(exc).__name__
             raise ValueError(f"structured_outputs.{p.kind}: xgrammar cannot compile it: {reason}") from None
         self._compiled[p.key] = got
         return got
