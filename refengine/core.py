@@ -124,7 +124,7 @@ class EngineCore:
             raise EngineError(f"request {request_id!r}: structured_outputs needs a tokenizer; this "
                               f"checkpoint has none")
         if self._grammars is None:
-            from refengine.structured_outputs import GrammarCompiler
+            from refengine.grammar import GrammarCompiler
 
             m = self.model_config
             self._grammars = GrammarCompiler(self.tokenizer, m.vocab_size, m.eos_token_ids)

@@ -52,9 +52,9 @@ from refengine.async_engine.state import DeviceState
 from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
+from refengine.grammar import apply_bitmask
 from refengine.logits_process import MAX_LOGPROBS, raw_logprobs, top_logprobs
 from refengine.prefix_cache import geometry
-from refengine.structured_outputs import apply_bitmask
 
 
 @dataclass

@@ -15,10 +15,10 @@ import kernels
 from refengine.cache import ModelCaches
 from refengine.drafters import Drafter, HostDraftContext, Proposal
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
+from refengine.grammar import apply_bitmask
 from refengine.logits_process import process, prompt_logprob_span, raw_logprobs, top_logprobs
 from refengine.outputs import RowRecord, logits_digest
 from refengine.scheduler import ScheduledRow, SchedulerOutput
-from refengine.structured_outputs import apply_bitmask
 
 
 @dataclass
@@ -195,7 +195,7 @@ class ReferenceRunner:
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
                 digests: list | None, logprobs: list) -> list[list[int] | None]:
         """Greedy verification of each sampling row's last committed token and drafts, on the logits each
-        position's grammar mask (``structured_outputs.window_bitmask``) and processors left
+        position's grammar mask (``grammar.window_bitmask``) and processors left
         (``logits_process.process``), position j seeing drafts 0..j-1 as decoded; ``logprobs`` gets the raw
         logprobs of every kept token of rows that ask for them."""
         sampling = [i for i, r in enumerate(rows) if r.samples]

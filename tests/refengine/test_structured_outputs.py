@@ -17,7 +17,8 @@ import torch
 from refengine import LLM, SamplingParams
 from refengine.config import ConfigError
 from refengine.core import EngineError
-from refengine.structured_outputs import StructuredOutputsParams, apply_bitmask
+from refengine.grammar import apply_bitmask
+from refengine.structured_outputs import StructuredOutputsParams
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["a", "ok"],
           "properties": {"a": {"enum": ["cat", "owl"]}, "ok": {"type": "boolean"}}}
