@@ -101,6 +101,9 @@ def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
 REQUEST_PARAMS = {"logit_bias": {7: 2.0}, "min_tokens": 2, "repetition_penalty": 1.2,
                   "frequency_penalty": 0.3, "presence_penalty": 0.1, "allowed_token_ids": list(range(32)),
                   "logprobs": 2}
+# Structured outputs on some of the others where the model has a tokenizer (the embedded default model): its
+# steps run in two parts, the host's grammar bitmask copied in between
+GRAMMAR_PARAMS = {"structured_outputs": {"regex": "[a-z ]{1,40}"}}
 
 
 def step_kinds(snap, k: int, drafter: str) -> set[str]:
@@ -193,11 +196,12 @@ class AsyncRun:
 
 
 def record_async(prompts: list, *, max_tokens: int = 8, request_params: dict | None = None,
-                 **settings) -> AsyncRun:
+                 grammar_params: dict | None = None, **settings) -> AsyncRun:
     """A real async run on the CPU, every step's plan recorded. ``prompts``: one list of prompts per wave
     (each wave a ``generate`` call, so a later wave can hit what an earlier one published);
     ``request_params``: SamplingParams fields every other prompt of a wave carries (logits processors,
-    logprobs), so steps with and without them are recorded."""
+    logprobs), so steps with and without them are recorded; ``grammar_params``: the fields (structured
+    outputs) every fourth prompt carries, from the third, instead of none."""
     records: list = []
     llm = LLM(engine="async", observer=records.append, **settings)
     runner, snaps = llm.engine.runner, []
@@ -217,8 +221,15 @@ def record_async(prompts: list, *, max_tokens: int = 8, request_params: dict | N
     runner.complete = record_bitmask
     plain = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     carrying = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(request_params or {}))
+    constrained = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(grammar_params or {}))
+
+    def params(i: int) -> SamplingParams:
+        if i % 2:
+            return carrying if request_params else plain
+        return constrained if i % 4 == 2 and grammar_params else plain
+
     for wave in prompts:
-        llm.generate(wave, [carrying if i % 2 and request_params else plain for i in range(len(wave))])
+        llm.generate(wave, [params(i) for i in range(len(wave))])
     return AsyncRun(llm, snaps, settings.get("num_speculative_tokens", 0), settings.get("drafter", "mtp"),
                     records)
 
