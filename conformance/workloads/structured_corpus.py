@@ -61,9 +61,9 @@ def _ngram(b, k: int) -> None:
 
 def _preemption(b, k: int) -> None:
     """More constrained requests than the KV pool holds: they are preempted and resumed mid-output."""
-    n = b.size(26, 40)
+    n = b.size(20, 40)
     for i in range(b.size(4, 8)):
-        params = [_json(PERSON), {"structured_outputs": {"regex": CODE}}, {}][i % 3]
+        params = [_json(LIST), {"structured_outputs": {"regex": CODE}}, {}][i % 3]
         b.add(12 + 3 * i, n, arrival=i // 3, params=params)
 
 
