@@ -252,7 +252,10 @@ class EngineCore:
         return [self.output(r) for r in ready]
 
     def output(self, req: Request) -> RequestOutput:
-        text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else None
+        ids = req.output_token_ids
+        if req.compiled_grammar is not None and req.finish_reason == "stop" and req.stop_reason is None:
+            ids = ids[:-1]  # the grammar's end token is not its text (vLLM's detokenizer skips a stop token)
+        text = self.tokenizer.decode(ids) if self.tokenizer is not None else None
         if text is not None and req.stop_text_end is not None:
             text = text[: req.stop_text_end]
         return RequestOutput(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
