@@ -29,6 +29,9 @@ class GrammarSlots:
         self.stream = stream
         self.owner: list = [None] * num_slots  # the request seated at each slot that has structured outputs
         self.drafts: list[list[int]] = [[] for _ in range(num_slots)]  # the device's drafts of each slot
+        # padded rows -> the host buffer of a step's bitmask [Np, K+1, W] int32: one each suffices, since a
+        # step's bitmask is built after the host waited on the step before (whose copy came before it)
+        self._buffers: dict[int, HostBuffer] = {}
 
     def admit(self, req) -> None:
         """``req`` was just seated at ``req.idx`` (new or resumed): its matcher, rebuilt from its outputs."""
@@ -60,9 +63,13 @@ class GrammarSlots:
         return self.drafts[plan.slots_idx[i]][: len(plan.rows[i].draft_token_ids)]
 
     def bitmask(self, plan) -> HostBuffer:
-        """The grammar bitmask of step ``plan`` [Np, K+1, W] int32, in a host buffer of its own."""
+        """The grammar bitmask of step ``plan`` [Np, K+1, W] int32, in the host buffer of its padded size."""
         n_pad = plan.shape.num_reqs_padded
-        buf = HostBuffer("grammar-bitmask", self.stream, (n_pad, self.k + 1, self.width), torch.int32)
+        buf = self._buffers.get(n_pad)
+        if buf is None:
+            shape = (n_pad, self.k + 1, self.width)
+            buf = HostBuffer(f"grammar-bitmask-{n_pad}", self.stream, shape, torch.int32)
+            self._buffers[n_pad] = buf
         out = torch.full((n_pad, self.k + 1, self.width), -1, dtype=torch.int32)
         for i, row in enumerate(plan.rows):
             req = row.request
@@ -70,5 +77,5 @@ class GrammarSlots:
                 continue
             window = req.grammar.window_bitmask(self.window_drafts(plan, i))
             out[i, : window.shape[0]] = window
-        buf.tensor.copy_(out)
+        buf.write(out)  # refused (hazard checking) while an earlier copy from it is pending
         return buf
