@@ -264,7 +264,7 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
         return "text prompts need a model with a tokenizer"
     if not facts.has_tokenizer and any(n in TEXT_PARAMS for r in scenario.requests for n, _ in r.params):
-        return "stop strings and bad words need a model with a tokenizer"
+        return "stop strings, bad words and structured outputs need a model with a tokenizer"
     bad = [
         t
         for r in scenario.requests

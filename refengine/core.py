@@ -75,6 +75,7 @@ class EngineCore:
         self._records: list[StepRecord] = []  # not yet shown to the observers
         self.fault: BaseException | None = None  # set when a fault could not be recovered from
         self.num_recovered_faults = 0
+        self._grammars = None  # structured outputs: this engine's GrammarCompiler, built on first use
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, request_id: str, prompt_token_ids, params: SamplingParams) -> list[int]:
@@ -99,6 +100,7 @@ class EngineCore:
                 f"request {request_id!r}: stop_token_ids {bad_stops[0]} is not an id in [0, {vocab})"
             )
         self.processors(request_id, params)
+        self.compile_grammar(request_id, params)
         max_len = self.config.scheduler.max_model_len
         if len(ids) >= max_len:
             raise EngineError(f"request {request_id!r}: prompt of {len(ids)} tokens leaves no room under "
@@ -113,11 +115,36 @@ class EngineCore:
         except ValueError as exc:
             raise EngineError(f"request {request_id!r}: {exc}") from None
 
+    def compile_grammar(self, request_id: str, params: SamplingParams):
+        """The request's compiled grammar (None without structured outputs), from this engine's cache;
+        EngineError names the request and what xgrammar refused."""
+        so = params.structured_outputs
+        if so is None:
+            return None
+        if self.tokenizer is None:
+            raise EngineError(f"request {request_id!r}: structured_outputs needs a tokenizer; this "
+                              f"checkpoint has none")
+        if self._grammars is None:
+            from refengine.grammar import GrammarCompiler
+
+            m = self.model_config
+            self._grammars = GrammarCompiler(self.tokenizer, m.vocab_size, m.eos_token_ids)
+        try:
+            return self._grammars.compile(so)
+        except ValueError as exc:
+            raise EngineError(f"request {request_id!r}: {exc}") from None
+
+    def grammar_state(self, req: Request, tokens=()):
+        """A fresh matcher of ``req``'s grammar advanced by ``tokens`` (None without structured outputs)."""
+        return None if req.compiled_grammar is None else self._grammars.state(req.compiled_grammar, tokens)
+
     def add_request(self, request_id: str, prompt_token_ids, params: SamplingParams) -> Request:
         ids = self.validate(request_id, prompt_token_ids, params)
         req = self.request_type(request_id, ids, params, self._arrivals)
         req.processors = self.processors(request_id, params)
         req.seed = params.seed if params.seed is not None else draw_seed(self.config.seed, self._arrivals)
+        req.compiled_grammar = self.compile_grammar(request_id, params)
+        req.grammar = self.grammar_state(req)  # the async engine replaces it with its slot's on admission
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -227,7 +254,10 @@ class EngineCore:
         return [self.output(r) for r in ready]
 
     def output(self, req: Request) -> RequestOutput:
-        text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else None
+        ids = req.output_token_ids
+        if req.compiled_grammar is not None and req.finish_reason == "stop" and req.stop_reason is None:
+            ids = ids[:-1]  # the grammar's end token is not its text (vLLM's detokenizer skips a stop token)
+        text = self.tokenizer.decode(ids) if self.tokenizer is not None else None
         if text is not None and req.stop_text_end is not None:
             text = text[: req.stop_text_end]
         return RequestOutput(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),

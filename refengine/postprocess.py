@@ -17,7 +17,8 @@ the outcomes into request state, in this order, for every row:
 
 Drafters, runners and the scheduler read request state; what a step changes is written here.
 Request state the per-request parameters need advances here too, with the kept tokens only (the
-logprobs, the stop-string window; the output tokens are the penalty and bad-word history).
+logprobs, the stop-string window, the structured-outputs matcher; the output tokens are the penalty and
+bad-word history).
 """
 
 from __future__ import annotations
@@ -110,12 +111,17 @@ def postprocess(
             if req.logprobs is not None:
                 values, ids, chosen = o.logprobs[i]
                 req.logprobs.append(logprob_dict(values, ids, token, chosen, req.params.logprobs))
+            if req.grammar is not None and not req.grammar.accept(token):  # kept tokens only advance it
+                raise RuntimeError(f"request {req.request_id!r}: output token {token} at index "
+                                   f"{len(req.output_token_ids) - 1} breaks its structured_outputs grammar")
             stop, end, req.stop_text_checked = core.stop_string(req)
             if stop is not None:  # a stop string ends it whatever the length rule says (as vLLM)
                 req.stop_reason, req.stop_text_end = stop, end
                 reason = "stop"
             else:
                 reason = core.stop_reason(req, token)
+                if req.grammar is not None and req.grammar.terminated:
+                    reason = "stop"  # the grammar is complete (it accepted its end token): before length
                 eos = not req.params.ignore_eos and token in core.model_config.eos_token_ids
                 if reason == "stop" and not eos and token in req.params.stop_token_ids:
                     req.stop_reason = token  # EOS is checked first: a stop id that is EOS leaves None

@@ -27,6 +27,8 @@ class Request:
     stop_reason: int | str | None = None  # the stop id or stop string that finished it (None: EOS, length)
     processors: Processors = NONE  # the params' logits processors as token ids (set at admission)
     seed: int = 0  # the sampling seed: params.seed, or drawn at admission (``sampling.draw_seed``), reported
+    compiled_grammar: object = None  # structured outputs: the engine's compiled grammar (set when added)
+    grammar: object = None  # its GrammarState, advanced by the committed outputs (None while it holds none)
 
     # What the kept tokens advance besides the tokens (``refengine.postprocess``).
     logprobs: list | None = None  # one {id: logprob} per output token when params.logprobs is set

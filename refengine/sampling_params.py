@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from refengine.config import ConfigError, check_bool, check_int
+from refengine.structured_outputs import StructuredOutputsParams
 
 SAMPLING_EPS = 1e-5  # a temperature below this is greedy decoding (vLLM's _SAMPLING_EPS)
 
@@ -50,6 +51,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-n raw logprobs per output token (the chosen token always included)
     prompt_logprobs: int | None = None  # top-n raw logprobs per prompt token (the prompt token included)
+    # the output held to a JSON schema, regex, choice or grammar (``refengine.structured_outputs``; a dict
+    # of its fields is taken too)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, 1))
@@ -80,6 +84,7 @@ class SamplingParams:
         check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         check_int("logprobs", self.logprobs, 0, optional=True)
         check_int("prompt_logprobs", self.prompt_logprobs, 0, optional=True)
+        object.__setattr__(self, "structured_outputs", StructuredOutputsParams.of(self.structured_outputs))
 
     @property
     def samples(self) -> bool:

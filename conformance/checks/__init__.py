@@ -36,6 +36,7 @@ from conformance.checks.registry import (
 )
 from conformance.checks.sanity import check_degenerate_run, check_output_records
 from conformance.checks.statistics import check_sampler_frequencies, check_spec_distribution
+from conformance.checks.structured import check_structured_outputs
 from conformance.checks.triggers import CACHE_TRIGGERS, TRIGGERS, check_triggers
 
 
@@ -86,6 +87,7 @@ __all__ = [
     "check_spec_lossless",
     "check_state_slots",
     "check_stop_semantics",
+    "check_structured_outputs",
     "check_tokens",
     "check_triggers",
     "declaration",

@@ -205,7 +205,7 @@ def _stop_fault(spec, got: RequestTrace, max_len: int | None) -> str | None:
                 return f"stop_reason {reason!r} is none of its stop_token_ids {list(spec.stop_token_ids)}"
             if not tokens or tokens[-1] != reason:
                 return f"stop_reason {reason} is not its last token ({tokens[-1:]})"
-        elif spec.ignore_eos:
+        elif spec.ignore_eos and not p.get("structured_outputs"):  # a grammar's end stops whatever it says
             return "finished 'stop' on EOS with ignore_eos (stop_reason None)"
     elif got.finish_reason != "abort":
         return f"finish_reason {got.finish_reason!r} is none of 'stop', 'length'"

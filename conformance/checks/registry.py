@@ -52,6 +52,7 @@ REPORT_ORDER = (
     "params-change-output",
     "sampler-frequencies",
     "spec-distribution",
+    "structured-outputs",
     "workload-triggers",
 )
 

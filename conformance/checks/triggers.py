@@ -18,6 +18,7 @@ from conformance.checks.param_triggers import PARAM_CACHE_TRIGGERS, PARAM_TRIGGE
 from conformance.checks.prefix_cache import Timeline, bounds, no_eviction_before, tokens_of
 from conformance.checks.registry import CheckInputs, check
 from conformance.checks.sampling_triggers import SAMPLING_TRIGGERS
+from conformance.checks.structured_triggers import STRUCTURED_TRIGGERS
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
 from conformance.workloads import Scenario
@@ -369,6 +370,7 @@ TRIGGERS: Mapping[str, tuple[str, Callable[[Scenario, Trace], bool]]] = MappingP
         ),
         **PARAM_TRIGGERS,  # the request-parameter scenarios' (conformance/checks/param_triggers.py)
         **SAMPLING_TRIGGERS,  # the sampled scenarios' (conformance/checks/sampling_triggers.py)
+        **STRUCTURED_TRIGGERS,  # the structured-outputs scenarios' (checks/structured_triggers.py)
     }
 )
 # Judged on the reference engine's run with the scenario's prefix caching.

@@ -841,8 +841,10 @@ MUTANTS += MAMBA2_MUTANTS
 
 # Requests that carry state (issue 34), in a module of their own too.
 from conformance.mutants.params import params_mutants
+from conformance.mutants.structured import structured_mutants
 
 MUTANTS += params_mutants(Mutant)
+MUTANTS += structured_mutants(Mutant)
 
 # Seeded sampling and rejection sampling (issue 37).
 from conformance.mutants.sampling import sampling_mutants

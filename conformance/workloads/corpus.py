@@ -12,6 +12,7 @@ from conformance.workloads.files import regression_defs
 from conformance.workloads.param_corpus import param_defs
 from conformance.workloads.sampling_corpus import sampling_defs
 from conformance.workloads.scenario import TIERS, EngineSettings, RequestSpec, ScenarioDef
+from conformance.workloads.structured_corpus import structured_defs
 
 NIGHTLY = ("nightly",)  # scenarios too slow for the default tier
 
@@ -686,6 +687,7 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         _cached_preemption(3),
         *param_defs(),  # requests that carry state (conformance/workloads/param_corpus.py)
         *sampling_defs(),  # seeded sampling and rejection sampling (conformance/workloads/sampling_corpus.py)
+        *structured_defs(),  # structured outputs (conformance/workloads/structured_corpus.py)
         *regression_defs(),  # shrunk generated workloads that once failed (conformance/workloads/regressions)
     ]
     ids = [d.id for d in defs]

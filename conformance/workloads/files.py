@@ -44,6 +44,7 @@ from conformance.workloads.scenario import (
     Scenario,
     ScenarioDef,
     freeze_params,
+    sampling_value,
 )
 
 FORMAT = "conformance-scenario/1"
@@ -73,6 +74,7 @@ def scenario_to_dict(scenario: Scenario, vocab_size: int, origin: dict | None = 
 def _params_to_json(r: RequestSpec) -> dict:
     """A request's parameters as JSON: lists, and ``logit_bias`` an object keyed by id."""
     return {name: ({str(t): b for t, b in value} if name == "logit_bias" else
+                   json.loads(value) if name == "structured_outputs" else
                    list(value) if isinstance(value, tuple) else value) for name, value in r.params}
 
 
@@ -216,7 +218,7 @@ def _params_problem(params, vocab: int | None, max_tokens: int) -> str | None:
         return f"token id {bad[0]!r} is outside [0, {vocab}) (the file's vocab_size)"
     try:
         frozen = freeze_params(params)
-        SamplingParams(max_tokens=max_tokens, **{k: dict(v) if k == "logit_bias" else v for k, v in frozen})
+        SamplingParams(max_tokens=max_tokens, **{k: sampling_value(k, v) for k, v in frozen})
     except (ConfigError, ValueError, TypeError) as e:
         return str(e)
     return None

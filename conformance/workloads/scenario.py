@@ -9,6 +9,7 @@ worker. Nothing here draws unseeded randomness.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -24,7 +25,8 @@ MAMBA_CACHE_MODES = ("align", "all")
 # refengine/sampling_params.py); stored on a RequestSpec as sorted (name, value) pairs, lists as tuples.
 REQUEST_PARAMS = ("allowed_token_ids", "bad_words", "logit_bias", "min_tokens", "presence_penalty",
                   "frequency_penalty", "repetition_penalty", "stop", "include_stop_str_in_output",
-                  "logprobs", "prompt_logprobs", "temperature", "top_k", "top_p", "min_p", "seed")
+                  "logprobs", "prompt_logprobs", "temperature", "top_k", "top_p", "min_p", "seed",
+                  "structured_outputs")
 # The ones that change no token: a request with only these is unrestricted (a seed only matters with a
 # temperature).
 OUTPUT_NEUTRAL_PARAMS = frozenset({"logprobs", "prompt_logprobs", "include_stop_str_in_output", "seed"})
@@ -32,7 +34,32 @@ OUTPUT_NEUTRAL_PARAMS = frozenset({"logprobs", "prompt_logprobs", "include_stop_
 # only (the nightly statistical checks), not token for token.
 SAMPLING_PARAMS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed"})
 # The ones that need the model's tokenizer (text).
-TEXT_PARAMS = frozenset({"bad_words", "stop"})
+TEXT_PARAMS = frozenset({"bad_words", "stop", "structured_outputs"})
+
+
+def _frozen_structured(value) -> str:
+    """``structured_outputs`` (a dict of StructuredOutputsParams fields, or its JSON text) as canonical JSON
+    text: hashable, and the same whichever form it came in."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structured_outputs: not a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"structured_outputs must be an object of StructuredOutputsParams fields, got "  # noqa: TRY004
+                         f"{value!r}")
+    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in value.items() if v is not None},
+                      sort_keys=True)
+
+
+def sampling_value(name: str, value):
+    """A frozen parameter as SamplingParams takes it (``logit_bias`` a dict, ``structured_outputs`` a dict
+    of its fields)."""
+    if name == "logit_bias":
+        return dict(value)
+    if name == "structured_outputs":
+        return json.loads(value)
+    return value
 
 
 def freeze_params(params) -> tuple[tuple[str, object], ...]:
@@ -50,6 +77,8 @@ def freeze_params(params) -> tuple[tuple[str, object], ...]:
         if name == "logit_bias":
             pairs = value.items() if isinstance(value, dict) else value
             value = tuple(sorted((int(t), float(b)) for t, b in pairs))
+        elif name == "structured_outputs":
+            value = _frozen_structured(value)
         elif isinstance(value, list | tuple):
             value = tuple(value)
         out.append((name, value))
@@ -165,7 +194,7 @@ class RequestSpec:
     @property
     def sampling(self) -> dict:
         """``params`` as SamplingParams keyword arguments (``logit_bias`` a dict again)."""
-        return {name: dict(value) if name == "logit_bias" else value for name, value in self.params}
+        return {name: sampling_value(name, value) for name, value in self.params}
 
     @property
     def samples(self) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from refengine.async_engine.batch import PersistentBatch
+from refengine.async_engine.grammar import GrammarSlots
 from refengine.async_engine.graphs import GraphDispatcher
 from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.optimistic import AsyncRequest, forget, scheduled_num_tokens, settle
@@ -112,18 +113,22 @@ class AsyncEngine(Engine):
                                   recurrent_prefill_chunked=c.recurrent_prefill_chunked,
                                   vocab_size=model_config.vocab_size, check_inputs=hazard_check,
                                   sink_checkpoint=sink_checkpoint,
-                                  num_checkpoint_columns=c.num_checkpoint_columns if caching else 0)
+                                  num_checkpoint_columns=c.num_checkpoint_columns if caching else 0,
+                                  max_rows=max(self.graphs.request_sizes + [c.scheduler.max_num_seqs]))
         self.stats = AsyncStats()
+        self.grammars = GrammarSlots(self.core, c.scheduler.max_num_seqs, k, model_config.vocab_size,
+                                     self.stream)
         self.planner = StepPlanner(
             slots=self.slots, batch=self.batch, graphs=self.graphs, state=self.state, stream=self.stream,
             prefix=self.prefix, proposer=proposer, stats=self.stats, num_speculative_tokens=k,
-            observed=lambda: bool(self.core.observers))
+            observed=lambda: bool(self.core.observers), grammars=self.grammars)
         self._inflight: StepFuture | None = None
 
     def _on_release(self, req: AsyncRequest) -> None:
         # Safe while a step that uses these resources is in flight: device work runs in order, so
         # a new owner's writes land after it.
         self.batch.remove(req)
+        self.grammars.release(req)
         if req.idx >= 0:
             self.slots.free(req.idx)
             req.idx = -1
@@ -141,6 +146,8 @@ class AsyncEngine(Engine):
             future = self.runner.enqueue(self.planner.plan(sched)) if sched.rows else None
             previous, self._inflight = self._inflight, future
             finished = self.process(previous) if previous is not None else []
+            if future is not None and future.event is None:  # run in parts: the grammars are now current
+                self.runner.complete(future, self.grammars.bitmask(future.plan))
             if future is not None and not scheduler.has_unfinished():
                 # Only work for requests that have finished is left in flight: settle it now.
                 self._inflight = None
@@ -174,6 +181,7 @@ class AsyncEngine(Engine):
         """Commit a finished step's tokens through the core; the requests it finished are returned."""
         plan = fut.plan
         tokens, drafted = fut.result()  # drafted: the device's draft count per row (the host scheduled K)
+        self.grammars.note_drafts(plan, fut)
         self.stats.steps += 1
         discarded = {i for i, row in enumerate(plan.rows) if row.request.is_finished}
         cache = self.core.scheduler.prefix

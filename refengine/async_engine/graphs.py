@@ -50,12 +50,15 @@ class StepShape:
     # request samples (temperature > 0).
     processors: bool = False
     logprobs: bool = False
-    sampling: bool = False
+    sampling: bool = False  # a row samples (a temperature): the seeded sampler runs in the step
+    # a row's request has structured outputs: the program runs in two parts (``AsyncRunner.forward``, then
+    # ``finish`` once the host built the step's grammar bitmask), two graphs in a FULL step
+    grammar: bool = False
 
     @property
-    def graph_key(self) -> tuple[int, bool, bool, bool]:
+    def graph_key(self) -> tuple[int, bool, bool, bool, bool]:
         """The captured program a FULL step replays: its padded request count and what it computes."""
-        return self.num_reqs_padded, self.processors, self.logprobs, self.sampling
+        return self.num_reqs_padded, self.processors, self.logprobs, self.sampling, self.grammar
 
 
 class GraphDispatcher:
@@ -116,12 +119,19 @@ class StepGraphs:
         static[n:] = inert
         return static
 
-    def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program):
+    def run(self, shape: StepShape, static: torch.Tensor, inert: torch.Tensor, program, part: int = 0,
+            then=None):
+        """``part``: which part of a program run in parts this is (each its own graph); ``then(outputs)``:
+        the next part's program over this part's outputs, captured with this one (on the padding table, the
+        outputs holding what padding left, so no graph ever replays twice for one step)."""
         if shape.mode is not GraphMode.FULL or self.device.type != "cuda":
             return program()
-        entry = self._graphs.get(shape.graph_key)
+        key = (*shape.graph_key, part)
+        entry = self._graphs.get(key)
         if entry is None:
-            entry = self._graphs[shape.graph_key] = self._capture(static, inert, program)
+            entry = self._graphs[key] = self._capture(static, inert, program)
+            if then is not None:
+                self._graphs[(*shape.graph_key, part + 1)] = self._capture(static, inert, then(entry[1]))
         graph, outputs = entry
         graph.replay()
         return outputs

@@ -51,6 +51,7 @@ class StepPlan:
     prompt_logprobs: list = field(default_factory=list)
     prompt_positions: torch.Tensor | None = None
     prompt_targets: torch.Tensor | None = None
+    slots_idx: list[int] = field(default_factory=list)  # per row: its request slot when planned
 
 
 
@@ -70,9 +71,9 @@ class StepPlanner:
 
     def __init__(self, *, slots: RequestSlots, batch: PersistentBatch, graphs: GraphDispatcher,
                  state: DeviceState, stream: Stream, prefix, proposer, stats, num_speculative_tokens: int,
-                 observed: Callable[[], bool]):
+                 observed: Callable[[], bool], grammars=None):
         """``prefix``: the ``AsyncPrefixCache`` or None; ``proposer``: the drafter's device proposer or None;
-        ``observed``: whether observers want the step's payload."""
+        ``observed``: whether observers want the step's payload; ``grammars``: the ``GrammarSlots``."""
         self.slots = slots
         self.batch = batch
         self.graphs = graphs
@@ -83,6 +84,7 @@ class StepPlanner:
         self.stats = stats
         self.num_speculative_tokens = num_speculative_tokens
         self.observed = observed
+        self.grammars = grammars
         self.num_plans = 0
 
     def place(self, sched: SchedulerOutput) -> tuple[list[ScheduledRow], int, list[AsyncRequest]]:
@@ -95,6 +97,8 @@ class StepPlanner:
         for req in admitted:
             req.idx = self.slots.allocate()
             self.batch.add(req)
+            if self.grammars is not None:
+                self.grammars.admit(req)
         moves = self.batch.num_moves
         self.batch.condense()
         self.batch.reorder()
@@ -116,7 +120,8 @@ class StepPlanner:
         # the program processes logits and computes logprob tables only for steps whose rows need them
         shape = replace(shape, processors=any(r.request.processors.active for r in rows),
                         logprobs=any(r.request.params.logprobs is not None for r in rows),
-                        sampling=any(r.request.params.samples for r in rows))
+                        sampling=any(r.request.params.samples for r in rows),
+                        grammar=any(r.request.compiled_grammar is not None for r in rows))
         # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
         prefix_rows = self.prefix.stage(self.num_plans, rows) if self.prefix is not None else []
         width = self.prefix.num_columns if self.prefix is not None else 0
@@ -155,6 +160,7 @@ class StepPlanner:
             prefix_rows=prefix_rows,
             logprobs=shape.logprobs,
         )
+        plan.slots_idx = [r.request.idx for r in rows]
         self._prompt_logprobs(plan)
         self.num_plans += 1
         for row in rows:

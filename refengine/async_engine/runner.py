@@ -8,9 +8,11 @@ by request count (``Np`` rows; padding rows have request slot -1 and run zero to
                 checkpoint into its s_0), one copy, land in the persistent state (outside the program)
     prepare     input ids, positions and slot mappings on the device; padded attention/recurrent metadata
     run         the model
-    verify      the requests' logits processors (``processing.py``: each verify position sees the drafts
-                before it as decoded), then verification of every row's last 1 + drafts tokens (greedy,
-                or ``refengine.sampling``'s seeded rejection sampling in a step with a sampling row)
+    verify      the structured-outputs bitmask the host built for the step (``grammar.py``: a position's
+                row is the grammar's after the drafts before it), the requests' logits processors
+                (``processing.py``: each verify position sees the drafts before it as decoded), then
+                verification of every row's last 1 + drafts tokens (greedy, or ``refengine.sampling``'s
+                seeded rejection sampling in a step with a sampling row)
                 against the drafts the device holds (a decode row runs 1+K tokens; its drafter may have
                 proposed fewer, and only those are compared); rows that do not sample (prompt chunks,
                 padding) are flagged and keep nothing
@@ -25,6 +27,13 @@ The program reads the row table, the persistent state and the step's padded shap
 a FULL graph's key fixes), and nothing back to the host, so a FULL step captures it once per padded
 size and replays it; other steps run it eagerly. Then the kept tokens are copied back (the one sync
 the host waits on), with how many drafts each row verified.
+
+A step with structured-outputs rows runs the program in two parts, as vLLM splits execute_model and
+sample_tokens: ``forward`` (prepare, run) is enqueued with the plan; ``finish`` (verify onwards) once the
+host has processed the step before, advanced the grammars by its kept tokens and built this step's
+bitmask from the drafts that step proposed (copied back with its tokens): ``complete`` copies the bitmask
+into a static device buffer and enqueues ``finish``. The host waits on nothing it did not wait on before;
+the device runs the forward meanwhile. In a FULL step each part is its own graph.
 """
 
 from __future__ import annotations
@@ -42,9 +51,10 @@ from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.planner import StepPlan
 from refengine.async_engine.processing import logprob_tables
 from refengine.async_engine.state import DeviceState
-from refengine.async_engine.stream import Event, Stream
+from refengine.async_engine.stream import Event, HostBuffer, Stream
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
+from refengine.grammar import apply_bitmask
 from refengine.logits_process import MAX_LOGPROBS, raw_logprobs, top_logprobs
 from refengine.prefix_cache import geometry
 
@@ -141,6 +151,11 @@ class StepFuture:
     sampled: torch.Tensor  # [n, K+1] host, kept tokens then -1
     num_valid: torch.Tensor  # [n] host
     num_drafts: torch.Tensor  # [n] host, drafts each row verified (the device's count)
+    # structured outputs with speculation: the drafts each row proposed for its next step [n, K] and how many
+    # [n] (host copies; the host builds the next step's grammar bitmask from them), else None
+    next_drafts: torch.Tensor | None = None
+    next_num_drafts: torch.Tensor | None = None
+    staged: tuple | None = None  # a step run in parts: (padded row table, forward's outputs), device timeline
     payload: StepPayload | None = None  # observer data, filled on the device timeline when recording
     logprobs: tuple | None = None  # host copies of ``Verified.logprobs`` [:n] when the plan asks for them
     # host copies of the plan's prompt logprobs: top values [P, N], top ids [P, N], the target's [P]
@@ -178,9 +193,10 @@ class AsyncRunner:
     def __init__(self, model, caches, state: DeviceState, stream: Stream, builder: MetadataBuilder, proposer,
                  *, block_size: int, num_speculative_tokens: int, recurrent_prefill_chunked: bool,
                  vocab_size: int, check_inputs: bool = False, sink_checkpoint: int | None = None,
-                 num_checkpoint_columns: int = 0):
+                 num_checkpoint_columns: int = 0, max_rows: int = 0):
         """``sink_checkpoint``: with prefix caching, the state slot that unwanted checkpoint copies go to;
-        ``num_checkpoint_columns`` (P): the boundaries one row's step can reach."""
+        ``num_checkpoint_columns`` (P): the boundaries one row's step can reach; ``max_rows``: the most
+        padded rows of a step (the grammar bitmask's rows)."""
         self.model = model
         self.caches = caches
         self.state = state
@@ -202,6 +218,9 @@ class AsyncRunner:
         # [block_size, P] the column holding a verify row's p-th boundary, by its start % block_size
         self.checkpoint_columns = torch.tensor(geometry.column_table(block_size, num_checkpoint_columns),
                                                dtype=torch.int64, device=self.device).reshape(block_size, -1)
+        # [R, K+1, W] int32 the step's grammar bitmask (padded row, position, 32 ids a word), static for FULL
+        self.grammar_mask = torch.full((max_rows, num_speculative_tokens + 1, (vocab_size + 31) // 32), -1,
+                                       dtype=torch.int32, device=self.device)
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
         n, k = plan.shape.num_reqs, self.num_speculative_tokens
@@ -228,16 +247,54 @@ class AsyncRunner:
             fut.prompt_logprobs = (torch.zeros(p, top, pin_memory=pin),
                                    torch.zeros(p, top, dtype=torch.int64, pin_memory=pin),
                                    torch.zeros(p, pin_memory=pin))
+        if plan.shape.grammar:
+            if k:
+                fut.next_drafts = torch.zeros(n, k, dtype=torch.int64, pin_memory=pin)
+                fut.next_num_drafts = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
+            self.stream.submit(lambda: self._forward(plan, table, fut))  # ``complete`` enqueues the rest
+            return fut
         self.stream.submit(lambda: self._execute(plan, table, fut))
         fut.event = self.stream.record_event()
         return fut
 
+    def complete(self, fut: StepFuture, bitmask: HostBuffer) -> None:
+        """Enqueue the rest of a step run in parts, with its grammar ``bitmask`` [Np, K+1, W] (host)."""
+        n_pad = fut.plan.shape.num_reqs_padded
+        self.stream.copy(self.grammar_mask[:n_pad], bitmask.tensor, host=bitmask)
+        self.stream.submit(lambda: self._finish(fut.plan, fut))
+        fut.event = self.stream.record_event()
+
+    def _forward(self, plan: StepPlan, table: torch.Tensor, fut: StepFuture) -> None:
+        """Device timeline, first part: staging and the model; ``finish`` reads what it leaves."""
+        shape = plan.shape
+        self.stage(plan)
+        padded = self.graphs.pad(shape, table, self._inert)
+        rows = StepRows.view(padded)
+
+        def finish_over(staged):  # a FULL graph's second part, captured with the first
+            return lambda: self.finish(shape, rows, *staged)
+
+        fut.staged = (padded, self.graphs.run(shape, padded, self._inert, lambda: self.forward(shape, rows),
+                                              part=1, then=finish_over))
+
+    def _finish(self, plan: StepPlan, fut: StepFuture) -> None:
+        shape, (padded, (step, hidden)) = plan.shape, fut.staged
+        fut.staged = None
+        out = self.graphs.run(shape, padded, self._inert,
+                              lambda: self.finish(shape, StepRows.view(padded), step, hidden), part=2)
+        self._outputs(plan, padded, fut, out)
+
     def _execute(self, plan: StepPlan, table: torch.Tensor, fut: StepFuture) -> None:
         """Device timeline: ``table`` [n, F] is the step's row table, copied from the host."""
-        shape, n = plan.shape, plan.shape.num_reqs
+        shape = plan.shape
         self.stage(plan)
         padded = self.graphs.pad(shape, table, self._inert)
         out = self.graphs.run(shape, padded, self._inert, lambda: self.program(shape, StepRows.view(padded)))
+        self._outputs(plan, padded, fut, out)
+
+    def _outputs(self, plan: StepPlan, padded: torch.Tensor, fut: StepFuture, out: StepOutputs) -> None:
+        """Device timeline: the step's results copied back to the host (asynchronously)."""
+        shape, n = plan.shape, plan.shape.num_reqs
         if self.check_inputs and out.drafts is not None and out.drafts.first_pass_ids is not None:
             t = shape.num_tokens
             fut.drafter_ids = (to_host(out.drafts.first_pass_ids[:t]), to_host(out.step.qsl[: n + 1]),
@@ -246,6 +303,9 @@ class AsyncRunner:
         fut.sampled.copy_(out.verified.sampled[:n], non_blocking=True)
         fut.num_valid.copy_(out.verified.num_valid[:n], non_blocking=True)
         fut.num_drafts.copy_(out.step.num_drafts[:n], non_blocking=True)
+        if fut.next_drafts is not None:
+            fut.next_drafts.copy_(out.next_drafts[:n], non_blocking=True)
+            fut.next_num_drafts.copy_(out.next_num_drafts[:n], non_blocking=True)
         if fut.logprobs is not None:
             for host, dev in zip(fut.logprobs, out.verified.logprobs):
                 host.copy_(dev[:n], non_blocking=True)
@@ -259,8 +319,17 @@ class AsyncRunner:
     def program(self, shape: StepShape, rows: StepRows) -> StepOutputs:
         """The whole step over ``rows`` [Np]: reads only them, the persistent state and ``shape``'s padded
         sizes."""
+        return self.finish(shape, rows, *self.forward(shape, rows))
+
+    def forward(self, shape: StepShape, rows: StepRows) -> tuple[PreparedStep, torch.Tensor]:
+        """The program's first part: inputs prepared on the device and the model run (hidden [Tp, H])."""
         step = self.prepare(shape, rows, self.state.num_computed)
-        hidden = self.run(step)
+        return step, self.run(step)
+
+    def finish(self, shape: StepShape, rows: StepRows, step: PreparedStep,
+               hidden: torch.Tensor) -> StepOutputs:
+        """The program's second part: verification (the grammar bitmask applied), commit, checkpoints and
+        drafts."""
         verified = self.verify(shape, rows, step, hidden)
         self.commit(rows, verified)
         if shape.processors:  # the processors' output counts advance by the kept tokens (no request reads
@@ -351,18 +420,21 @@ class AsyncRunner:
         offsets = torch.arange(m, device=dev) - torch.repeat_interleave(cu[:-1], counts, output_size=m)
         logit_idx = torch.repeat_interleave(starts, counts, output_size=m) + offsets
         logits = self.model.compute_logits(hidden[logit_idx])
-        processed = logits
+        # [M] the padded row of each logits row
+        row = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts, output_size=m)
+        masked = logits
+        if shape.grammar:  # the bitmask rows the host built: padded row, then position in its window
+            masked = apply_bitmask(logits, self.grammar_mask[row, offsets])
+        processed = masked
         if shape.processors:  # a step none of whose rows has processors verifies the raw logits
             st = self.state
-            # [M] the padded row of each logits row
-            row = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts, output_size=m)
             slot, idx = rows.idx[row], rows.idx.long()
             num_outputs = (st.num_tokens[idx] - st.num_prompt[idx]).long()  # [Np]
             lp = st.processors.bad_prefix.shape[2]
             at = st.num_tokens[idx].long()[:, None] - lp + torch.arange(lp, device=dev)[None, :]
             at = at.clamp(min=0)
             tail = st.token_ids[idx[:, None], at]  # [Np, L-1] the last committed tokens
-            processed = st.processors.apply(logits, slot.long(), row, offsets, num_outputs[row],
+            processed = st.processors.apply(masked, slot.long(), row, offsets, num_outputs[row],
                                             step.prev_drafts, tail)
         if shape.sampling:  # seeded rejection sampling for rows with a temperature; greedy rows stay argmax
             first = step.start + rows.query_len - counts + 1  # [Np] the position column 0 chooses a token for

@@ -15,6 +15,7 @@ import kernels
 from refengine.cache import ModelCaches
 from refengine.drafters import Drafter, HostDraftContext, Proposal
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentGroup, RecurrentMetadata
+from refengine.grammar import apply_bitmask
 from refengine.logits_process import process, prompt_logprob_span, raw_logprobs, top_logprobs
 from refengine.outputs import RowRecord, logits_digest
 from refengine.sampling import RowParams
@@ -196,9 +197,10 @@ class ReferenceRunner:
     def _verify(self, rows: list[ScheduledRow], query_start: list[int], hidden,
                 digests: list | None, logprobs: list) -> list[list[int] | None]:
         """Verification of each sampling row's last committed token and drafts, on the logits each
-        position's processors left (``logits_process.process``, position j seeing drafts 0..j-1 as
-        decoded): greedy, or seeded rejection sampling for requests with a temperature (``sampling``);
-        ``logprobs`` gets the raw logprobs of every kept token of rows that ask for them."""
+        position's grammar mask (``grammar.window_bitmask``) and processors left
+        (``logits_process.process``), position j seeing drafts 0..j-1 as decoded: greedy, or seeded
+        rejection sampling for requests with a temperature (``sampling``); ``logprobs`` gets the raw
+        logprobs of every kept token of rows that ask for them."""
         sampling = [i for i, r in enumerate(rows) if r.samples]
         out: list[list[int] | None] = [None] * len(rows)
         if not sampling:
@@ -214,15 +216,23 @@ class ReferenceRunner:
             num_drafts.append(len(row.draft_token_ids))
         dev = self.device
         logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=dev)])
-        processed = logits
+        masked = logits  # the grammar's masks first (vLLM applies the bitmask before its sampler)
+        for j, i in enumerate(sampling):
+            req, drafts_i = rows[i].request, rows[i].draft_token_ids
+            if req.grammar is not None:  # position p: the grammar after drafts 0..p-1 (rolled back after)
+                if masked is logits:
+                    masked = logits.clone()
+                bitmask = req.grammar.window_bitmask(drafts_i).to(dev)
+                masked[cu[j]: cu[j + 1]] = apply_bitmask(logits[cu[j]: cu[j + 1]], bitmask)
+        processed = masked
         for j, i in enumerate(sampling):
             req, drafts_i = rows[i].request, rows[i].draft_token_ids
             if not req.processors.active:
                 continue
-            if processed is logits:
-                processed = logits.clone()
+            if processed is logits or processed is masked:
+                processed = masked.clone()
             for pos in range(len(drafts_i) + 1):  # as if the drafts before it had been decoded
-                processed[cu[j] + pos] = process(logits[cu[j] + pos], req.processors, req.prompt_token_ids,
+                processed[cu[j] + pos] = process(masked[cu[j] + pos], req.processors, req.prompt_token_ids,
                                                  req.output_token_ids + drafts_i[:pos])
         verify_args = (
             processed,

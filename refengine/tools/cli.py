@@ -107,6 +107,13 @@ def add_request_flags(g) -> None:
                    help="print the top-N raw logprobs of each output token (the chosen one always)")
     r.add_argument("--prompt-logprobs", type=int_at_least(0), default=None, metavar="N",
                    help="print the top-N raw logprobs of each prompt token after the first (it always)")
+    s = r.add_mutually_exclusive_group()  # structured outputs: one constraint (needs the tokenizer)
+    s.add_argument("--json-schema", default=None, metavar="JSON",
+                   help="hold the output to this JSON schema (structured_outputs.json)")
+    s.add_argument("--regex", default=None, help="hold the output to this regular expression")
+    s.add_argument("--choice", action="append", default=None, metavar="TEXT",
+                   help="the output is one of these strings (repeatable)")
+    s.add_argument("--grammar", default=None, metavar="EBNF", help="hold the output to this EBNF grammar")
 
 
 def request_params(args) -> dict:
@@ -119,7 +126,14 @@ def request_params(args) -> dict:
         "include_stop_str_in_output": args.include_stop_str_in_output, "logprobs": args.logprobs,
         "prompt_logprobs": args.prompt_logprobs, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "min_p": args.min_p, "seed": args.request_seed,
+        "structured_outputs": _structured_outputs(args),
     }
+
+
+def _structured_outputs(args) -> dict | None:
+    given = {"json": args.json_schema, "regex": args.regex, "choice": args.choice, "grammar": args.grammar}
+    given = {k: v for k, v in given.items() if v is not None}
+    return given or None
 
 
 def build_parser() -> argparse.ArgumentParser:

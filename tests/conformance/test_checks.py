@@ -13,7 +13,8 @@ from conformance.workloads import get_def
 SCENARIO = "short-prompts-mixed-k3"  # new short prompts next to running decodes, K=3 verify steps
 CACHING_ONLY = {"cache-lossless", "restored-state", "cache-floor"}  # n/a without prefix caching
 # n/a for requests without parameters (the statistical ones: without groups of seeded sampled requests)
-PARAMS_ONLY = {"logprobs", "params-change-output", "sampler-frequencies", "spec-distribution"}
+PARAMS_ONLY = {"logprobs", "params-change-output", "sampler-frequencies", "spec-distribution",
+               "structured-outputs"}
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from refengine.config import GraphMode
 from tests.helpers.fake_cuda import FakeCuda
 from tests.helpers.fake_engines import (
     FAMILY_CHECKPOINTS,
+    GRAMMAR_PARAMS,
     REQUEST_PARAMS,
     RESTORES,
     SETTINGS,
@@ -90,6 +91,8 @@ def test_async_steps_on_fake_cuda(family, mode, k, drafter, variant, tmp_path_fa
         run = record(family, mode, k, drafter, variant, tmp_path_factory)
     steps, kinds = covering(run.snaps, k, drafter)
     want = expected_kinds(mode, k, drafter, variant)
+    if (family, mode, k, drafter, variant) == DEFAULT:  # structured outputs: the default model's tokenizer
+        want |= {"grammar", "full grammar"}
     assert kinds >= want, f"the workload lacks {want - kinds}"
     if drafter == "ngram" and FAMILY_CHECKPOINTS[family] is None:  # random weights rarely repeat a 5-gram
         counts = run.draft_counts()
@@ -191,3 +194,18 @@ def test_reference_steps_on_fake_cuda(family, variant, tmp_path_factory):
     if variant == "chunked":
         want |= {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}
     assert want <= launched, f"not launched: {want - launched}"
+
+
+@pytest.mark.slow
+def test_structured_outputs_steps_on_fake_cuda_eager():
+    """Steps with grammar rows, run in two parts (the forward, the host's bitmask copied into its static
+    buffer, then the rest) in an eager run (the default run above has them eager and FULL)."""
+    run = record_async(WAVES[1:2], max_tokens=6, graph_mode="none", num_speculative_tokens=3,
+                       grammar_params=GRAMMAR_PARAMS, **SETTINGS)
+    steps, kinds = covering(run.snaps, 3, "mtp")
+    assert kinds >= {"grammar", "prefill", "admission"}, kinds
+    assert any(not s.shape.grammar for s in run.snaps), "steps without grammar rows too"
+    fc = FakeCuda()
+    twin = AsyncTwin(fc, run.llm.engine)
+    for snap in steps:
+        twin.step(snap)

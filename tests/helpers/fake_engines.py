@@ -102,6 +102,9 @@ def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
 REQUEST_PARAMS = {"logit_bias": {7: 2.0}, "min_tokens": 2, "repetition_penalty": 1.2,
                   "frequency_penalty": 0.3, "presence_penalty": 0.1, "allowed_token_ids": list(range(32)),
                   "logprobs": 2, "temperature": 0.9, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "seed": 7}
+# Structured outputs on some of the others where the model has a tokenizer (the embedded default model): its
+# steps run in two parts, the host's grammar bitmask copied in between
+GRAMMAR_PARAMS = {"structured_outputs": {"regex": "[a-z ]{1,40}"}}
 
 
 def step_kinds(snap, k: int, drafter: str) -> set[str]:
@@ -136,6 +139,8 @@ def step_kinds(snap, k: int, drafter: str) -> set[str]:
         out.add("logprobs")
     if shape.sampling:
         out.add("full sampling" if shape.mode is GraphMode.FULL else "sampling")
+    if shape.grammar:
+        out.add("full grammar" if shape.mode is GraphMode.FULL else "grammar")
     return out
 
 
@@ -194,11 +199,12 @@ class AsyncRun:
 
 
 def record_async(prompts: list, *, max_tokens: int = 8, request_params: dict | None = None,
-                 **settings) -> AsyncRun:
+                 grammar_params: dict | None = None, **settings) -> AsyncRun:
     """A real async run on the CPU, every step's plan recorded. ``prompts``: one list of prompts per wave
     (each wave a ``generate`` call, so a later wave can hit what an earlier one published);
     ``request_params``: SamplingParams fields every other prompt of a wave carries (logits processors,
-    logprobs, sampling), so steps with and without them are recorded."""
+    logprobs, sampling), so steps with and without them are recorded; ``grammar_params``: the fields
+    (structured outputs) every fourth prompt carries, from the third, instead of none."""
     records: list = []
     llm = LLM(engine="async", observer=records.append, **settings)
     runner, snaps = llm.engine.runner, []
@@ -209,10 +215,24 @@ def record_async(prompts: list, *, max_tokens: int = 8, request_params: dict | N
         return enqueue(plan)
 
     runner.enqueue = record
+    complete = runner.complete
+
+    def record_bitmask(fut, bitmask):
+        next(s for s in reversed(snaps) if s.index == fut.plan.index).bitmask = bitmask.tensor.clone()
+        return complete(fut, bitmask)
+
+    runner.complete = record_bitmask
     plain = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     carrying = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(request_params or {}))
+    constrained = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(grammar_params or {}))
+
+    def params(i: int) -> SamplingParams:
+        if i % 2:
+            return carrying if request_params else plain
+        return constrained if i % 4 == 2 and grammar_params else plain
+
     for wave in prompts:
-        llm.generate(wave, [carrying if i % 2 and request_params else plain for i in range(len(wave))])
+        llm.generate(wave, [params(i) for i in range(len(wave))])
     return AsyncRun(llm, snaps, settings.get("num_speculative_tokens", 0), settings.get("drafter", "mtp"),
                     records)
 
@@ -266,13 +286,25 @@ class AsyncTwin:
             out = self.runner.program(snap.shape, StepRows.view(padded))
         return out, watch.cpu_ops
 
+    def parts(self, snap, padded: torch.Tensor) -> tuple[StepOutputs, list[str]]:
+        """A structured-outputs step as the engine runs it: ``forward``, the grammar bitmask copied into its
+        static buffer (the host built it, [Np, K+1, W]), then ``finish``."""
+        runner, rows = self.runner, StepRows.view(padded)
+        with self.fc.watching() as watch:
+            staged = runner.forward(snap.shape, rows)
+            n_pad = snap.shape.num_reqs_padded
+            runner.grammar_mask[:n_pad].copy_(self.fc.host(snap.bitmask), non_blocking=True)
+            out = runner.finish(snap.shape, rows, *staged)
+        return out, watch.cpu_ops
+
     def step(self, snap) -> StepOutputs:
         """Stage and run one recorded step; raises on a host read, a device mismatch or a bad launch,
         asserts no CPU tensor was created."""
         with self.fc:
             cpu = self.stage(snap)
             assert not cpu, f"staging created tensors on the CPU: {cpu}"
-            out, cpu = self.program(snap, self.table(snap))
+            run = self.parts if snap.shape.grammar else self.program
+            out, cpu = run(snap, self.table(snap))
             assert not cpu, f"the step program created tensors on the CPU: {cpu}"
             n_pad = snap.shape.num_reqs_padded
             assert out.verified.sampled.shape == (n_pad, self.runner.num_speculative_tokens + 1)

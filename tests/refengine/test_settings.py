@@ -96,6 +96,7 @@ BAD = [
     (SamplingParams, "logprobs", -1),
     (SamplingParams, "prompt_logprobs", -1),
     (SamplingParams, "prompt_logprobs", 1.5),
+    (SamplingParams, "structured_outputs", "[a-c]+"),
     (SamplingParams, "stop_token_ids", [True]),
     (SamplingParams, "temperature", -0.7),
     (SamplingParams, "temperature", "0"),
