@@ -223,12 +223,23 @@ class AsyncRunner:
                                        dtype=torch.int32, device=self.device)
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
-        n, k = plan.shape.num_reqs, self.num_speculative_tokens
+        n = plan.shape.num_reqs
         width = StepRows.width(self.num_checkpoint_columns)
         table = torch.empty(n, width, dtype=torch.int64, device=self.device)
         self.stream.copy(table, plan.inputs.tensor[:n], host=plan.inputs)
-        # The step's results land in pinned host memory on CUDA: a copy into pageable memory would block the
-        # host until the step is done, the wait asynchronous scheduling exists to avoid.
+        fut = self.new_future(plan)
+        if plan.shape.grammar:
+            self.stream.submit(lambda: self._forward(plan, table, fut))  # ``complete`` enqueues the rest
+            return fut
+        self.stream.submit(lambda: self._execute(plan, table, fut))
+        fut.event = self.stream.record_event()
+        return fut
+
+    def new_future(self, plan: StepPlan) -> StepFuture:
+        """The host tensors a step's results are copied into. On CUDA they are pinned: a copy into pageable
+        memory would block the host until the step is done, the wait asynchronous scheduling exists to
+        avoid (tests/fakecuda/test_host_copies.py holds every copy back to the host to that)."""
+        n, k = plan.shape.num_reqs, self.num_speculative_tokens
         pin = self.device.type == "cuda"
         fut = StepFuture(
             plan,
@@ -247,14 +258,9 @@ class AsyncRunner:
             fut.prompt_logprobs = (torch.zeros(p, top, pin_memory=pin),
                                    torch.zeros(p, top, dtype=torch.int64, pin_memory=pin),
                                    torch.zeros(p, pin_memory=pin))
-        if plan.shape.grammar:
-            if k:
-                fut.next_drafts = torch.zeros(n, k, dtype=torch.int64, pin_memory=pin)
-                fut.next_num_drafts = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
-            self.stream.submit(lambda: self._forward(plan, table, fut))  # ``complete`` enqueues the rest
-            return fut
-        self.stream.submit(lambda: self._execute(plan, table, fut))
-        fut.event = self.stream.record_event()
+        if plan.shape.grammar and k:  # the drafts the host builds the next step's bitmask from
+            fut.next_drafts = torch.zeros(n, k, dtype=torch.int64, pin_memory=pin)
+            fut.next_num_drafts = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
         return fut
 
     def complete(self, fut: StepFuture, bitmask: HostBuffer) -> None:
