@@ -31,20 +31,30 @@ class Span:
     what: str  # the argument, for the report: shape and dtype
 
 
-def _interpreter():
+def unavailable() -> str | None:
+    """Why this Triton's interpreter cannot be bounds checked (the internals it lacks), or None."""
+    import triton
     import triton.runtime.interpreter as interp
 
     builder = getattr(interp, "interpreter_builder", None)
-    needed = (("GridExecutor._init_args_hst", interp.GridExecutor, "_init_args_hst"),
+    needed = (("GridExecutor._init_args_hst", getattr(interp, "GridExecutor", None), "_init_args_hst"),
               ("interpreter_builder.create_masked_load", builder, "create_masked_load"),
-              ("interpreter_builder.create_masked_store", builder, "create_masked_store"))
+              ("interpreter_builder.create_masked_store", builder, "create_masked_store"),
+              ("_get_np_dtype", interp, "_get_np_dtype"))
     missing = [name for name, owner, attr in needed if not hasattr(owner, attr)]
     if missing:
-        import triton
+        return f"the bounds check needs the Triton interpreter's {', '.join(missing)}, which triton " \
+               f"{triton.__version__} lacks"
+    return None
 
-        raise RuntimeError(f"the bounds check needs the Triton interpreter's {', '.join(missing)}, which "
-                           f"triton {triton.__version__} lacks")
-    return interp, builder
+
+def _interpreter():
+    import triton.runtime.interpreter as interp
+
+    reason = unavailable()
+    if reason is not None:
+        raise RuntimeError(reason)
+    return interp, interp.interpreter_builder
 
 
 @contextmanager

@@ -11,6 +11,14 @@ pytestmark = [requires_triton, pytest.mark.skipif(torch.cuda.is_available(),
                                                   reason="compiled kernels: a GPU memory checker's job")]
 
 
+def test_this_tritons_interpreter_can_be_bounds_checked():
+    """Every kernel test runs under the check where it can (tests/kernels/conftest.py); a Triton whose
+    interpreter moved the internals it wraps fails here, once, instead of silently unchecked."""
+    from kernels._bounds import unavailable
+
+    assert unavailable() is None, unavailable()
+
+
 def _copy_kernel():
     import triton
     import triton.language as tl
