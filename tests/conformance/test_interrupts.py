@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.conformance.test_plugin import REPO
+from tests.conformance.test_plugin import OUTER_RUN_SETTINGS, REPO
 
 BUSY = "tests.conformance.gate_engines:busy"
 HEADED = ("run", "fuzz", "mutate")  # the commands that print a header before their work
@@ -28,7 +28,7 @@ HEADED = ("run", "fuzz", "mutate")  # the commands that print a header before th
 
 def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for key in ("CONFORMANCE_ENGINE", "CONFORMANCE_MODEL", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER"):
+    for key in OUTER_RUN_SETTINGS:
         env.pop(key, None)
     return env
 

@@ -21,13 +21,18 @@ REPO = Path(__file__).resolve().parents[2]
 CORRUPT = "tests.conformance.corrupt_engine:factory"
 
 
+# What the outer test run sets that a user's own suite run would not see (popped for the suite's runs
+# started by tests, in this process or a child).
+OUTER_RUN_SETTINGS = ("CONFORMANCE_ENGINE", "CONFORMANCE_MODEL", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER",
+                      "PYTEST_XDIST_WORKER_COUNT")
+
+
 def run_suite(pytester, *args: str) -> subprocess.CompletedProcess:
     """``pytest --pyargs conformance.suite ARGS`` as a user runs it, in this process (pytester: a fresh
     config and plugin manager, the outer run's modules and environment restored after), without the
     interpreter start and imports a child process pays; the exit status and output as a child's."""
     env = dict(os.environ)
-    for key in ("CONFORMANCE_ENGINE", "CONFORMANCE_MODEL", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER",
-                "PYTEST_XDIST_WORKER_COUNT"):  # a user's shell has none of the outer run's settings
+    for key in OUTER_RUN_SETTINGS:  # a user's shell has none of the outer run's settings
         os.environ.pop(key, None)
     try:
         result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-rxXf",

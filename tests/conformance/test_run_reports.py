@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.conformance.test_cli import CORRUPT, run_cli
-from tests.conformance.test_plugin import REPO
+from tests.conformance.test_plugin import OUTER_RUN_SETTINGS, REPO
 
 DECLINING = "tests.conformance.gate_engines:declining"
 BROKEN = "tests.conformance.broken_factory:factory"
@@ -80,7 +80,7 @@ def test_an_unusable_engine_or_checkpoint_writes_both_reports(what, tmp_path, ca
 
 def _pytest(cwd, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for key in ("CONFORMANCE_ENGINE", "CONFORMANCE_MODEL", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER"):
+    for key in OUTER_RUN_SETTINGS:
         env.pop(key, None)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
                            "conformance.suite", *args], cwd=cwd, env=env, capture_output=True, text=True,
