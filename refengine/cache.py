@@ -1,6 +1,7 @@
 """Cache tensors for one engine, allocated from what each layer's mixer declares.
 
-``kv``: paged keys and values per attention layer (and the drafter's layer, key ``"mtp"``): the
+``kv``: paged keys and values per attention layer (and the drafter's layer, key ``"mtp"``, or the caches a
+drafter declares of its own, string keys, ``refengine.drafters.base.drafter_cache_specs``): the
 pool's ``num_kv_blocks`` blocks, then one sink block (``sink_block``) that no request is ever given,
 for block-table entries a row does not own (padding rows, unused columns).
 ``states``: per-slot recurrent state per recurrent layer, ``S`` slots each: the per-request slots,
@@ -29,6 +30,7 @@ class ModelCaches:
         dtype: torch.dtype,
         device: torch.device | str,
         drafter_kv: bool,
+        drafter_specs: dict | None = None,  # a drafter's own caches (str keys): drafter_cache_specs
     ):
         self.sink_block = num_kv_blocks  # the block after the pool's blocks
         self.num_speculative_tokens = num_speculative_tokens  # K: columns the conv window is widened by
@@ -36,7 +38,12 @@ class ModelCaches:
         self.states: dict = {}  # layer idx -> state tensors, each [S, ...] (GDN: conv [S, C, W-1+K],
         #                         ssm fp32)
         self.checkpoint_kinds: dict = {}  # layer idx -> WINDOW | SLOT per state tensor (its declaration)
-        for key, spec in cache_specs(cfg, num_speculative_tokens, drafter_kv).items():
+        specs = cache_specs(cfg, num_speculative_tokens, drafter_kv)
+        for key in drafter_specs or {}:
+            if key in specs or not isinstance(key, str):
+                raise ValueError(f"drafter cache {key!r}: the key must be a string no target cache uses")
+        specs.update(drafter_specs or {})
+        for key, spec in specs.items():
             if isinstance(spec, PagedKV):
                 self.kv[key] = spec.allocate(num_kv_blocks + 1, block_size, dtype, device)
             elif isinstance(spec, RecurrentState):

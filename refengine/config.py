@@ -90,7 +90,8 @@ DTYPE_CHOICES = (
     "auto",
 )  # what LLM(dtype=...) and the commands' --dtype take; auto: the checkpoint's
 # The registered drafters' names (refengine.drafters.DRAFTERS' keys, which a test holds equal).
-DRAFTER_NAMES = ("mtp", "scripted", "ngram")
+DRAFTER_NAMES = ("mtp", "scripted", "ngram", "eagle", "eagle3", "draft_model")
+DRAFT_MODEL_DRAFTERS = ("eagle", "eagle3", "draft_model")  # they read a checkpoint of their own (draft_model)
 ENGINES = ("reference", "async")
 
 
@@ -187,6 +188,8 @@ class SpeculativeConfig:
     # neither is given, the given one when only one is)
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    # drafter="eagle" | "eagle3" | "draft_model": the drafter's checkpoint directory (vLLM's ``model``)
+    draft_model: str | None = None
 
     def __post_init__(self):
         self.num_speculative_tokens = check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
@@ -195,6 +198,15 @@ class SpeculativeConfig:
             callable(getattr(d, m, None)) for m in ("check_model", "host_proposer", "device_proposer"))
         if not is_instance and d not in DRAFTER_NAMES:
             raise ConfigError(f"drafter must be one of {DRAFTER_NAMES} or a Drafter instance, got {d!r}")
+        if self.draft_model is not None and not isinstance(self.draft_model, str | os.PathLike):
+            raise ConfigError(f"draft_model must be a checkpoint directory, got {self.draft_model!r}")
+        if d in DRAFT_MODEL_DRAFTERS and self.draft_model is None and self.num_speculative_tokens > 0:
+            raise ConfigError(f"drafter={d!r} needs draft_model=<its checkpoint directory>")
+        if d not in DRAFT_MODEL_DRAFTERS and self.draft_model is not None:
+            raise ConfigError(f"draft_model={self.draft_model!r}: applies to drafter in "
+                              f"{DRAFT_MODEL_DRAFTERS} only, got drafter={d!r}")
+        if self.draft_model is not None:
+            self.draft_model = os.fspath(self.draft_model)
         lo = check_int("prompt_lookup_min", self.prompt_lookup_min, 1, optional=True)
         hi = check_int("prompt_lookup_max", self.prompt_lookup_max, 1, optional=True)
         if d != "ngram":

@@ -77,3 +77,20 @@ class ForwardContext:
     kv_caches: dict = field(default_factory=dict)  # idx -> (k_cache, v_cache) [blocks, block_size, Hkv, D]
     states: dict = field(default_factory=dict)  # idx -> the mixer's state tensors, each [S, ...]
     recurrent_prefill_chunked: bool = False  # prefill group: chunked kernels (True) or the recurrent form
+    # Auxiliary hidden states (EAGLE-3's input): the layer ids i whose input (the residual stream after i
+    # layers, vLLM's ``hidden + residual``) the model appends to ``aux_hidden``, in the order of
+    # ``aux_layers`` (each [T, H]); empty: the model captures nothing. A model calls ``capture_aux``.
+    aux_layers: tuple[int, ...] = ()
+    aux_hidden: list = field(default_factory=list)  # [T, H] per id of ``aux_layers``, once the model ran
+
+    def capture_aux(self, layer: int, x: torch.Tensor) -> None:
+        """A model calls it before decoder layer ``layer`` with the residual stream ``x`` [T, H] entering."""
+        if layer in self.aux_layers:
+            self.aux_hidden.append(x)
+
+    def aux_hidden_states(self) -> torch.Tensor:
+        """[T, n*H] the captured states concatenated in ``aux_layers`` order (ids sorted by the drafter)."""
+        if len(self.aux_hidden) != len(self.aux_layers):
+            raise ValueError(f"aux hidden states: captured {len(self.aux_hidden)} of layers "
+                             f"{self.aux_layers} (an id at or past the model's layer count?)")
+        return torch.cat(self.aux_hidden, dim=-1)

@@ -37,7 +37,7 @@ from refengine.async_engine.stream import DeviceWorkError, Stream
 from refengine.cache import ModelCaches
 from refengine.config import EngineConfig, torch_dtype
 from refengine.core import EngineCore
-from refengine.drafters import DeviceDraftContext, make_drafter
+from refengine.drafters import DeviceDraftContext, drafter_cache_specs, make_drafter
 from refengine.engine import Engine
 from refengine.outputs import StepRecord
 from refengine.postprocess import RowOutcome, postprocess
@@ -94,7 +94,8 @@ class AsyncEngine(Engine):
         self.prefix = AsyncPrefixCache(self.core.scheduler.prefix, c.num_checkpoint_columns,
                                        sink_checkpoint) if caching else None
         self.caches = ModelCaches(model_config, c.num_kv_blocks, c.cache.block_size, num_slots, k,
-                                  torch_dtype(c.dtype), c.device, drafter_kv=drafter_kv)
+                                  torch_dtype(c.dtype), c.device, drafter_kv=drafter_kv,
+                                  drafter_specs=drafter_cache_specs(self.drafter, model_config, k))
         device = self.stream.device
         self.state = DeviceState(c.scheduler.max_num_seqs, c.scheduler.max_model_len + 2 * k + 1,
                                  c.blocks_per_request, k, self.caches.sink_block, device,

@@ -14,6 +14,7 @@ from refengine.drafters.base import (
     DraftInputs,
     HostDraftContext,
     Proposal,
+    drafter_cache_specs,
 )
 from refengine.drafters.mtp import MTPDrafter
 from refengine.drafters.ngram import NgramDrafter
@@ -47,4 +48,5 @@ def make_drafter(spec, vocab_size: int, max_model_len: int) -> Drafter | None:
 
 
 __all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "Drafter", "DrafterInputError",
-           "HostDraftContext", "MTPDrafter", "NgramDrafter", "Proposal", "ScriptedDrafter", "make_drafter"]
+           "HostDraftContext", "MTPDrafter", "NgramDrafter", "Proposal", "ScriptedDrafter",
+           "drafter_cache_specs", "make_drafter"]

@@ -143,6 +143,15 @@ class Drafter(Protocol):
     def device_proposer(self, ctx: DeviceDraftContext) -> DeviceProposer: ...
 
 
+def drafter_cache_specs(drafter, target_cfg, num_speculative_tokens: int) -> dict:
+    """The caches a drafter keeps of its own, beyond the target family's (``"mtp"``): string key ->
+    ``PagedKV`` | ``RecurrentState``, allocated in the engine's ``ModelCaches`` beside the target's (a
+    recurrent state there shares the request's slots s_0..s_K and the prefix cache's checkpoints). A
+    drafter declares them with ``cache_specs(target_cfg, K)``; {} without a drafter or without one."""
+    declare = getattr(drafter, "cache_specs", None)
+    return {} if declare is None else dict(declare(target_cfg, num_speculative_tokens))
+
+
 def attn_shapes(group: str, attn: AttnMetadata) -> dict[str, tuple[int, ...]]:
     """``"group.field" -> shape`` of the per-request attention tensors (for the FULL-graph check)."""
     return {f"{group}.query_start_loc": tuple(attn.query_start_loc.shape),

@@ -178,6 +178,7 @@ class NemotronHModel(nn.Module):
                 ctx: ForwardContext) -> torch.Tensor:  # [T] int64 -> [T, H] post norm_f
         x = self.embeddings(input_ids)
         for i, layer in enumerate(self.layers):
+            ctx.capture_aux(i, x)
             x = layer(x, positions, ctx, i)
         return self.norm_f(x)
 

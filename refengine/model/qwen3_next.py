@@ -59,6 +59,7 @@ class Qwen3NextModel(nn.Module):
     ) -> torch.Tensor:  # input_ids, positions [T] int64 -> [T, H] post final norm
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
+            ctx.capture_aux(i, x)
             x = layer(x, positions, ctx, i)
         return self.norm(x)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from refengine.cache import ModelCaches
 from refengine.config import EngineConfig, torch_dtype
 from refengine.core import EngineCore
-from refengine.drafters import make_drafter
+from refengine.drafters import drafter_cache_specs, make_drafter
 from refengine.engine import Engine
 from refengine.outputs import StepRecord
 from refengine.postprocess import RowOutcome, postprocess
@@ -39,7 +39,8 @@ class ReferenceEngine(Engine):
         self.core = EngineCore(config, model_config, tokenizer, drafter_kv_cache=self.drafter_kv)
         self.caches = ModelCaches(model_config, config.num_kv_blocks, config.cache.block_size,
                                   config.num_state_slots + config.num_state_checkpoints, k,
-                                  torch_dtype(config.dtype), config.device, drafter_kv=self.drafter_kv)
+                                  torch_dtype(config.dtype), config.device, drafter_kv=self.drafter_kv,
+                                  drafter_specs=drafter_cache_specs(self.drafter, model_config, k))
         self.runner = ReferenceRunner(model, self.caches, block_size=config.cache.block_size,
                                       num_speculative_tokens=k, drafter=self.drafter,
                                       recurrent_prefill_chunked=config.recurrent_prefill_chunked,

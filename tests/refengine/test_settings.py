@@ -52,6 +52,8 @@ BAD = [
     (SpeculativeConfig, "prompt_lookup_min", 3),
     (SpeculativeConfig, "prompt_lookup_max", -1),
     (SpeculativeConfig, "prompt_lookup_max", "5"),
+    (SpeculativeConfig, "draft_model", 5),
+    (SpeculativeConfig, "draft_model", "/a/head"),  # with the default drafter, "mtp"
     (EngineConfig, "model", 3),
     (EngineConfig, "engine", "fast"),
     (EngineConfig, "engine", None),
@@ -117,6 +119,7 @@ GOOD = [
     (CacheConfig, {"block_size": 1, "num_kv_blocks": None}), (CacheConfig, {"num_kv_blocks": 4096}),
     (SchedulerConfig, {"max_num_seqs": 1, "max_num_batched_tokens": 1, "max_model_len": 2}),
     (SpeculativeConfig, {"num_speculative_tokens": 3, "drafter": "scripted"}),
+    (SpeculativeConfig, {"num_speculative_tokens": 3, "drafter": "eagle3", "draft_model": "/a/head"}),
     (EngineConfig, {"engine": "async", "graph_mode": "FULL_AND_PIECEWISE", "dtype": "bfloat16", "seed": 7,
                     "device": "cpu", "recurrent_prefill_chunked": True}),
     (EngineConfig, {"engine": "async", "graph_mode": GraphMode.FULL, "model": "/some/where"}),
