@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 import kernels
 from refengine.forward_context import ForwardContext
 from refengine.model.cache_specs import PagedKV
-from refengine.model.config import ModelConfig
 from refengine.model.layers import Linear, PartialRotary, RMSNorm, sigmoid
+
+if TYPE_CHECKING:  # a family's view; importing it at run time would make this shared module a family's
+    from refengine.model.qwen3_next.config import ModelConfig
 
 
 def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext,

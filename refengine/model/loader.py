@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from refengine.model.qwen3_next_weights import (  # noqa: F401 (the Qwen layout helpers' old home)
+from refengine.model.qwen3_next.weights import (  # noqa: F401 (the Qwen layout helpers' old home)
     EXPERT_RE,
     FUSED_EXPERTS,
     GDN_RE,

@@ -26,14 +26,14 @@ import torch
 
 from refengine.model.attention import GatedAttention
 from refengine.model.cache_specs import PagedKV, RecurrentState
-from refengine.model.config import GDN_LAYOUTS, ModelConfig
-from refengine.model.mixers import mixer_class
-from refengine.model.nemotron_h import NemotronHForCausalLM
-from refengine.model.nemotron_h import cache_specs as nemotron_h_cache_specs
-from refengine.model.nemotron_h_config import NemotronHModelConfig
-from refengine.model.nemotron_h_weights import NemotronHWeights
-from refengine.model.qwen3_next import MTP_CACHE_KEY, Qwen3NextForCausalLM
-from refengine.model.qwen3_next_weights import QwenWeights
+from refengine.model.nemotron_h.config import NemotronHModelConfig
+from refengine.model.nemotron_h.model import NemotronHForCausalLM
+from refengine.model.nemotron_h.model import cache_specs as nemotron_h_cache_specs
+from refengine.model.nemotron_h.weights import NemotronHWeights
+from refengine.model.qwen3_next.config import GDN_LAYOUTS, ModelConfig
+from refengine.model.qwen3_next.mixers import mixer_class
+from refengine.model.qwen3_next.model import MTP_CACHE_KEY, Qwen3NextForCausalLM
+from refengine.model.qwen3_next.weights import QwenWeights
 
 CacheSpec = PagedKV | RecurrentState
 

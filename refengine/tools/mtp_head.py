@@ -8,7 +8,7 @@ conformance suite skips its MTP scenarios. This command writes DST: every file o
 ``mtp.safetensors``, a ``model.safetensors.index.json`` mapping every tensor (SRC's weights are not
 rewritten), and the MTP layer count in config.json (``num_nextn_predict_layers`` for Qwen3-Next and
 Nemotron-H, ``mtp_num_hidden_layers`` for Qwen3.5, as vLLM reads them). The Nemotron-H head is made by
-``refengine.tools.nemotron_mtp_head``; the Qwen head here.
+``refengine.model.nemotron_h.mtp_head``; the Qwen head here.
 
 The Qwen head is initialised from the model's own layers, not trained:
 
@@ -34,7 +34,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from refengine.model.config import ModelConfig
 from refengine.model.loader import (
     CONFIG_NAME,
     INDEX_NAME,
@@ -43,8 +42,9 @@ from refengine.model.loader import (
     CheckpointError,
     read_config,
 )
-from refengine.model.nemotron_h_config import NemotronHModelConfig
-from refengine.tools.nemotron_mtp_head import nemotron_head_tensors
+from refengine.model.nemotron_h.config import NemotronHModelConfig
+from refengine.model.nemotron_h.mtp_head import nemotron_head_tensors
+from refengine.model.qwen3_next.config import ModelConfig
 
 HEAD_FILE = "mtp.safetensors"
 MTP_PREFIX = "mtp."

@@ -99,7 +99,7 @@ def _version() -> str:
     """What the written checkpoint depends on: this file, the MTP head maker, transformers' version."""
     import transformers
 
-    import refengine.tools.nemotron_mtp_head as head
+    import refengine.model.nemotron_h.mtp_head as head
 
     digest = hashlib.sha256(transformers.__version__.encode())
     tokenizer = Path(__file__).parents[1] / "data" / "default_model" / "tokenizer.json"

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from refengine.model.config import FULL, LINEAR, ModelConfig
 from refengine.model.loader import merge_ba, merge_qkvz
-from refengine.model.qwen3_next import Qwen3NextForCausalLM
+from refengine.model.qwen3_next.config import FULL, LINEAR, ModelConfig
+from refengine.model.qwen3_next.model import Qwen3NextForCausalLM
 from refengine.tokenizer import write_byte_tokenizer
 from refengine.tools import corpus
 from refengine.tools import training as tr

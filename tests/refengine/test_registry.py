@@ -18,9 +18,9 @@ import refengine
 from refengine import LLM, SamplingParams
 from refengine.model import CheckpointError, load_model, registry
 from refengine.model.layers import Linear
-from refengine.model.mamba2 import Mamba2Mixer
-from refengine.model.nemotron_h import Attention
-from refengine.model.nemotron_h_config import NemotronHModelConfig
+from refengine.model.nemotron_h.config import NemotronHModelConfig
+from refengine.model.nemotron_h.mamba2 import Mamba2Mixer
+from refengine.model.nemotron_h.model import Attention
 from tests.helpers.driver import greedy_generate
 
 ROOT = Path(refengine.__file__).parent
@@ -86,11 +86,11 @@ def test_engines_scheduler_and_caches_name_no_family_or_mixer():
 def test_the_scan_finds_a_family_name():
     """The check above has teeth: the cache allocation as it once was (asking the Qwen mixers and the
     Qwen MTP key directly) is refused."""
-    old = ("from refengine.model.mixers import mixer_class\n"
-           "from refengine.model.qwen3_next import MTP_CACHE_KEY\n"
+    old = ("from refengine.model.qwen3_next.mixers import mixer_class\n"
+           "from refengine.model.qwen3_next.model import MTP_CACHE_KEY\n"
            "spec = mixer_class(cfg.layer_types[0])\n")
     found = violations(old)
-    assert any("imports refengine.model.mixers" in v for v in found)
+    assert any("imports refengine.model.qwen3_next.mixers" in v for v in found)
     assert any("'layer_types'" in v for v in found) and any("'mtp_cache_key'" in v for v in found)
 
 

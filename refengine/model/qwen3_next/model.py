@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
-from refengine.model.config import FULL, ModelConfig
 from refengine.model.layers import Linear, RMSNorm
-from refengine.model.mixers import mixer_class
-from refengine.model.moe import make_mlp
+from refengine.model.qwen3_next.config import FULL, ModelConfig
+from refengine.model.qwen3_next.mixers import mixer_class
+from refengine.model.qwen3_next.moe import make_mlp
 
 MTP_CACHE_KEY = "mtp"  # key of the MTP layer's KV cache in ForwardContext.kv_caches
 

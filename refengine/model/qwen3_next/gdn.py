@@ -8,8 +8,8 @@ from torch import nn
 import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
-from refengine.model.config import ModelConfig
 from refengine.model.layers import GatedRMSNorm, Linear, sigmoid, softplus
+from refengine.model.qwen3_next.config import ModelConfig
 
 
 class CausalConv1d(nn.Module):

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import kernels
-from refengine.model.config import ModelConfig
 from refengine.model.layers import MLP, Linear, sigmoid
+from refengine.model.qwen3_next.config import ModelConfig
 
 
 class Router(nn.Module):

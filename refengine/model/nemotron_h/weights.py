@@ -19,8 +19,8 @@ import re
 import torch
 from torch import nn
 
-from refengine.model.nemotron_h import NemotronHMTPHead
-from refengine.model.nemotron_h_config import NemotronHModelConfig
+from refengine.model.nemotron_h.config import NemotronHModelConfig
+from refengine.model.nemotron_h.model import NemotronHMTPHead
 from refengine.model.weights_check import CheckpointError
 
 DISK_PREFIX = "backbone."

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from refengine.model.nemotron_h_config import NemotronHModelConfig
-from refengine.model.nemotron_h_weights import NemotronHWeights, mtp_head_shapes
+from refengine.model.nemotron_h.config import NemotronHModelConfig
+from refengine.model.nemotron_h.weights import NemotronHWeights, mtp_head_shapes
 from refengine.model.weights_check import CheckpointError
 
 SEED = 0  # of the weights made for a block kind the model lacks

@@ -15,7 +15,7 @@ import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
 from refengine.model.layers import Linear, softplus
-from refengine.model.nemotron_h_config import NemotronHModelConfig
+from refengine.model.nemotron_h.config import NemotronHModelConfig
 
 
 class Conv1d(nn.Module):

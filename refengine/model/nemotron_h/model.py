@@ -20,8 +20,8 @@ from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMet
 from refengine.model.attention import paged_attend
 from refengine.model.cache_specs import PagedKV
 from refengine.model.layers import Linear, RMSNorm
-from refengine.model.mamba2 import Mamba2Mixer
-from refengine.model.nemotron_h_config import ATTENTION, MAMBA, MLP, MOE, NemotronHModelConfig
+from refengine.model.nemotron_h.config import ATTENTION, MAMBA, MLP, MOE, NemotronHModelConfig
+from refengine.model.nemotron_h.mamba2 import Mamba2Mixer
 
 MTP_CACHE_KEY = "mtp"  # key of the MTP step's KV cache in ForwardContext.kv_caches (as for Qwen3-Next)
 

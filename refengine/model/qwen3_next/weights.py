@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from refengine.model.config import FULL, LINEAR, ModelConfig, layer_types_given
+from refengine.model.qwen3_next.config import FULL, LINEAR, ModelConfig, layer_types_given
 
 WRAPPER_PREFIX = "model.language_model."  # Qwen3.5 multimodal wrapper
 IGNORED_PREFIXES = ("model.visual.", "visual.")

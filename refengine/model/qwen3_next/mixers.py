@@ -15,8 +15,8 @@ with its class, and one entry in ``MIXERS``; a recurrent mixer reuses ``Recurren
 from __future__ import annotations
 
 from refengine.model.attention import GatedAttention
-from refengine.model.config import FULL, LINEAR
-from refengine.model.gdn import GatedDeltaNet
+from refengine.model.qwen3_next.config import FULL, LINEAR
+from refengine.model.qwen3_next.gdn import GatedDeltaNet
 
 MIXERS: dict[str, type] = {
     LINEAR: GatedDeltaNet,

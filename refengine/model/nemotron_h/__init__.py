@@ -1,0 +1,1 @@
+"""The Nemotron-H family."""

@@ -1,0 +1,1 @@
+"""The Qwen3-Next / Qwen3.5 family."""
