@@ -61,6 +61,8 @@ class Selection:
     mamba_cache_mode: str | None = None  # with it: "align" | "all" (None: each scenario's own, else align)
     step_timeout: float | None = DEFAULT_STEP_TIMEOUT  # seconds one engine call may take before it fails
     allow_unexercised: bool = False  # a trigger a scenario misses is a warning, not a failure
+    drafter: str | None = None  # every speculating scenario with this drafter (None: each its own)
+    draft_model: str | None = None  # with drafter "draft_model": its checkpoint folder or "cut:<layers>"
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -97,6 +99,8 @@ class Selection:
             self.mamba_cache_mode,
             self.step_timeout,
             self.allow_unexercised,
+            drafter=self.drafter,
+            draft_model=self.draft_model,
         )
 
     def expectations(self) -> Expectations:

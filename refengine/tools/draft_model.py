@@ -1,7 +1,7 @@
 """``refengine make-draft-model SRC DST --layers N``: a draft model cut from a checkpoint.
 
 DST keeps SRC's embedding, final norm and lm_head, and the decoder layers named by ``--layers`` (the
-first N, or a comma list of indices such as ``0,3``), renumbered from 0; the MTP head is dropped. The
+first N, a comma list of indices such as ``0,3``, or ``all``), renumbered from 0; the MTP head is dropped. The
 result is a checkpoint of SRC's family with SRC's vocabulary, so it drafts for SRC with
 ``drafter="draft_model"`` (``SpeculativeConfig(draft_model=DST)``) and its drafts are the continuation of a
 shallower copy of the target: acceptance is meaningful without training. config.json's layer count and
@@ -11,9 +11,12 @@ follow the kept layers. Tokenizer and other files are copied as they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from safetensors import safe_open
@@ -27,7 +30,10 @@ MTP_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 
 
 def parse_layers(text: str, num_layers: int) -> list[int]:
-    """``"N"`` -> the first N layers; ``"i,j,..."`` -> those (ascending, distinct, each < num_layers)."""
+    """``"N"`` -> the first N layers; ``"i,j,..."`` -> those (ascending, distinct, each < num_layers);
+    ``"all"`` -> every layer (the target itself as its drafter: every draft is accepted)."""
+    if text == "all":
+        return list(range(num_layers))
     try:
         if "," not in text:
             n = int(text)
@@ -99,3 +105,32 @@ def make_draft_model(src: str | Path, dst: str | Path, layers: str | int | list[
     save_file(tensors, str(dst / SINGLE_NAME))
     (dst / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     return dst
+
+
+CUT_PREFIX = "cut:"  # a draft model named by the layers it keeps of the target ("cut:0,3", "cut:2")
+
+
+def cut_draft_model(src: str | Path, layers: str) -> str:
+    """The folder of ``src`` cut to ``layers`` (``make_draft_model``), written once per source and
+    layers under the temporary directory (a source's files' sizes and times name it) and reused."""
+    src = Path(src).resolve()
+    stamp = hashlib.blake2b(digest_size=8)
+    for path in sorted(src.iterdir()):
+        if path.is_file():
+            st = path.stat()
+            stamp.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    stamp.update(f"{src}|{layers}".encode())
+    root = Path(tempfile.gettempdir()) / f"refengine-draft-{stamp.hexdigest()}-uid{os.getuid()}"
+    if (root / CONFIG_NAME).is_file():
+        return str(root)
+    work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
+    try:
+        make_draft_model(src, work / "out", layers)
+        try:
+            os.rename(work / "out", root)
+        except OSError:  # another process finished first: use its copy
+            if not (root / CONFIG_NAME).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return str(root)
