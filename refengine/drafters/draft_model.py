@@ -290,12 +290,23 @@ class DraftModelDeviceProposer:
         real = d.idx >= 0
         slots = torch.where(real[:, None], st.state_slots[d.idx].long(), 0)  # [Np, K+1]
         column = torch.where(d.is_decode & live, d.kept - 1, torch.zeros_like(d.kept)).clamp(0, k)  # [Np]
-        scratch = scratch_slots(self.caches.states, slots[:, 0], live) if self.caches.states else slots[:, 0]
+        live_slot = slots.gather(1, column[:, None])[:, 0]  # [Np] s_column: after the last kept token
+        scratch = self.chain_slots(slots[:, 0], live_slot, live) if self.caches.states else slots[:, 0]
         if self.caches.states:
-            self.caches.to_scratch(slots[:, 0], column, slots.gather(1, column[:, None])[:, 0], scratch)
-        base = st.num_computed[d.idx].long()  # committed after this step's post-update: the bonus's position
+            self.caches.to_scratch(slots[:, 0], column, live_slot, scratch)
+        base = self.chain_base(d)
         first = torch.where(live, st.last_sampled[d.idx], torch.zeros_like(st.last_sampled[d.idx]))
         table = st.block_table[d.idx]
         drafts, chain_fed, shapes = run_chain(model, self.caches, first, live, base, scratch, table,
                                               st.sink_block, ctx.block_size, k, chunked)
         return DraftOutputs(drafts, d.input_ids, chain_fed, {**attn_shapes("drafter", d.attn), **shapes})
+
+    def chain_slots(self, slot0: torch.Tensor, live_slot: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """[Np] int64 the slot each row's chain runs in: its scratch slot, never ``live_slot`` (the state
+        the next verify reads) nor any other of s_0..s_K (``slot0`` [Np] its s_0; ``live`` [Np] bool)."""
+        return scratch_slots(self.caches.states, slot0, live)
+
+    def chain_base(self, d: DraftInputs) -> torch.Tensor:
+        """[Np] int64 the position of each row's first chained token: the committed count after this step's
+        post-update (the bonus token's position)."""
+        return self.ctx.state.num_computed[d.idx].long()
