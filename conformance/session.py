@@ -79,6 +79,9 @@ class Selection:
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"a mamba cache mode ({self.mamba_cache_mode}) needs prefix caching enabled "
                              "(--enable-prefix-caching)")
+        if (self.drafter == "draft_model") != (self.draft_model is not None):
+            raise ValueError(f"--draft-model goes with --drafter draft_model, and it needs one (got "
+                             f"--drafter {self.drafter}, --draft-model {self.draft_model})")
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
