@@ -37,9 +37,10 @@ def _draft_model(k: int, cut: str, name: str, text: str, triggers: tuple[str, ..
 
 def draft_model_defs() -> list[ScenarioDef]:
     return [
-        _draft_model(3, "cut:0,3", "", "with prefix caching on ('all'): drafts are rejected and accepted "
-                     "by turns", ("reject-all", "prefix-hit"), enable_prefix_caching=True,
-                     mamba_cache_mode="all"),
+        _draft_model(3, "cut:0,3", "", "with prefix caching on ('all'; a budget of 8 chunks the prompts, "
+                     "so 'align' hits too): drafts are rejected and accepted by turns",
+                     ("reject-all", "prefix-hit"), enable_prefix_caching=True, mamba_cache_mode="all",
+                     max_num_batched_tokens=8),
         _draft_model(1, "cut:2", "", "with prefix caching on ('align', prompts chunked by a budget of 6)",
                      ("reject-all", "prefix-hit"), NIGHTLY, enable_prefix_caching=True,
                      max_num_batched_tokens=6),
