@@ -190,15 +190,29 @@ class Case:
     # A trigger a scenario's reference run misses is a warning ("not exercised"), not a failure: on any
     # model, by default, a scenario that did not test what it exists for fails (--allow-unexercised).
     allow_unexercised: bool = False
+    # Every speculating scenario with this drafter instead of its own (``--drafter``; "draft_model" with
+    # ``draft_model``, a folder or "cut:<layers>"): a trigger tuned to the scenario's own drafter that the
+    # reference run then misses is a warning, as with ``allow_unexercised``.
+    drafter: str | None = None
+    draft_model: str | None = None
 
     def __post_init__(self):
         if self.step_timeout is not None and self.step_timeout <= 0:
             raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"mamba_cache_mode={self.mamba_cache_mode!r} needs enable_prefix_caching")
+        if (self.drafter == "draft_model") != (self.draft_model is not None):
+            raise ValueError(f"--draft-model goes with --drafter draft_model, and it needs one (got drafter "
+                             f"{self.drafter!r}, draft model {self.draft_model!r})")
 
     def apply(self, scenario: Scenario) -> Scenario:
-        """``scenario`` as this case runs it: with prefix caching on when the case asks for it."""
+        """``scenario`` as this case runs it: with the case's drafter when it names one, and prefix caching on
+        when the case asks for it."""
+        if self.drafter is not None and scenario.settings.k:
+            draft_model = self.draft_model if self.drafter == "draft_model" else None
+            scenario = replace(scenario, settings=replace(
+                scenario.settings, drafter=self.drafter, pattern="hash", prompt_lookup_min=None,
+                prompt_lookup_max=None, draft_model=draft_model))
         if not self.enable_prefix_caching:
             return scenario
         mode = self.mamba_cache_mode or scenario.settings.mamba_cache_mode
@@ -224,6 +238,10 @@ class Case:
             cmd.append("--enable-prefix-caching")
         if self.mamba_cache_mode is not None:
             cmd += ["--mamba-cache-mode", self.mamba_cache_mode]
+        if self.drafter is not None:
+            cmd += ["--drafter", self.drafter]
+        if self.draft_model is not None:
+            cmd += ["--draft-model", self.draft_model]
         return shlex.join(cmd)
 
     def adapter_for(self, scenario: Scenario) -> EngineAdapter:
@@ -417,7 +435,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         traces.get("plain"),
         case.facts.vocab_size,
         case.adapter.supports("batch_invariant"),
-        not case.allow_unexercised,
+        not (case.allow_unexercised or case.drafter is not None),
         traces.get("cached"),
         traces.get("test-plain"),
         traces.get("bare"),

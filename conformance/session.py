@@ -61,6 +61,8 @@ class Selection:
     mamba_cache_mode: str | None = None  # with it: "align" | "all" (None: each scenario's own, else align)
     step_timeout: float | None = DEFAULT_STEP_TIMEOUT  # seconds one engine call may take before it fails
     allow_unexercised: bool = False  # a trigger a scenario misses is a warning, not a failure
+    drafter: str | None = None  # every speculating scenario with this drafter (None: each its own)
+    draft_model: str | None = None  # with drafter "draft_model": its checkpoint folder or "cut:<layers>"
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -77,6 +79,9 @@ class Selection:
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"a mamba cache mode ({self.mamba_cache_mode}) needs prefix caching enabled "
                              "(--enable-prefix-caching)")
+        if (self.drafter == "draft_model") != (self.draft_model is not None):
+            raise ValueError(f"--draft-model goes with --drafter draft_model, and it needs one (got "
+                             f"--drafter {self.drafter}, --draft-model {self.draft_model})")
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
@@ -97,6 +102,8 @@ class Selection:
             self.mamba_cache_mode,
             self.step_timeout,
             self.allow_unexercised,
+            drafter=self.drafter,
+            draft_model=self.draft_model,
         )
 
     def expectations(self) -> Expectations:

@@ -18,6 +18,7 @@ from refengine.config import (
     SchedulerConfig,
     SpeculativeConfig,
     check_bool,
+    speculative_from_vllm,
 )
 from refengine.core import EngineError, Occupancy
 from refengine.drafters import ScriptedDrafter
@@ -39,10 +40,26 @@ class LLM:
                  enable_prefix_caching: bool = False, mamba_cache_mode: str | None = None,
                  num_state_checkpoints: int | None = None,
                  observer: Callable[[StepRecord], None] | None = None, delay_copies: bool = False,
-                 hazard_check: bool = False, allow_non_finite_weights: bool = False):
+                 hazard_check: bool = False, allow_non_finite_weights: bool = False,
+                 draft_model: str | None = None, speculative_config: dict | None = None):
         """Every setting is checked before anything is loaded: a bad one raises ``ConfigError``
         naming it. ``dtype="auto"`` takes the checkpoint's dtype. ``allow_non_finite_weights`` loads
-        a checkpoint holding NaN/Inf (debugging only)."""
+        a checkpoint holding NaN/Inf (debugging only). ``draft_model``: the drafter's checkpoint
+        (``drafter="draft_model"``). ``speculative_config``: vLLM's dict form (``{"method": "draft_model",
+        "model": PATH, "num_speculative_tokens": K}``), instead of the drafter arguments."""
+        if speculative_config is not None:
+            given = [n for n, v, d in (("num_speculative_tokens", num_speculative_tokens, 0),
+                                       ("drafter", drafter, "mtp"), ("draft_model", draft_model, None),
+                                       ("prompt_lookup_min", prompt_lookup_min, None),
+                                       ("prompt_lookup_max", prompt_lookup_max, None)) if v != d]
+            if given:
+                raise ConfigError(f"speculative_config and {', '.join(given)} both given: pass one form")
+            spec_args = speculative_from_vllm(speculative_config)
+            num_speculative_tokens = spec_args.pop("num_speculative_tokens")
+            drafter = spec_args.pop("drafter")
+            draft_model = spec_args.pop("draft_model", None)
+            prompt_lookup_min = spec_args.pop("prompt_lookup_min", None)
+            prompt_lookup_max = spec_args.pop("prompt_lookup_max", None)
         if observer is not None and not callable(observer):
             raise ConfigError(f"observer must be callable or None, got {observer!r}")
         for name, value in (("delay_copies", delay_copies), ("hazard_check", hazard_check),
@@ -51,6 +68,8 @@ class LLM:
         if model is not None and not isinstance(model, str | os.PathLike):
             raise ConfigError(f"model must be a checkpoint folder path or None, got {model!r}")
         path = resolve_model_path(model) if model is not None else default_model_path()
+        if isinstance(draft_model, str | os.PathLike):
+            draft_model = resolve_model_path(draft_model)
         positions = read_config(Path(path)).max_position_embeddings
         if dtype == "auto":
             dtype = resolve_dtype(dtype, path)  # the checkpoint's own dtype
@@ -79,6 +98,7 @@ class LLM:
                 drafter=drafter,
                 prompt_lookup_min=prompt_lookup_min,
                 prompt_lookup_max=prompt_lookup_max,
+                draft_model=draft_model,
             ),
         )
         if self.config.scheduler.max_model_len > positions:

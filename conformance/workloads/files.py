@@ -127,6 +127,7 @@ SETTINGS_RULES: dict[str, Rule] = {
     "pattern": Rule("choice", choices=SCRIPTED_PATTERNS),
     "prompt_lookup_min": Rule("int", minimum=1, nullable=True),
     "prompt_lookup_max": Rule("int", minimum=1, nullable=True),
+    "draft_model": Rule("str", nullable=True, nonempty=True),
     "max_num_seqs": Rule("int", minimum=1),
     "max_num_batched_tokens": Rule("int", minimum=1),
     "block_size": Rule("int", minimum=1),

@@ -16,6 +16,7 @@ from refengine.drafters.base import (
     Proposal,
     drafter_cache_specs,
 )
+from refengine.drafters.draft_model import DraftModelDrafter
 from refengine.drafters.mtp import MTPDrafter
 from refengine.drafters.ngram import NgramDrafter
 from refengine.drafters.scripted import PATTERNS, ScriptedDrafter
@@ -26,6 +27,8 @@ DRAFTERS = {
     "scripted": lambda spec, vocab, max_len: ScriptedDrafter(spec.num_speculative_tokens, vocab),
     "ngram": lambda spec, vocab, max_len: NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min,
                                                        spec.prompt_lookup_max, max_len),
+    "draft_model": lambda spec, vocab, max_len: DraftModelDrafter(spec.num_speculative_tokens,
+                                                                  spec.draft_model, vocab),
 }
 
 
@@ -47,6 +50,7 @@ def make_drafter(spec, vocab_size: int, max_model_len: int) -> Drafter | None:
     return drafter
 
 
-__all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "Drafter", "DrafterInputError",
+__all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "DraftModelDrafter", "Drafter",
+           "DrafterInputError",
            "HostDraftContext", "MTPDrafter", "NgramDrafter", "Proposal", "ScriptedDrafter",
            "drafter_cache_specs", "make_drafter"]
