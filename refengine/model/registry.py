@@ -102,7 +102,9 @@ NEMOTRON_H = ModelFamily(
     layer_pattern=lambda cfg: list(cfg.pattern),
     cache_specs=_nemotron_h_cache_specs,
 )
-FAMILIES: tuple[ModelFamily, ...] = (QWEN3_NEXT, NEMOTRON_H)
+from refengine.model.llama import FAMILY as LLAMA  # below ModelFamily: the package builds it
+
+FAMILIES: tuple[ModelFamily, ...] = (QWEN3_NEXT, NEMOTRON_H, LLAMA)
 
 
 def supported_model_types() -> list[str]:
