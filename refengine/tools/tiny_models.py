@@ -1,6 +1,7 @@
 """Tiny checkpoints of the other registered families, made on first use, so every command that takes a
 model runs every family without a download: ``--model tiny:nemotron_h`` (``refengine generate / report /
-bench``, every ``conformance`` command, ``LLM("tiny:nemotron_h")``, and a mutant that declares that model).
+bench``, every ``conformance`` command, ``LLM("tiny:nemotron_h")``, and a mutant that declares that model),
+``tiny:llama`` and ``tiny:qwen3``.
 
 ``tiny:nemotron_h`` is a Nemotron-H of every block kind (Mamba2, attention, MLP, MoE; pattern
 ``M*ME``) written by transformers' own ``save_pretrained`` from seeded, stressed random weights (so
@@ -32,6 +33,23 @@ NEMOTRON_H_CONFIG = {
     "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
     "max_position_embeddings": 1024, "eos_token_id": 2, "tie_word_embeddings": False,
     "layers_block_type": ["mamba", "attention", "mamba", "moe"],
+}
+# Dense attention (the llama family): 8 layers, so EAGLE-3's default auxiliary layers (2, L/2, L-3) exist;
+# Llama-3.1's RoPE scaling with its original context shrunk to 64 tokens, so short prompts reach the scaled
+# and the smoothed frequency bands
+LLAMA_CONFIG = {
+    "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 1024,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "eos_token_id": 2, "bos_token_id": 1, "tie_word_embeddings": False,
+}
+# Qwen3 dense: per-head q/k norms, head_dim not hidden / heads, tied embeddings
+QWEN3_CONFIG = {
+    "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 1024,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "eos_token_id": 2,
+    "tie_word_embeddings": True,
 }
 SEED = 0
 STRESS = 4.0  # matrix scale: wider logit margins than transformers' default init
@@ -142,4 +160,35 @@ def _make_nemotron_h(work: Path) -> None:
     _write_tokenizer(work / "out", NEMOTRON_H_CONFIG["vocab_size"])
 
 
-MAKERS = {"nemotron_h": _make_nemotron_h}
+def _make_dense(work: Path, config_name: str, model_name: str, config: dict) -> None:
+    """A dense attention checkpoint (transformers' save_pretrained) in work/out, stressed RMSNorm weights
+    drawn around 1 (they are used as-is)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    hf_config = getattr(transformers, config_name)(**config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = getattr(transformers, model_name)(hf_config).float().eval()
+    gen = torch.Generator().manual_seed(1000 + SEED)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name == "lm_head.weight" and config["tie_word_embeddings"]:
+                continue
+            if p.dim() >= 2:
+                p.mul_(STRESS)
+            else:
+                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
+    model.save_pretrained(work / "out")
+    _write_tokenizer(work / "out", config["vocab_size"])
+
+
+def _make_llama(work: Path) -> None:
+    _make_dense(work, "LlamaConfig", "LlamaForCausalLM", LLAMA_CONFIG)
+
+
+def _make_qwen3(work: Path) -> None:
+    _make_dense(work, "Qwen3Config", "Qwen3ForCausalLM", QWEN3_CONFIG)
+
+
+MAKERS = {"nemotron_h": _make_nemotron_h, "llama": _make_llama, "qwen3": _make_qwen3}
