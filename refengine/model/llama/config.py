@@ -112,16 +112,16 @@ class LlamaConfig:
         model_type = hf.model_type
         for name in ("attention_bias", "mlp_bias"):
             if getattr(hf, name, False):
-                raise NotImplementedError(f"{name}: biased projections are not supported")
+                raise ValueError(f"{name}: biased projections are not supported")
         if getattr(hf, "use_sliding_window", False):
-            raise NotImplementedError("use_sliding_window: windowed attention is not supported")
+            raise ValueError("use_sliding_window: windowed attention is not supported")
         kinds = set(getattr(hf, "layer_types", None) or ["full_attention"])
         if kinds != {"full_attention"}:
-            raise NotImplementedError(
+            raise ValueError(
                 f"layer_types: only full_attention layers are supported, got {sorted(kinds)}"
             )
         if getattr(hf, "pretraining_tp", 1) not in (None, 1):
-            raise NotImplementedError(f"pretraining_tp: only 1 is supported, got {hf.pretraining_tp!r}")
+            raise ValueError(f"pretraining_tp: only 1 is supported, got {hf.pretraining_tp!r}")
         theta, scaling = _rope(hf.rope_parameters)
         eos = hf.eos_token_id
         heads = hf.num_attention_heads
@@ -158,7 +158,7 @@ def _check_rope_type(d: dict[str, Any]) -> None:
             raise TypeError(f"{name}: expected a JSON object, got {type(params).__name__}")
         rope_type = params.get("rope_type", params.get("type", DEFAULT_ROPE))
         if rope_type not in ROPE_TYPES:
-            raise NotImplementedError(f"{name}: rope_type {rope_type!r} is not supported "
+            raise ValueError(f"{name}: rope_type {rope_type!r} is not supported "
                                       f"(supported: {', '.join(ROPE_TYPES)})")
 
 
@@ -168,11 +168,11 @@ def _rope(params: Any) -> tuple[float, Llama3Scaling | None]:
         raise TypeError("rope_parameters: expected a JSON object")
     rope_type = params.get("rope_type", DEFAULT_ROPE)
     if rope_type not in ROPE_TYPES:
-        raise NotImplementedError(f"rope_parameters: rope_type {rope_type!r} is not supported "
+        raise ValueError(f"rope_parameters: rope_type {rope_type!r} is not supported "
                                   f"(supported: {', '.join(ROPE_TYPES)})")
     factor = params.get("partial_rotary_factor", 1.0)
     if factor != 1.0:
-        raise NotImplementedError(f"rope_parameters: partial_rotary_factor {factor!r} is not supported "
+        raise ValueError(f"rope_parameters: partial_rotary_factor {factor!r} is not supported "
                                   "(RoPE rotates the whole head)")
     theta = float(params.get("rope_theta", 10000.0))
     if rope_type == DEFAULT_ROPE:
