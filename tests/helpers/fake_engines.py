@@ -65,12 +65,17 @@ def _cuda_config(config):
 
 
 # The checkpoints every family of the model registry contributes: preset name -> TinySpec preset of
-# tests/helpers/checkpoints.py (None: the embedded default model). A new family adds one line.
+# tests/helpers/checkpoints.py, or a ``tiny:<family>`` model (None: the embedded default model). A new family
+# adds one line.
 FAMILY_CHECKPOINTS: dict[str, str | None] = {
     "qwen3-next-default": None,
     "qwen3-next-moe": "next-moe",
     "qwen3.5-moe": "qwen35-moe",
+    "llama": "tiny:llama",
 }
+# Families of attention layers only: no recurrent state (no GDN kernels, no state checkpoints) and no MTP
+# head (scripted drafts stand in for MTP drafts)
+DENSE_FAMILIES = frozenset({"llama"})
 
 # Waves of prompts: a shared system prefix published by the first wave and hit by the second, then more
 # requests than the KV pool holds (preemption and resumption), prompts longer than a step's token budget
@@ -89,8 +94,8 @@ SETTINGS = {"block_size": 4, "num_kv_blocks": 20, "max_model_len": 60, "max_num_
 
 
 def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
-    if preset is None:
-        return None
+    if preset is None or preset.startswith("tiny:"):
+        return preset
     from tests.helpers.checkpoints import write_checkpoint
 
     return str(write_checkpoint(tmp_path_factory.mktemp(preset), preset))
