@@ -53,6 +53,9 @@ QWEN3_CONFIG = {
 }
 SEED = 0
 STRESS = 4.0  # matrix scale: wider logit margins than transformers' default init
+# The dense models' scale: matrices x6 and RMSNorm weights in [1, 3]. Milder, a random dense decoder falls
+# into repeating one or two tokens, and no stop set or grammar ever lands mid-output
+DENSE_STRESS, DENSE_NORMS = 6.0, (1.0, 3.0)
 
 
 def tiny_names() -> list[str]:
@@ -161,8 +164,8 @@ def _make_nemotron_h(work: Path) -> None:
 
 
 def _make_dense(work: Path, config_name: str, model_name: str, config: dict) -> None:
-    """A dense attention checkpoint (transformers' save_pretrained) in work/out, stressed RMSNorm weights
-    drawn around 1 (they are used as-is)."""
+    """A dense attention checkpoint (transformers' save_pretrained) in work/out, its matrices scaled by
+    ``DENSE_STRESS`` and its RMSNorm weights (used as-is) drawn from ``DENSE_NORMS``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -176,9 +179,9 @@ def _make_dense(work: Path, config_name: str, model_name: str, config: dict) -> 
             if name == "lm_head.weight" and config["tie_word_embeddings"]:
                 continue
             if p.dim() >= 2:
-                p.mul_(STRESS)
+                p.mul_(DENSE_STRESS)
             else:
-                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
+                p.copy_(torch.empty(p.shape).uniform_(*DENSE_NORMS, generator=gen))
     model.save_pretrained(work / "out")
     _write_tokenizer(work / "out", config["vocab_size"])
 
