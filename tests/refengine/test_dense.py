@@ -7,14 +7,20 @@ plain RoPE (tied), odd sizes; Qwen3 with its q/k norms (tied, and untied with GQ
 
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from conformance.cli import main as conformance_main
+from conformance.model import describe_model
 from refengine import LLM, SamplingParams
 from refengine.drafters import ScriptedDrafter
 from refengine.model import CheckpointError, load_model
+from refengine.model.loader import resolve_model_path
 from refengine.model.registry import cache_specs, family_for
 from tests.helpers.driver import Driver, greedy_generate
 from tests.helpers.llama_checkpoints import PRESETS, load_hf_model, write_checkpoint
@@ -186,11 +192,33 @@ def test_both_engines_token_exact_with_prefix_caching(k, drafter, graph_mode):
 def test_the_tiny_preset_has_eagle3_layers_and_wide_margins():
     """8 layers (EAGLE-3's default auxiliary layers 2, L/2, L-3 exist), llama3 scaling, and greedy margins
     that are not flat."""
-    model, cfg = load_model(LLM(model=TINY).engine.config.model)
+    model, cfg = load_model(resolve_model_path(TINY))
     assert cfg.num_hidden_layers >= 8 and cfg.rope_scaling is not None
     _, logits, _ = greedy_generate(model, cfg, [list(b"Once upon a time")], 1)
     top2 = logits.topk(2, dim=-1).values
     assert float((top2[:, 0] - top2[:, 1]).median()) > 1e-3
+
+
+def test_the_family_package_imports_before_the_registry():
+    """``FAMILY`` is built with the registry's ``ModelFamily`` while the registry imports the package: the
+    package imported first still yields the one entry the registry lists."""
+    code = ("from refengine.model.llama import FAMILY\n"
+            "from refengine.model.registry import FAMILIES, family_for\n"
+            "assert FAMILY is FAMILIES[-1] is family_for('qwen3'), FAMILIES\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_conformance_runs_on_the_tiny_preset():
+    """``conformance run --model tiny:llama``: the family is named, scenarios drafting with an MTP head are
+    skipped (the model has none), the others pass."""
+    facts = describe_model(TINY)
+    assert facts.family == "llama" and not facts.has_mtp and facts.has_tokenizer
+    out = io.StringIO()
+    args = ["run", "--model", TINY, "--engine", "async", "--scenario", "short-prompts-k0",
+            "--scenario", "scripted-ragged-k3", "--scenario", "short-prompts-k1"]
+    assert conformance_main(args, out=out) == 0, out.getvalue()
+    text = out.getvalue()
+    assert "2 passed, 0 failed" in text and "1 skipped" in text, text
 
 
 # ---- refused configs ----------------------------------------------------------------------------------
