@@ -53,9 +53,10 @@ QWEN3_CONFIG = {
 }
 SEED = 0
 STRESS = 4.0  # matrix scale: wider logit margins than transformers' default init
-# The dense models' scale: matrices x6 and RMSNorm weights in [1, 3]. Milder, a random dense decoder falls
-# into repeating one or two tokens, and no stop set or grammar ever lands mid-output
-DENSE_STRESS, DENSE_NORMS = 6.0, (1.0, 3.0)
+# The dense models' scale: matrices x6, RMSNorm weights in [0.5, 1.5]. At x4 a random dense decoder falls
+# into repeating one or two tokens (no stop set or grammar lands mid-output); much wider (norms in [1, 3])
+# no request repeats itself, so penalties change nothing: either way the suite's triggers go unmet
+DENSE_STRESS, DENSE_NORMS = 6.0, (0.5, 1.5)
 
 
 def tiny_names() -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -219,6 +220,29 @@ def test_conformance_runs_on_the_tiny_preset():
     assert conformance_main(args, out=out) == 0, out.getvalue()
     text = out.getvalue()
     assert "2 passed, 0 failed" in text and "1 skipped" in text, text
+
+
+class GrammarBroken(AssertionError):
+    """The async engine committed a token the request's grammar refuses."""
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=GrammarBroken, reason="async engine: a structured-outputs request "
+                   "resumed after preemption holds a token its grammar refuses (the reference runs it)")
+def test_structured_outputs_resumed_after_preemption_on_a_wider_tiny_llama(tmp_path, monkeypatch):
+    """tiny:llama's maker with RMSNorm weights in [1, 3]: ``structured-preemption-k3`` on the async engine
+    (every graph mode) raises 'committed token ... breaks the grammar it was decoded under' on resumption."""
+    from refengine.tools import tiny_models
+
+    monkeypatch.setattr(tiny_models, "DENSE_NORMS", (1.0, 3.0))
+    tiny_models._make_llama(tmp_path)
+    out = io.StringIO()
+    args = ["run", "--model", str(tmp_path / "out"), "--engine", "async",
+            "--scenario", "structured-preemption-k3", "--allow-unexercised"]
+    rc = conformance_main(args, out=out)
+    if re.search(r"token \d+ (at index \d+ )?breaks", out.getvalue()):
+        raise GrammarBroken(out.getvalue())
+    assert rc == 0, out.getvalue()  # any other failure fails the test outright
 
 
 # ---- refused configs ----------------------------------------------------------------------------------
