@@ -158,6 +158,8 @@ def drafter_for(name: str, k: int):
 
 def run_waves(engine: str, k: int, drafter: str, graph_mode: str = "full_and_piecewise"):
     extra = {"graph_mode": graph_mode} if engine == "async" else {}
+    if drafter == "ngram":  # short n-grams: the model's outputs rarely repeat a 5-gram of the prompt
+        extra.update(prompt_lookup_min=1, prompt_lookup_max=3)
     llm = LLM(model=TINY, engine=engine, num_speculative_tokens=k, drafter=drafter_for(drafter, k),
               enable_prefix_caching=True, block_size=4, max_num_batched_tokens=16, max_num_seqs=4, **extra)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -187,6 +189,8 @@ def test_both_engines_token_exact_with_prefix_caching(k, drafter, graph_mode):
     assert_same(ref, got)
     assert sum(o.num_cached_tokens for o in ref) >= 24, "the second wave should hit the shared prefix"
     if k:
+        assert sum(o.num_draft_tokens for o in ref) > 0, "some drafts should be verified"
+    if drafter == "scripted":
         assert sum(o.num_accepted_tokens for o in ref) > 0, "some drafts should be accepted"
 
 
