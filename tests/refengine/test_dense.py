@@ -235,7 +235,12 @@ class GrammarBroken(AssertionError):
                    "resumed after preemption holds a token its grammar refuses (the reference runs it)")
 def test_structured_outputs_resumed_after_preemption_on_a_wider_tiny_llama(tmp_path, monkeypatch):
     """tiny:llama's maker with RMSNorm weights in [1, 3]: ``structured-preemption-k3`` on the async engine
-    (every graph mode) raises 'committed token ... breaks the grammar it was decoded under' on resumption."""
+    (every graph mode) raises 'committed token ... breaks the grammar it was decoded under' on resumption.
+
+    Seen cause: a request preempted while a step holding its row is in flight has its grammar released
+    (``GrammarSlots.release``) before that step's bitmask is built, so ``GrammarSlots.bitmask`` leaves the
+    row unmasked; the token it samples is committed unchecked (``req.grammar`` is None) and the matcher
+    rebuilt at readmission refuses it."""
     from refengine.tools import tiny_models
 
     monkeypatch.setattr(tiny_models, "DENSE_NORMS", (1.0, 3.0))
