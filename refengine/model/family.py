@@ -14,8 +14,9 @@
   ``MTP_CACHE_KEY`` when asked;
 - ``mtp_head``: the MTP head ``refengine add-mtp-head`` gives a checkpoint saved without one (None: the
   family has no MTP head);
-- ``tiny_checkpoint``: writes the family's ``tiny:<name>`` checkpoint into a folder (None: the family
-  has none; the embedded default model is a Qwen3-Next);
+- ``tiny_checkpoints``: the family's ``tiny:<preset>`` checkpoints, as (preset, writer) pairs; a writer
+  puts transformers' ``save_pretrained`` output into a folder (none: the embedded default model is a
+  Qwen3-Next);
 - ``test_checkpoints``: the tiny checkpoints the fake-CUDA test tier runs the family on, as
   (case name, preset): a preset of tests/helpers/checkpoints.py, ``tiny:<name>``, or None for the
   embedded default model.
@@ -80,5 +81,5 @@ class ModelFamily:
     cache_specs: Callable[[Any, int, bool], dict[int | str, CacheSpec]]
     config_fields: frozenset[str] = frozenset()
     mtp_head: MTPHeadMaker | None = None
-    tiny_checkpoint: Callable[[Path], None] | None = None
+    tiny_checkpoints: tuple[tuple[str, Callable[[Path], None]], ...] = ()  # (preset, writer of its weights)
     test_checkpoints: tuple[tuple[str, str | None], ...] = ()

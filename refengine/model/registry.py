@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from refengine.model import nemotron_h, qwen3_next
+from refengine.model import llama, nemotron_h, qwen3_next
 from refengine.model.family import CacheSpec, ModelFamily
 
 FAMILIES: tuple[ModelFamily, ...] = (
     qwen3_next.FAMILY,
     nemotron_h.FAMILY,
+    llama.FAMILY,
 )
 
 

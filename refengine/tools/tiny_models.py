@@ -1,8 +1,9 @@
 """Tiny checkpoints of the other registered families, made on first use, so every command that takes a
 model runs every family without a download: ``--model tiny:nemotron_h`` (``refengine generate / report /
-bench``, every ``conformance`` command, ``LLM("tiny:nemotron_h")``, and a mutant that declares that model).
+bench``, every ``conformance`` command, ``LLM("tiny:nemotron_h")``, and a mutant that declares that model),
+``tiny:llama`` and ``tiny:qwen3``.
 
-``tiny:<family>`` exists for each registered family with a ``tiny_checkpoint`` (refengine.model.family):
+``tiny:<preset>`` exists for each preset of a registered family's ``tiny_checkpoints`` (model/family.py):
 its weights, written by transformers' own ``save_pretrained`` (``tiny:nemotron_h``: a Nemotron-H of every
 block kind, ``refengine/model/nemotron_h/tiny.py``), then given an MTP head by ``refengine add-mtp-head``
 where the family has one, and the embedded default model's byte-level tokenizer (ids 0..255 are the UTF-8
@@ -22,15 +23,19 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from refengine.model.family import ModelFamily
 
 TINY_PREFIX = "tiny:"
 
 
-def makers() -> dict[str, Callable[[Path], None]]:
-    """Family name -> the writer of its tiny checkpoint's weights, for each registered family that has one."""
+def makers() -> dict[str, tuple[ModelFamily, Callable[[Path], None]]]:
+    """Preset name -> (its family, the writer of its weights), over every registered family's presets."""
     from refengine.model.registry import FAMILIES
 
-    return {f.name: f.tiny_checkpoint for f in FAMILIES if f.tiny_checkpoint is not None}
+    return {preset: (f, writer) for f in FAMILIES for preset, writer in f.tiny_checkpoints}
 
 
 def tiny_names() -> list[str]:
@@ -46,17 +51,17 @@ def draw_model(seed: int) -> str | None:
 
 
 def tiny_model_path(name: str) -> str:
-    """The folder of tiny model ``tiny:<family>``, written on first use; ValueError for an unknown one."""
-    family = name[len(TINY_PREFIX):]
-    if family not in makers():
+    """The folder of tiny model ``tiny:<preset>``, written on first use; ValueError for an unknown one."""
+    preset = name[len(TINY_PREFIX):]
+    if preset not in makers():
         raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(tiny_names())}")
-    root = Path(tempfile.gettempdir()) / f"conformance-tiny-{family}-{_version(family)}-uid{os.getuid()}"
+    root = Path(tempfile.gettempdir()) / f"conformance-tiny-{preset}-{_version(preset)}-uid{os.getuid()}"
     if (root / "config.json").is_file():
         _announce(name, root, "reused")
         return str(root)
     work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
     try:
-        _make(family, work)
+        _make(preset, work)
         try:
             os.rename(work / "out", root)
         except OSError:  # another process finished first: use its copy
@@ -91,34 +96,32 @@ def _write_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _version(family: str) -> str:
-    """What the written checkpoint depends on: this file, the family's tiny-weights writer and MTP head
-    maker, the MTP head tool, the tokenizer and transformers' version."""
+def _version(preset: str) -> str:
+    """What the written checkpoint depends on: this file, the preset's weights writer, its family's MTP
+    head maker, the MTP head tool, the tokenizer and transformers' version."""
     import inspect
 
     import transformers
 
-    from refengine.model.registry import family_for_name
     from refengine.tools import mtp_head
 
-    entry = family_for_name(family)
+    entry, writer = makers()[preset]
     digest = hashlib.sha256(transformers.__version__.encode())
     tokenizer = Path(__file__).parents[1] / "data" / "default_model" / "tokenizer.json"
-    makers = [inspect.getsourcefile(f) for f in (entry.tiny_checkpoint, entry.mtp_head) if f is not None]
-    for source in (__file__, *makers, mtp_head.__file__, tokenizer):
+    writers = [inspect.getsourcefile(f) for f in (writer, entry.mtp_head) if f is not None]
+    for source in (__file__, *writers, mtp_head.__file__, tokenizer):
         digest.update(Path(source).read_bytes())
     return digest.hexdigest()[:12]
 
 
-def _make(family: str, work: Path) -> None:
-    """The family's weights (transformers' save_pretrained) under work/src; the checkpoint, with an MTP
-    head where the family has one and the byte-level tokenizer, in work/out."""
+def _make(preset: str, work: Path) -> None:
+    """The preset's weights (transformers' save_pretrained) under work/src; the checkpoint, with an MTP
+    head where its family has one and the byte-level tokenizer, in work/out."""
     from refengine.model.loader import read_config
-    from refengine.model.registry import family_for_name
     from refengine.tools.mtp_head import add_mtp_head
 
-    entry = family_for_name(family)
-    entry.tiny_checkpoint(work / "src")
+    entry, writer = makers()[preset]
+    writer(work / "src")
     if entry.mtp_head is not None:
         add_mtp_head(work / "src", work / "out")
     else:

@@ -30,6 +30,7 @@ import torch
 from refengine.config import GraphMode
 from tests.helpers.fake_cuda import FakeCuda
 from tests.helpers.fake_engines import (
+    DENSE_FAMILIES,
     FAMILY_CHECKPOINTS,
     GRAMMAR_PARAMS,
     REQUEST_PARAMS,
@@ -51,10 +52,21 @@ VARIANTS = {"": {}, "chunked": {"recurrent_prefill_chunked": True, "enable_prefi
                               "mamba_cache_mode": None},
             "bf16": {"dtype": "bfloat16"}}
 DEFAULT = ("qwen3-next-default", "full_and_piecewise", 3, "mtp", "")
+
+
+def head_drafter(family: str) -> str:
+    """The family's own drafts: MTP, or scripted drafts where its checkpoint has no MTP head."""
+    return "scripted" if family in DENSE_FAMILIES else "mtp"
+
+
+def family_variants(family: str) -> tuple[str, ...]:
+    return ("bf16",) if family in DENSE_FAMILIES else ("chunked", "bf16")  # chunked: the GDN prefill
+
+
 CASES = [(family, mode, k, drafter, "") for family in FAMILY_CHECKPOINTS for mode in MODES
-         for k, drafter in ((0, "mtp"), (3, "mtp"), (3, "ngram"))]
-CASES += [(family, "full_and_piecewise", 3, "mtp", variant) for family in FAMILY_CHECKPOINTS
-          for variant in ("chunked", "bf16")]
+         for k, drafter in ((0, "mtp"), (3, head_drafter(family)), (3, "ngram"))]
+CASES += [(family, "full_and_piecewise", 3, head_drafter(family), variant) for family in FAMILY_CHECKPOINTS
+          for variant in family_variants(family)]
 # The conformance suite's scripted drafter, whose proposer has device tables of its own.
 CASES += [("qwen3-next-default", mode, 2, "scripted", "") for mode in MODES]
 
@@ -64,10 +76,10 @@ def case_id(case) -> str:
     return "-".join(filter(None, (family, mode, f"k{k}", drafter, variant)))
 
 
-def expected_kinds(mode: str, k: int, drafter: str, variant: str) -> set[str]:
+def expected_kinds(mode: str, k: int, drafter: str, variant: str, dense: bool = False) -> set[str]:
     kinds = set(ALWAYS) | {"processors", "logprobs", "sampling"}
     if {**SETTINGS, **VARIANTS[variant]}["enable_prefix_caching"]:
-        kinds |= CACHING
+        kinds |= CACHING - {"checkpoint"} if dense else CACHING  # no recurrent state to checkpoint
     if GraphMode(mode).has_full:
         kinds |= {"full decode", "full processors", "full sampling"}
     if k:
@@ -90,7 +102,8 @@ def test_async_steps_on_fake_cuda(family, mode, k, drafter, variant, tmp_path_fa
     else:
         run = record(family, mode, k, drafter, variant, tmp_path_factory)
     steps, kinds = covering(run.snaps, k, drafter)
-    want = expected_kinds(mode, k, drafter, variant)
+    dense = family in DENSE_FAMILIES
+    want = expected_kinds(mode, k, drafter, variant, dense)
     if (family, mode, k, drafter, variant) == DEFAULT:  # structured outputs: the default model's tokenizer
         want |= {"grammar", "full grammar"}
     assert kinds >= want, f"the workload lacks {want - kinds}"
@@ -103,8 +116,10 @@ def test_async_steps_on_fake_cuda(family, mode, k, drafter, variant, tmp_path_fa
         twin.step(snap)
     launched = set(fc.launches.kernels())
     want = {"prepare_inputs_kernel", "post_update_kernel", "paged_attention_kernel", "greedy_verify_kernel",
-            "fused_recurrent_gated_delta_rule_fwd_kernel", "causal_conv1d_fwd_kernel",
-            "reshape_and_cache_kernel", "linear_kernel", "rms_norm_kernel", "gated_rms_norm_kernel"}
+            "reshape_and_cache_kernel", "linear_kernel", "rms_norm_kernel"}
+    if not dense:
+        want |= {"fused_recurrent_gated_delta_rule_fwd_kernel", "causal_conv1d_fwd_kernel",
+                 "gated_rms_norm_kernel"}
     if variant == "chunked":
         want |= {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}
     if FAMILY_CHECKPOINTS[family] is not None and "moe" in FAMILY_CHECKPOINTS[family]:
@@ -177,20 +192,23 @@ def test_planted_device_bugs_in_staging_are_caught(default_run, plant, expected)
 @pytest.mark.parametrize("family,variant", [
     pytest.param(f, v, id="-".join(filter(None, (f, v))),
                  marks=[] if (i, v) == (0, "") else [pytest.mark.slow])
-    for i, f in enumerate(FAMILY_CHECKPOINTS) for v in ("", "chunked")])
+    for i, f in enumerate(FAMILY_CHECKPOINTS) for v in (("",) if f in DENSE_FAMILIES else ("", "chunked"))])
 def test_reference_steps_on_fake_cuda(family, variant, tmp_path_factory):
     fc = FakeCuda()
+    dense = family in DENSE_FAMILIES
     _, results = record_reference(WAVES, fc, max_tokens=10,
                                   model=checkpoint_path(FAMILY_CHECKPOINTS[family], tmp_path_factory),
-                                  num_speculative_tokens=3, **{**SETTINGS, **VARIANTS[variant]})
+                                  num_speculative_tokens=3, drafter=head_drafter(family),
+                                  **{**SETTINGS, **VARIANTS[variant]})
     steps = [r for r in results if not isinstance(r, str)]
     assert len(steps) >= 3, "prefill, decode and mixed steps"
     assert all(r.hidden.is_cuda for r in steps)
-    if not variant:
+    if not variant and not dense:  # a dense model has no recurrent state to checkpoint
         assert {"restore_checkpoint", "save_checkpoint"} <= {r for r in results if isinstance(r, str)}
     launched = set(fc.launches.kernels())
-    want = {"paged_attention_kernel", "greedy_verify_kernel", "reshape_and_cache_kernel", "linear_kernel",
-            "fused_recurrent_gated_delta_rule_fwd_kernel", "causal_conv1d_fwd_kernel"}
+    want = {"paged_attention_kernel", "greedy_verify_kernel", "reshape_and_cache_kernel", "linear_kernel"}
+    if not dense:
+        want |= {"fused_recurrent_gated_delta_rule_fwd_kernel", "causal_conv1d_fwd_kernel"}
     if variant == "chunked":
         want |= {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}
     assert want <= launched, f"not launched: {want - launched}"

@@ -72,6 +72,9 @@ def _cuda_config(config):
 FAMILY_CHECKPOINTS: dict[str, str | None] = {
     case: preset for family in registry.FAMILIES for case, preset in family.test_checkpoints
 }
+# Families of attention layers only: no recurrent state (no GDN kernels, no state checkpoints) and no MTP
+# head (scripted drafts stand in for MTP drafts)
+DENSE_FAMILIES = frozenset({"llama"})
 
 # Waves of prompts: a shared system prefix published by the first wave and hit by the second, then more
 # requests than the KV pool holds (preemption and resumption), prompts longer than a step's token budget

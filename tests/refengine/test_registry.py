@@ -186,7 +186,7 @@ TOY = ModelFamily(
     weights=ToyWeights(),
     cache_specs=lambda cfg, k, drafter_kv: {"scan": Mamba2Mixer.cache_spec(cfg, k),
                                             "attn": Attention.cache_spec(cfg, k)},
-    tiny_checkpoint=write_toy_checkpoint,
+    tiny_checkpoints=(("toy", write_toy_checkpoint),),
 )
 
 
@@ -209,8 +209,8 @@ def test_a_family_registered_outside_refengine_runs_on_both_engines(tmp_path, mo
 
 
 def test_an_unknown_model_type_names_the_supported_ones(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    expected = r"model_type: unsupported 'llama', expected one of .*nemotron_h"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    expected = r"model_type: unsupported 'gpt2', expected one of .*llama.*nemotron_h.*qwen3"
     with pytest.raises(CheckpointError, match=expected):
         load_model(tmp_path)
 

@@ -24,7 +24,7 @@ FAMILY = ModelFamily(
     config_fields=frozenset({"num_nextn_predict_layers", "hybrid_override_pattern",
                              "mtp_hybrid_override_pattern", "layers_block_type"}),
     mtp_head=nemotron_mtp_head,
-    tiny_checkpoint=write_tiny_checkpoint,
+    tiny_checkpoints=(("nemotron_h", write_tiny_checkpoint),),
     test_checkpoints=(),  # not yet run on the fake-CUDA tier
 )
 

@@ -24,7 +24,7 @@ FAMILY = ModelFamily(
                              "mtp_use_dedicated_embeddings", "full_attention_interval", "attn_output_gate",
                              "use_sliding_window", "sliding_window", "max_window_layers"}),
     mtp_head=qwen_mtp_head,
-    tiny_checkpoint=None,  # the embedded default model is a Qwen3-Next
+    # no tiny:<preset>: the embedded default model is a Qwen3-Next
     test_checkpoints=(("qwen3-next-default", None), ("qwen3-next-moe", "next-moe"),
                       ("qwen3.5-moe", "qwen35-moe")),
 )
