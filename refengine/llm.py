@@ -29,6 +29,23 @@ from refengine.sampling_params import SamplingParams
 from refengine.tokenizer import load_tokenizer
 
 
+SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+
+
+def speculative_from_vllm(config) -> tuple:
+    """vLLM's ``speculative_config`` dict -> (num_speculative_tokens, drafter, draft_model, prompt_lookup_min,
+    prompt_lookup_max); ConfigError naming a key it does not take."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"speculative_config must be a dict, got {config!r}")
+    unknown = sorted(set(config) - set(SPECULATIVE_CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(f"speculative_config: unknown key(s) {unknown}; known: {list(SPECULATIVE_CONFIG_KEYS)}")
+    if "method" not in config:
+        raise ConfigError("speculative_config needs a 'method' (e.g. 'eagle3', 'mtp', 'ngram')")
+    return (config.get("num_speculative_tokens", 0), config["method"], config.get("model"),
+            config.get("prompt_lookup_min"), config.get("prompt_lookup_max"))
+
+
 class LLM:
     def __init__(self, model: str | None = None, engine: str = "reference", num_speculative_tokens: int = 0,
                  drafter="mtp", prompt_lookup_min: int | None = None, prompt_lookup_max: int | None = None,
@@ -39,10 +56,22 @@ class LLM:
                  enable_prefix_caching: bool = False, mamba_cache_mode: str | None = None,
                  num_state_checkpoints: int | None = None,
                  observer: Callable[[StepRecord], None] | None = None, delay_copies: bool = False,
-                 hazard_check: bool = False, allow_non_finite_weights: bool = False):
+                 hazard_check: bool = False, allow_non_finite_weights: bool = False,
+                 draft_model: str | None = None, speculative_config: dict | None = None):
         """Every setting is checked before anything is loaded: a bad one raises ``ConfigError``
         naming it. ``dtype="auto"`` takes the checkpoint's dtype. ``allow_non_finite_weights`` loads
-        a checkpoint holding NaN/Inf (debugging only)."""
+        a checkpoint holding NaN/Inf (debugging only). ``speculative_config``: vLLM's spelling of the
+        speculative settings (``{"method": "eagle3", "model": PATH, "num_speculative_tokens": K}``), the
+        same as ``drafter``, ``draft_model`` and ``num_speculative_tokens``."""
+        if speculative_config is not None:
+            given = {"num_speculative_tokens": num_speculative_tokens != 0, "drafter": drafter != "mtp",
+                     "draft_model": draft_model is not None, "prompt_lookup_min": prompt_lookup_min is not None,
+                     "prompt_lookup_max": prompt_lookup_max is not None}
+            both = [name for name, set_ in given.items() if set_]
+            if both:
+                raise ConfigError(f"speculative_config and {', '.join(both)} both given: use one spelling")
+            num_speculative_tokens, drafter, draft_model, prompt_lookup_min, prompt_lookup_max = (
+                speculative_from_vllm(speculative_config))
         if observer is not None and not callable(observer):
             raise ConfigError(f"observer must be callable or None, got {observer!r}")
         for name, value in (("delay_copies", delay_copies), ("hazard_check", hazard_check),
@@ -79,6 +108,7 @@ class LLM:
                 drafter=drafter,
                 prompt_lookup_min=prompt_lookup_min,
                 prompt_lookup_max=prompt_lookup_max,
+                draft_model=draft_model,
             ),
         )
         if self.config.scheduler.max_model_len > positions:
