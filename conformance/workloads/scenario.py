@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 TIERS = ("default", "nightly")
-DRAFTERS = ("mtp", "scripted", "ngram")
+DRAFTERS = ("mtp", "scripted", "ngram", "eagle", "eagle3")
+EAGLE_DRAFTERS = ("eagle", "eagle3")  # they read a head folder (EngineSettings.draft_model)
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")  # the scripted patterns the fuzzer draws
 # and "gaps" (scripted steps without drafts: scripted-zero-draft-k*), which it does not: a longer list
 # would change what every seed draws
@@ -95,7 +96,7 @@ class EngineSettings:
     """The engine configuration a scenario runs under (identical for both engines)."""
 
     num_speculative_tokens: int = 0  # K
-    drafter: str = "mtp"  # "mtp" | "scripted" | "ngram"
+    drafter: str = "mtp"  # "mtp" | "scripted" | "ngram" | "eagle" | "eagle3"
     pattern: str = "hash"  # scripted drafter: how many drafts per verify step are correct
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = (
@@ -108,6 +109,9 @@ class EngineSettings:
     max_model_len: int | None = None  # None: the engine's default for the model
     enable_prefix_caching: bool = False  # the engine under test only; the oracle always runs without
     mamba_cache_mode: str | None = None  # "align" | "all" with caching (None: "align")
+    # drafter "eagle" | "eagle3": the head's folder; None: a head made for the model under test
+    # (conformance.eagle_heads, seeded)
+    draft_model: str | None = None
 
     def __post_init__(self):
         if self.mamba_cache_mode is not None and (not self.enable_prefix_caching
@@ -118,6 +122,8 @@ class EngineSettings:
             )
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+        if self.draft_model is not None and self.drafter not in EAGLE_DRAFTERS:
+            raise ValueError(f"draft_model applies to drafters {EAGLE_DRAFTERS} only, got {self.drafter!r}")
         if self.pattern not in SCRIPTED_PATTERNS:
             raise ValueError(f"pattern must be one of {SCRIPTED_PATTERNS}, got {self.pattern!r}")
         lookup = {"prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
@@ -137,7 +143,8 @@ class EngineSettings:
     def plain(self) -> EngineSettings:
         """The same configuration without speculation: the lossless-speculation baseline."""
         return replace(self, num_speculative_tokens=0, drafter="mtp", pattern="hash", prompt_lookup_min=None,
-                       prompt_lookup_max=None, enable_prefix_caching=False, mamba_cache_mode=None)
+                       prompt_lookup_max=None, enable_prefix_caching=False, mamba_cache_mode=None,
+                       draft_model=None)
 
     def uncached(self) -> EngineSettings:
         """The same configuration without prefix caching: what the oracle runs."""
@@ -149,6 +156,8 @@ class EngineSettings:
             parts.append(
                 f"drafter={self.drafter}" + (f"/{self.pattern}" if self.drafter == "scripted" else "")
             )
+            if self.draft_model is not None:
+                parts.append(f"draft_model={self.draft_model}")
             parts += [
                 f"{name}={v}"
                 for name, v in (
