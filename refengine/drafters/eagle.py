@@ -126,6 +126,11 @@ class EagleDeviceProposer(MTPDeviceProposer):
         """[Np] each row's committed count after this step: the first chained pass runs at that position."""
         return self.ctx.state.num_computed[d.idx].long()
 
+    def chain_hidden(self, d: DraftInputs, for_chain: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """[Np, H] what the first chained pass is fed: the head's own second output at each row's last kept
+        position (``for_chain`` [Tp, H], ``last`` [Np])."""
+        return for_chain[last]
+
     def propose(self, d: DraftInputs) -> DraftOutputs:
         ctx, head, st = self.ctx, self.head, self.ctx.state
         k, bs, kv = ctx.num_speculative_tokens, ctx.block_size, ctx.caches.kv
@@ -135,7 +140,7 @@ class EagleDeviceProposer(MTPDeviceProposer):
         for_logits, for_chain = head(fed, head.first_hidden(d.hidden, d.aux_hidden), d.positions, d.attn, kv)
         last = d.last_kept().clamp(max=d.num_tokens_padded - 1)  # [Np]
         drafts = [head.draft(for_logits[last])]
-        hidden = for_chain[last]
+        hidden = self.chain_hidden(d, for_chain, last)
         live = d.is_sampling
         base = self.chain_positions(d)
         qsl = torch.zeros(d.idx.shape[0] + 1, dtype=torch.int32, device=d.idx.device)

@@ -1,0 +1,227 @@
+"""EAGLE-1 / EAGLE-3 heads: their math against a plain-torch computation written from vLLM 0.33's facts, the
+loader's refusals, the drafter's aux ids, and both engines token- and acceptance-exact with each method."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from refengine import LLM, SamplingParams
+from refengine.forward_context import AttnMetadata
+from refengine.llm import default_model_path
+from refengine.model.eagle import EagleHeadError, cache_key, default_aux_layer_ids, load_eagle_head
+from refengine.model.loader import load_model
+from refengine.tools.eagle_head import add_eagle_head
+
+
+@pytest.fixture(scope="module")
+def target():
+    net, cfg = load_model(default_model_path(), dtype=torch.float32, device="cpu")
+    return net, cfg
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle-heads")
+    src = default_model_path()
+    add_eagle_head(src, root / "eagle", "eagle", seed=3)
+    add_eagle_head(src, root / "eagle3", "eagle3", draft_vocab_size=180, seed=4)
+    return {"eagle": str(root / "eagle"), "eagle3": str(root / "eagle3")}
+
+
+# ---- the plain-torch oracle (one sequence, causal attention, no paging) -----------------------------------
+def _rms(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x, pos, theta=10000.0):  # x [T, heads, D], NeoX halves
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    f = pos.float()[:, None] * inv[None]
+    cos, sin = torch.cat([f, f], -1).cos()[:, None], torch.cat([f, f], -1).sin()[:, None]
+    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * cos + rot * sin
+
+
+def _attend(t, p, x, pos, cfg):  # x [T, in]
+    hq, hk, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    q = _rope((x @ t[p + "self_attn.q_proj.weight"].T).view(-1, hq, d), pos)
+    k = _rope((x @ t[p + "self_attn.k_proj.weight"].T).view(-1, hk, d), pos)
+    v = (x @ t[p + "self_attn.v_proj.weight"].T).view(-1, hk, d)
+    k, v = k.repeat_interleave(hq // hk, 1), v.repeat_interleave(hq // hk, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
+    n = x.shape[0]
+    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    o = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(n, hq * d)
+    return o @ t[p + "self_attn.o_proj.weight"].T
+
+
+def _mlp(t, p, x):
+    g, u = x @ t[p + "mlp.gate_proj.weight"].T, x @ t[p + "mlp.up_proj.weight"].T
+    return (torch.nn.functional.silu(g) * u) @ t[p + "mlp.down_proj.weight"].T
+
+
+def oracle_eagle1(t, cfg, embed, lm_head, ids, hidden, pos):
+    """vLLM llama_eagle: fc(cat(emb, h)); layer 0 without input norm; h + residual; the target's lm_head."""
+    x = torch.cat([embed[ids], hidden], -1) @ t["fc.weight"].T
+    residual = x
+    a = _attend(t, "layers.0.", x, pos, cfg)
+    residual = a + residual
+    out = _mlp(t, "layers.0.", _rms(residual, t["layers.0.post_attention_layernorm.weight"])) + residual
+    return out, (out @ lm_head.T).argmax(-1)
+
+
+def oracle_eagle3(t, cfg, embed, ids, hidden, pos):
+    """vLLM llama_eagle3: cat(input_layernorm(emb), hidden_norm(h)), residual h; norm; lm_head; d2t."""
+    p = "midlayer."
+    e = _rms(embed[ids], t[p + "input_layernorm.weight"])
+    a = _attend(t, p, torch.cat([e, _rms(hidden, t[p + "hidden_norm.weight"])], -1), pos, cfg)
+    residual = a + hidden
+    prenorm = _mlp(t, p, _rms(residual, t[p + "post_attention_layernorm.weight"])) + residual
+    draft = (_rms(prenorm, t["norm.weight"]) @ t["lm_head.weight"].T).argmax(-1)
+    return prenorm, draft + t["d2t"][draft]
+
+
+def _paged(n: int, block_size: int = 4):
+    blocks = math.ceil(n / block_size)
+    return AttnMetadata(query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+                        seq_lens=torch.tensor([n], dtype=torch.int32),
+                        block_table=torch.arange(blocks, dtype=torch.int32)[None],
+                        slot_mapping=torch.arange(n, dtype=torch.int64))
+
+
+def _kv(head, blocks: int = 8, block_size: int = 4):
+    c = head.config
+    return {cache_key(0): tuple(torch.zeros(blocks, block_size, c.num_key_value_heads, c.head_dim)
+                                for _ in range(2))}
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_head_math_matches_a_plain_torch_computation(method, heads, target):
+    net, cfg = target
+    head, ids_aux = load_eagle_head(heads[method], method, net, cfg)
+    t = load_file(f"{heads[method]}/model.safetensors")
+    hcfg = json.loads(open(f"{heads[method]}/config.json").read())
+    gen = torch.Generator().manual_seed(0)
+    n = 11
+    ids = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
+    pos = torch.arange(n)
+    embed = net.model.embed_tokens.weight.detach()
+    if method == "eagle":
+        hidden = torch.randn(n, 128, generator=gen)
+        want_h, want_d = oracle_eagle1(t, hcfg, embed, net.lm_head.weight.detach(), ids, hidden, pos)
+        first = head.first_hidden(hidden, None)
+    else:
+        assert ids_aux == (1, 2, 3)
+        aux = torch.randn(n, 3 * 128, generator=gen)
+        first = head.first_hidden(None, aux)
+        torch.testing.assert_close(first, aux @ t["fc.weight"].T, rtol=1e-5, atol=1e-5)
+        want_h, want_d = oracle_eagle3(t, hcfg, embed, ids, first, pos)
+    for_logits, for_chain = head(ids, first, pos, _paged(n), _kv(head))
+    torch.testing.assert_close(for_chain, want_h, rtol=1e-4, atol=1e-4)
+    assert head.draft(for_logits).tolist() == want_d.tolist()
+    if method == "eagle3":  # d2t moved the ids: some draft differs from its raw lm_head argmax
+        raw = head.lm_head(for_logits).argmax(-1)
+        assert (raw != head.draft(for_logits)).any()
+
+
+def _variant(src: str, dst, *, drop=(), add=None, config=None):
+    dst.mkdir()
+    t = load_file(f"{src}/model.safetensors")
+    for name in drop:
+        t.pop(name)
+    t.update(add or {})
+    save_file(t, str(dst / "model.safetensors"))
+    c = json.loads(open(f"{src}/config.json").read())
+    c.update(config or {})
+    (dst / "config.json").write_text(json.dumps(c))
+    return str(dst)
+
+
+@pytest.mark.parametrize("method,change,message", [
+    ("eagle", {"add": {"norm.weight": torch.ones(128)}}, "'norm.weight' on disk: an EAGLE-1 head has no final"),
+    ("eagle", {"add": {"layers.0.input_layernorm.weight": torch.ones(128)}}, "first layer has no input norm"),
+    ("eagle", {"add": {"lm_head.weight": torch.zeros(260, 128)}}, "uses the target's lm_head"),
+    ("eagle3", {"config": {"draft_vocab_size": 260}, "add": {"lm_head.weight": torch.zeros(260, 128)}},
+     "a full draft vocabulary has no d2t"),
+    ("eagle3", {"drop": ("d2t",)}, "has no 'd2t'"),
+    ("eagle3", {"config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}, r"fc.weight is \[128, 384\] but the aux"),
+    ("eagle3", {"config": {"eagle_aux_hidden_state_layer_ids": None}}, "vLLM's default ids for a 4-layer"),
+    ("eagle3", {"config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}}, r"id\(s\) \[4\] at or past"),
+])
+def test_loader_refuses_what_vllm_refuses(method, change, message, heads, target, tmp_path):
+    net, cfg = target
+    path = _variant(heads[method], tmp_path / "head", **change)
+    with pytest.raises(EagleHeadError, match=message):
+        load_eagle_head(path, method, net, cfg)
+
+
+def test_default_aux_ids_collapse_on_short_targets():
+    assert default_aux_layer_ids(32) == (2, 16, 29)
+    assert default_aux_layer_ids(4) == (1, 2) and default_aux_layer_ids(5) == (2,)
+    assert default_aux_layer_ids(6) == (2, 3)
+
+
+PROMPTS = [list(range(5, 40)), list(range(100, 117)), [7, 8, 9] * 7, list(range(200, 206))]
+
+
+def _run(engine, graph_mode, k, method, head, records=None, **kw):
+    llm = LLM(engine=engine, graph_mode=graph_mode, num_speculative_tokens=k, drafter=method, draft_model=head,
+              max_num_batched_tokens=24, observer=None if records is None else records.append, **kw)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    return [list(o.token_ids) for o in outs]
+
+
+def _per_request(records):
+    """request -> [(drafts verified, kept count, drafter inputs, next drafts)] over its verify rows."""
+    out: dict = {}
+    for step in records:
+        for r in step.rows:
+            if r.num_accepted is not None:
+                out.setdefault(r.request_id, []).append(
+                    (r.draft_token_ids, r.num_accepted, r.drafter_input_ids, r.next_draft_token_ids))
+    return {rid: rows[:-1] for rid, rows in out.items()}  # the last row: it may have finished there
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_engines_token_and_acceptance_exact(method, heads):
+    """K=1 and K=3, every graph mode of the async engine, against the reference engine and plain decoding."""
+    plain = _run("reference", "none", 0, "mtp", None)
+    for k in (1, 3):
+        ref_records: list = []
+        assert _run("reference", "none", k, method, heads[method], ref_records) == plain
+        want = _per_request(ref_records)
+        assert any(n for rows in want.values() for _, n, _, _ in rows), "some drafts are accepted"
+        for mode in ("none", "piecewise", "full", "full_and_piecewise"):
+            records: list = []
+            assert _run("async", mode, k, method, heads[method], records) == plain, (k, mode)
+            assert _per_request(records) == want, (k, mode)
+
+
+def test_speculative_config_is_vllms_spelling(heads):
+    spec = {"method": "eagle3", "model": heads["eagle3"], "num_speculative_tokens": 2}
+    llm = LLM(speculative_config=spec)
+    s = llm.config.speculative
+    assert (s.drafter, s.draft_model, s.num_speculative_tokens) == ("eagle3", heads["eagle3"], 2)
+    with pytest.raises(ValueError, match="both given"):
+        LLM(speculative_config=spec, num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="unknown key"):
+        LLM(speculative_config={**spec, "draft_tensor_parallel_size": 1})
+
+
+def test_prefix_cache_drops_the_last_matched_block(heads):
+    """vLLM's rule for drafters that keep KV: with an EAGLE head a repeated prompt hits one block less than
+    without a drafter; MTP's keys cover one token more instead."""
+    prompt = list(range(10, 37))  # 27 tokens, blocks of 4: 6 full blocks before the last token
+    counts = {}
+    for name, kw in (("plain", {}), ("eagle3", {"num_speculative_tokens": 2, "drafter": "eagle3",
+                                                "draft_model": heads["eagle3"]})):
+        llm = LLM(block_size=4, enable_prefix_caching=True, mamba_cache_mode="all", **kw)
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        llm.generate([prompt], params)
+        counts[name] = llm.generate([prompt], params)[0].num_cached_tokens
+    assert counts == {"plain": 24, "eagle3": 20}
