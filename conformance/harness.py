@@ -190,6 +190,10 @@ class Case:
     # A trigger a scenario's reference run misses is a warning ("not exercised"), not a failure: on any
     # model, by default, a scenario that did not test what it exists for fails (--allow-unexercised).
     allow_unexercised: bool = False
+    # Every speculative scenario (K > 0) drafts with this EAGLE drafter (``--drafter``), both engines, from
+    # ``draft_model`` (None: the suite's seeded head for the model).
+    drafter: str | None = None
+    draft_model: str | None = None
 
     def __post_init__(self):
         if self.step_timeout is not None and self.step_timeout <= 0:
@@ -198,7 +202,13 @@ class Case:
             raise ValueError(f"mamba_cache_mode={self.mamba_cache_mode!r} needs enable_prefix_caching")
 
     def apply(self, scenario: Scenario) -> Scenario:
-        """``scenario`` as this case runs it: with prefix caching on when the case asks for it."""
+        """``scenario`` as this case runs it: with prefix caching on when the case asks for it, and a
+        speculative scenario with the case's EAGLE drafter when it names one."""
+        if self.drafter is not None and scenario.settings.k:
+            s = scenario.settings
+            scenario = replace(scenario, settings=replace(
+                s, drafter=self.drafter, draft_model=self.draft_model, pattern="hash", prompt_lookup_min=None,
+                prompt_lookup_max=None))
         if not self.enable_prefix_caching:
             return scenario
         mode = self.mamba_cache_mode or scenario.settings.mamba_cache_mode
@@ -224,6 +234,10 @@ class Case:
             cmd.append("--enable-prefix-caching")
         if self.mamba_cache_mode is not None:
             cmd += ["--mamba-cache-mode", self.mamba_cache_mode]
+        if self.drafter is not None:
+            cmd += ["--drafter", self.drafter]
+        if self.draft_model is not None:
+            cmd += ["--draft-model", self.draft_model]
         return shlex.join(cmd)
 
     def adapter_for(self, scenario: Scenario) -> EngineAdapter:

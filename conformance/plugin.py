@@ -115,6 +115,10 @@ def pytest_addoption(parser):
         help="with --conformance-enable-prefix-caching: "
         "align or all (default: each scenario's own mode, else align)",
     )
+    g.addoption("--conformance-drafter", default=None,
+                help="eagle or eagle3: every speculative scenario drafts with it (both engines)")
+    g.addoption("--conformance-draft-model", default=None, metavar="PATH",
+                help="with --conformance-drafter: the head's folder (default: a seeded head for the model)")
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")
     g.addoption("--conformance-strict-expectations", action="store_true",
@@ -449,7 +453,8 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         xfail_file=opt("conformance_xfail_file"), dtype=_dtype(pytestconfig),
         enable_prefix_caching=opt("conformance_enable_prefix_caching"),
         mamba_cache_mode=opt("conformance_mamba_cache_mode"), step_timeout=opt("conformance_step_timeout"),
-        allow_unexercised=opt("conformance_allow_unexercised"))
+        allow_unexercised=opt("conformance_allow_unexercised"), drafter=opt("conformance_drafter"),
+        draft_model=opt("conformance_draft_model"))
 
 
 @pytest.fixture(scope="session")
