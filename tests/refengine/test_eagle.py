@@ -187,19 +187,43 @@ def _per_request(records):
     return {rid: rows[:-1] for rid, rows in out.items()}  # the last row: it may have finished there
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_engines_token_and_acceptance_exact(method, heads):
-    """K=1 and K=3, every graph mode of the async engine, against the reference engine and plain decoding."""
-    plain = _run("reference", "none", 0, "mtp", None)
-    for k in (1, 3):
-        ref_records: list = []
-        assert _run("reference", "none", k, method, heads[method], ref_records) == plain
-        want = _per_request(ref_records)
-        assert any(n for rows in want.values() for _, n, _, _ in rows), "some drafts are accepted"
-        for mode in ("none", "piecewise", "full", "full_and_piecewise"):
+MODES = ("none", "piecewise", "full", "full_and_piecewise")
+DEFAULT_CASES = {("eagle3", 3, "full_and_piecewise"), ("eagle", 1, "full")}
+ENGINE_CASES = [(m, k, mode) for m in ("eagle", "eagle3") for k in (1, 3) for mode in MODES]
+
+
+@pytest.fixture(scope="module")
+def reference_runs(heads):
+    """(method, K) -> (the reference engine's outputs, its verify rows per request), made once each."""
+    memo: dict = {}
+
+    def get(method: str, k: int):
+        if (method, k) not in memo:
             records: list = []
-            assert _run("async", mode, k, method, heads[method], records) == plain, (k, mode)
-            assert _per_request(records) == want, (k, mode)
+            outs = _run("reference", "none", k, method, heads[method], records)
+            memo[method, k] = outs, _per_request(records)
+        return memo[method, k]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def plain_outputs():
+    return _run("reference", "none", 0, "mtp", None)
+
+
+@pytest.mark.parametrize("method,k,mode", [
+    pytest.param(*c, id="-".join(map(str, c)), marks=[] if c in DEFAULT_CASES else [pytest.mark.slow])
+    for c in ENGINE_CASES])
+def test_engines_token_and_acceptance_exact(method, k, mode, heads, reference_runs, plain_outputs):
+    """The async engine in each graph mode against the reference engine (drafts verified, kept counts,
+    drafter inputs, next drafts, row by row) and both against plain decoding."""
+    ref_outs, want = reference_runs(method, k)
+    assert ref_outs == plain_outputs
+    assert any(n for rows in want.values() for _, n, _, _ in rows), "some drafts are accepted"
+    records: list = []
+    assert _run("async", mode, k, method, heads[method], records) == plain_outputs
+    assert _per_request(records) == want
 
 
 def test_speculative_config_is_vllms_spelling(heads):
