@@ -109,6 +109,13 @@ def _check(cfg: EagleHeadConfig, tensors: dict[str, torch.Tensor], target_cfg, n
     return ids
 
 
+def check_d2t(d2t: torch.Tensor, cfg: EagleHeadConfig, where: str) -> None:
+    """Every draft id + its offset is a target id (reads the values: a host check at load time)."""
+    target_ids = torch.arange(cfg.draft_vocab_size, device=d2t.device) + d2t.long()
+    if bool(((target_ids < 0) | (target_ids >= cfg.vocab_size)).any()):
+        raise EagleHeadError(f"{where}d2t maps a draft id outside the target vocabulary [0, {cfg.vocab_size})")
+
+
 def load_eagle_head(path: str | Path, method: str, target: nn.Module, target_cfg) -> tuple[nn.Module, tuple]:
     """The head of folder ``path`` on the target's device and dtype, and the aux layer ids it reads (EAGLE-3;
     () for EAGLE-1). EagleHeadError names whatever does not fit vLLM's layout or the target."""
@@ -142,8 +149,10 @@ def load_eagle_head(path: str | Path, method: str, target: nn.Module, target_cfg
         if tuple(tensors[name].shape) != shape:
             raise EagleHeadError(f"{where}{name} is {list(tensors[name].shape)}, expected {list(shape)}")
     head.load_state_dict(tensors)
-    for p in head.parameters():  # not ``head.to``: the rotary module holds no tensors and overrides _apply
-        p.data = p.data.to(device=param.device, dtype=param.dtype)
+    for module in head.modules():  # not ``head.to``: the rotary module holds no tensors and overrides _apply
+        for name, p in list(module._parameters.items()):
+            module._parameters[name] = nn.Parameter(p.detach().to(device=param.device, dtype=param.dtype),
+                                                    requires_grad=False)
     if own_embed is not None:
         if tuple(own_embed.shape) != (cfg.vocab_size, cfg.hidden_size):
             raise EagleHeadError(f"{where}embed_tokens.weight is {list(own_embed.shape)}, expected "
@@ -153,9 +162,6 @@ def load_eagle_head(path: str | Path, method: str, target: nn.Module, target_cfg
     if d2t is not None:
         if tuple(d2t.shape) != (cfg.draft_vocab_size,):
             raise EagleHeadError(f"{where}d2t is {list(d2t.shape)}, expected [{cfg.draft_vocab_size}]")
-        target_ids = torch.arange(cfg.draft_vocab_size) + d2t.long()
-        if bool(((target_ids < 0) | (target_ids >= cfg.vocab_size)).any()):
-            raise EagleHeadError(f"{where}d2t maps a draft id outside the target vocabulary [0, {cfg.vocab_size})")
+        check_d2t(d2t, cfg, where)
         head.d2t = d2t.to(device=param.device, dtype=torch.int64)
-    head.requires_grad_(False)
     return head, ids
