@@ -18,6 +18,7 @@ hit drops the last matched block (vLLM's rule for EAGLE-style drafters, ``drops_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -32,7 +33,21 @@ from refengine.drafters.base import (
 )
 from refengine.drafters.mtp import MTPDeviceProposer
 from refengine.forward_context import AttnMetadata
-from refengine.model.eagle import EagleHeadConfig, head_cache_specs, load_eagle_head
+from refengine.model.eagle import EagleHeadConfig, EagleHeadError, head_cache_specs, load_eagle_head
+
+
+def resolve_head_path(draft_model: str) -> str:
+    """A head folder, or a tiny preset's name (``tiny:eagle3``) for the head its checkpoint folder holds."""
+    from refengine.tools.tiny_models import TINY_PREFIX, tiny_model_path
+
+    if not str(draft_model).startswith(TINY_PREFIX):
+        return str(draft_model)
+    from refengine.tools.eagle_training import TINY_HEAD
+
+    head = Path(tiny_model_path(str(draft_model))) / TINY_HEAD
+    if not head.is_dir():
+        raise EagleHeadError(f"draft_model={draft_model!r}: that tiny model has no EAGLE head ({TINY_HEAD}/)")
+    return str(head)
 
 
 @dataclass
@@ -50,6 +65,7 @@ class EagleDrafter:
     head_config: EagleHeadConfig = field(init=False, repr=False)
 
     def __post_init__(self):
+        self.draft_model = resolve_head_path(self.draft_model)
         self.head_config = EagleHeadConfig.read(self.draft_model, self.method)
 
     def cache_specs(self, target_cfg, num_speculative_tokens: int) -> dict:

@@ -43,9 +43,10 @@ def default_head_aux_ids(num_layers: int) -> list[int]:
     return sorted({min(1, num_layers - 1), num_layers // 2, num_layers - 1})
 
 
-def eagle_head_tensors(net, method: str, aux_ids: list[int], draft_vocab: int,
-                       seed: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """The head's tensors (vLLM's names) and its config.json, from target ``net``."""
+def eagle_head_tensors(net, method: str, aux_ids: list[int], draft_vocab: int, seed: int,
+                       draft_ids: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """The head's tensors (vLLM's names) and its config.json, from target ``net``; ``draft_ids`` [Vd]: the
+    target ids of the draft vocabulary (default: a seeded choice)."""
     gen = torch.Generator().manual_seed(seed)
     lm_head = net.lm_head.weight.detach().float()  # [V, H]
     vocab, h = lm_head.shape
@@ -86,7 +87,8 @@ def eagle_head_tensors(net, method: str, aux_ids: list[int], draft_vocab: int,
     t["fc.weight"] = torch.cat([torch.eye(h) / n] * n, dim=1) + noise(h, n * h, NOISE)
     t["norm.weight"] = _final_norm(net)
     if draft_vocab < vocab:
-        order = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values  # draft id -> target id
+        order = torch.randperm(vocab, generator=gen)[:draft_vocab] if draft_ids is None else draft_ids
+        order = order.sort().values  # draft id -> target id
         t["lm_head.weight"] = lm_head[order].clone()
         t["d2t"] = order - torch.arange(draft_vocab)
         t["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, order, True)

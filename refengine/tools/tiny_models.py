@@ -9,6 +9,12 @@ model's byte-level tokenizer (ids 0..255 are the UTF-8 bytes; its special tokens
 vocabulary, are left out), so text prompts work. It is written once per version (of this file, the head
 maker and transformers) into the temp folder and reused; a half-written folder is never picked up
 (written beside, then renamed). The first use in a process says which folder it is (stderr, once).
+
+``tiny:eagle3`` is not a family but a preset: the embedded default model with an EAGLE-3 head in its folder's
+``eagle3-head`` (``refengine.tools.eagle_training.make_tiny_eagle3``: aux ids (1, 2, 3), a draft vocabulary of
+the 128 ids most frequent in the model's greedy text, trained on that text); ``draft_model="tiny:eagle3"``
+names the head: ``LLM("tiny:eagle3", drafter="eagle3", draft_model="tiny:eagle3", num_speculative_tokens=3)``.
+It takes a minute or two to write on first use. ``draw_model`` draws among the families only.
 """
 
 from __future__ import annotations
@@ -41,12 +47,18 @@ def tiny_names() -> list[str]:
     return [TINY_PREFIX + name for name in MAKERS]
 
 
+def family_names() -> list[str]:
+    """The tiny models of the other families (what ``draw_model`` draws from; presets such as ``tiny:eagle3``
+    are not families)."""
+    return [TINY_PREFIX + name for name in FAMILY_MAKERS]
+
+
 def draw_model(seed: int) -> str | None:
     """The model ``conformance fuzz --draw-family`` runs for ``seed``: None (the embedded default model)
     or one of the tiny models, each family equally likely, the same for the same seed."""
     import random
 
-    return random.Random(f"family-{seed}").choice([None, *tiny_names()])
+    return random.Random(f"family-{seed}").choice([None, *family_names()])
 
 
 def tiny_model_path(name: str) -> str:
@@ -99,11 +111,14 @@ def _version() -> str:
     """What the written checkpoint depends on: this file, the MTP head maker, transformers' version."""
     import transformers
 
+    import refengine.tools.eagle_head as eagle_head
+    import refengine.tools.eagle_training as eagle_training
     import refengine.tools.nemotron_mtp_head as head
 
     digest = hashlib.sha256(transformers.__version__.encode())
-    tokenizer = Path(__file__).parents[1] / "data" / "default_model" / "tokenizer.json"
-    for source in (__file__, head.__file__, tokenizer):
+    data = Path(__file__).parents[1] / "data" / "default_model"
+    for source in (__file__, head.__file__, eagle_head.__file__, eagle_training.__file__,
+                   data / "tokenizer.json", data / "config.json"):
         digest.update(Path(source).read_bytes())
     return digest.hexdigest()[:12]
 
@@ -142,4 +157,14 @@ def _make_nemotron_h(work: Path) -> None:
     _write_tokenizer(work / "out", NEMOTRON_H_CONFIG["vocab_size"])
 
 
-MAKERS = {"nemotron_h": _make_nemotron_h}
+def _make_eagle3(work: Path) -> None:
+    """The embedded default model with a trained EAGLE-3 head in ``eagle3-head`` (work/out)."""
+    from refengine.tools.eagle_training import make_tiny_eagle3
+
+    make_tiny_eagle3(work / "out")
+
+
+FAMILY_MAKERS = {"nemotron_h": _make_nemotron_h}
+# ``tiny:eagle3``: the embedded default model (Qwen3-Next hybrid, 4 layers) with a trained EAGLE-3 head
+# (``draft_model="tiny:eagle3"`` names the head)
+MAKERS = {**FAMILY_MAKERS, "eagle3": _make_eagle3}
