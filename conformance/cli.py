@@ -91,7 +91,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="run every speculative scenario (K > 0) with this EAGLE drafter instead of its own "
                    "(the reference engine it is compared with too)")
     p.add_argument("--draft-model", default=None, metavar="PATH",
-                   help="with --drafter: the head's folder in vLLM's layout (default: a seeded head the suite "
+                   help="with --drafter: the head's folder in vLLM's layout (default: a seeded head the "
+                   "suite "
                    "makes for the model, conformance.eagle_heads)")
 
 

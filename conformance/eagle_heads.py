@@ -31,7 +31,8 @@ def head_for(model: str | None, method: str) -> str:
     for f in sorted(path.glob("*.safetensors")):
         digest.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
     digest.update(Path(eagle_head.__file__).read_bytes())
-    root = Path(tempfile.gettempdir()) / f"conformance-{method}-head-{digest.hexdigest()[:12]}-uid{os.getuid()}"
+    name = f"conformance-{method}-head-{digest.hexdigest()[:12]}-uid{os.getuid()}"
+    root = Path(tempfile.gettempdir()) / name
     if (root / "config.json").is_file():
         return str(root)
     vocab = read_config(path).vocab_size

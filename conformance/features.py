@@ -12,7 +12,7 @@ FEATURES = (
     "mtp",  # drafts with the model's MTP head
     "scripted_drafter",  # takes refengine's ScriptedDrafter
     "ngram_drafter",  # drafts by n-gram prompt lookup (vLLM's "ngram", prompt_lookup_min/max): 0..K per step
-    "eagle_drafter",  # drafts with an EAGLE-1 / EAGLE-3 head (vLLM's "eagle" / "eagle3", a draft_model folder)
+    "eagle_drafter",  # drafts with an EAGLE-1 / EAGLE-3 head (vLLM's "eagle" / "eagle3", a head folder)
     "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode
     # (reports num_cached_tokens)
 )

@@ -28,8 +28,8 @@ from refengine.request import Request
 from refengine.sampling_params import SamplingParams
 from refengine.tokenizer import load_tokenizer
 
-
-SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
+                           "prompt_lookup_max")
 
 
 def speculative_from_vllm(config) -> tuple:
@@ -39,7 +39,8 @@ def speculative_from_vllm(config) -> tuple:
         raise ConfigError(f"speculative_config must be a dict, got {config!r}")
     unknown = sorted(set(config) - set(SPECULATIVE_CONFIG_KEYS))
     if unknown:
-        raise ConfigError(f"speculative_config: unknown key(s) {unknown}; known: {list(SPECULATIVE_CONFIG_KEYS)}")
+        raise ConfigError(f"speculative_config: unknown key(s) {unknown}; "
+                          f"known: {list(SPECULATIVE_CONFIG_KEYS)}")
     if "method" not in config:
         raise ConfigError("speculative_config needs a 'method' (e.g. 'eagle3', 'mtp', 'ngram')")
     return (config.get("num_speculative_tokens", 0), config["method"], config.get("model"),
@@ -65,7 +66,8 @@ class LLM:
         same as ``drafter``, ``draft_model`` and ``num_speculative_tokens``."""
         if speculative_config is not None:
             given = {"num_speculative_tokens": num_speculative_tokens != 0, "drafter": drafter != "mtp",
-                     "draft_model": draft_model is not None, "prompt_lookup_min": prompt_lookup_min is not None,
+                     "draft_model": draft_model is not None,
+                     "prompt_lookup_min": prompt_lookup_min is not None,
                      "prompt_lookup_max": prompt_lookup_max is not None}
             both = [name for name, set_ in given.items() if set_]
             if both:

@@ -15,7 +15,8 @@ block lower. What a request leaves in the cache once its tokens are committed:
 - checkpoints, mode ``all``: at every block boundary of its committed tokens (prefill chunks never
   cross a boundary);
 - checkpoints, mode ``align`` (vLLM 0.32+): at its prompt's last checkpoint ``(L - max(1, lookahead))
-  // B * B`` (one block less with an EAGLE drafter) and its prompt's end when that is on the grid (its prefill stops at both), at every
+  // B * B`` (one block less with an EAGLE drafter) and its prompt's end when that is on the grid (its
+  prefill stops at both), at every
   boundary a decode or verify step committed past the prompt, where a budget-cut prefill chunk ended on
   the grid, and where its hit fell short of the blocks it shared with the cache (the junction stop).
 

@@ -75,8 +75,8 @@ def eagle_mutants(Mutant, shared_host_buffer) -> tuple:
     return (
         Mutant("eagle-shared-host-buffer", "seed 001 (async scheduling x spec decode), on EAGLE",
                "contract 7: host buffers",
-               "with an EAGLE drafter, the step inputs the target and the drafter read are staged in one host "
-               "buffer the next step rewrites while the copy is pending", shared_host_buffer,
+               "with an EAGLE drafter, the step inputs the target and the drafter read are staged in one "
+               "host buffer the next step rewrites while the copy is pending", shared_host_buffer,
                scenarios=(SCENARIO,)),
         Mutant("eagle3-aux-neighbour-layer", "own (EAGLE-3)", drafter,
                "EAGLE-3's auxiliary hidden states are taken from the layer before each configured id",

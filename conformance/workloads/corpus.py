@@ -193,8 +193,9 @@ def _eagle(method: str, k: int, tiers=TIERS) -> ScenarioDef:
 
     name = "EAGLE-3" if method == "eagle3" else "EAGLE-1"
     return ScenarioDef(
-        f"{method}-k{k}", f"{name}-head drafts (the suite's seeded head for the model) verified by the target "
-        f"model (K={k})", EngineSettings(num_speculative_tokens=k, drafter=method, max_num_batched_tokens=32),
+        f"{method}-k{k}", f"{name}-head drafts (the suite's seeded head for the model) verified by the "
+        f"target model (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter=method, max_num_batched_tokens=32),
         build, ("spec-verify",), tiers)
 
 

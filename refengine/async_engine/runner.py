@@ -204,7 +204,7 @@ class AsyncRunner:
         self.stream = stream
         self.builder = builder
         self.proposer = proposer  # the drafter's device proposer, or None without speculation
-        self.aux_layers = tuple(getattr(proposer, "aux_layers", ()))  # target layers the drafter reads (EAGLE-3)
+        self.aux_layers = tuple(getattr(proposer, "aux_layers", ()))  # target layers the drafter reads
         self.block_size = block_size
         self.num_speculative_tokens = num_speculative_tokens
         self.recurrent_prefill_chunked = recurrent_prefill_chunked

@@ -52,8 +52,8 @@ def resolve_head_path(draft_model: str) -> str:
 
 @dataclass
 class EagleDrafter:
-    """``method``: "eagle" | "eagle3"; ``draft_model``: the head's folder. The head is loaded onto the target's
-    device and dtype by ``check_model`` (each engine builds its own drafter)."""
+    """``method``: "eagle" | "eagle3"; ``draft_model``: the head's folder. The head is loaded onto the
+    target's device and dtype by ``check_model`` (each engine builds its own drafter)."""
 
     method: str
     num_speculative_tokens: int
@@ -161,7 +161,7 @@ class EagleDeviceProposer(MTPDeviceProposer):
         base = self.chain_positions(d)
         qsl = torch.zeros(d.idx.shape[0] + 1, dtype=torch.int32, device=d.idx.device)
         qsl[1:] = live.to(torch.int32).cumsum(0)  # one token per sampling row; other rows repeat it
-        order = torch.argsort((~live).to(torch.int32), stable=True)  # [Np] token t -> row (sampling rows first)
+        order = torch.argsort((~live).to(torch.int32), stable=True)  # [Np] token t -> row, sampling first
         rank = torch.argsort(order)  # [Np] row -> its token
         table_rows = torch.where(live[:, None], st.block_table[d.idx], st.sink_block)
         shapes = attn_shapes("drafter", d.attn)

@@ -137,7 +137,8 @@ class PrefixCache:
             return min(end, (num_computed // bs + 1) * bs) - num_computed
         if end < total and end - end % bs > num_computed:
             end -= end % bs
-        stops = [geometry.last_checkpoint(total, bs, self.lookahead, self.drop_last_block), shared - shared % bs]
+        last = geometry.last_checkpoint(total, bs, self.lookahead, self.drop_last_block)
+        stops = [last, shared - shared % bs]
         if num_computed % bs:
             stops.append((num_computed // bs + 1) * bs)
         inside = [s for s in stops if num_computed < s < end]

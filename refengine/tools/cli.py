@@ -3,6 +3,7 @@ The prompts go in at once (``--mode batch``), one after another (``sequential``:
 ``--enable-prefix-caching`` a later prompt is served from what an earlier one cached), or as the turns of
 one chat (``chat``: each turn's prompt is the previous turn's prompt and reply followed by its own text).
 ``refengine add-mtp-head SRC DST``: a copy of a checkpoint with an MTP head (refengine.tools.mtp_head).
+``refengine add-eagle-head SRC DST``: an EAGLE-1 / EAGLE-3 head for a checkpoint (refengine.tools.eagle_head).
 ``refengine report`` and ``refengine bench``: refengine.tools.report and refengine.tools.bench."""
 
 from __future__ import annotations
@@ -152,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most tokens per prompt (at most the model length minus the prompt; said when "
                    "capped)")
     g.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=0)
-    g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted"))
+    g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted", "eagle", "eagle3"))
+    g.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="--drafter eagle|eagle3: the head's folder (vLLM's layout; "
+                   "`refengine add-eagle-head`)")
     g.add_argument("--prompt-lookup-min", type=int_at_least(1), default=None,
                    help="--drafter ngram: shortest n-gram looked up (default 5)")
     g.add_argument("--prompt-lookup-max", type=int_at_least(1), default=None,
@@ -188,6 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     mtp.add_argument("src", metavar="SRC", help="checkpoint folder without mtp.* tensors")
     mtp.add_argument("dst", metavar="DST", help="new folder: SRC's files plus the head")
+    eagle = sub.add_parser("add-eagle-head", help="make an EAGLE-1 / EAGLE-3 head (vLLM's layout) for a "
+                           "checkpoint, to serve with --drafter eagle|eagle3 --draft-model DST",
+                           description=docstring_of("refengine.tools.eagle_head"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    eagle.add_argument("src", metavar="SRC", help="the target checkpoint folder")
+    eagle.add_argument("dst", metavar="DST", help="new folder: the head's config.json and model.safetensors")
+    eagle.add_argument("--method", default="eagle3", choices=("eagle", "eagle3"))
+    eagle.add_argument("--aux-ids", type=_parse_ids, default=None, metavar="I,J,K",
+                       help="eagle3: the target layers whose input the head reads (default 1, L//2, L-1)")
+    eagle.add_argument("--draft-vocab-size", type=int_at_least(1), default=None,
+                       help="eagle3: a draft vocabulary of this many ids, with d2t (default: the whole "
+                       "vocabulary)")
+    eagle.add_argument("--seed", type=int_at_least(0), default=0)
     return p
 
 
@@ -222,6 +239,8 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "add-mtp-head":
         return add_mtp_head_command(args.src, args.dst)
+    if args.command == "add-eagle-head":
+        return add_eagle_head_command(args)
     return generate_command(args)
 
 
@@ -243,7 +262,7 @@ def generate_command(args) -> int:
                   prompt_lookup_max=args.prompt_lookup_max, graph_mode=graph_mode, device=args.device,
                   dtype=args.dtype, seed=args.seed, block_size=args.block_size,
                   max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
-                  mamba_cache_mode=args.mamba_cache_mode)
+                  mamba_cache_mode=args.mamba_cache_mode, draft_model=args.draft_model)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
                                 **request_params(args))
     except SETUP_ERRORS as e:
@@ -321,6 +340,22 @@ def add_mtp_head_command(src: str, dst: str) -> int:
         f"initialised from the model's own layers ({', '.join(layers)}), untrained: "
         "its drafts are valid but rarely accepted until it is trained"
     )
+    return 0
+
+
+def add_eagle_head_command(args) -> int:
+    from refengine.tools import eagle_head
+    from refengine.tools.errors import SETUP_ERRORS
+
+    try:
+        config = eagle_head.add_eagle_head(args.src, args.dst, args.method, aux_ids=args.aux_ids,
+                                           draft_vocab_size=args.draft_vocab_size, seed=args.seed)
+    except (*SETUP_ERRORS, ValueError) as e:
+        return report("refengine add-eagle-head", e)
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    where = f", aux ids {ids}, draft vocabulary {config['draft_vocab_size']}" if ids is not None else ""
+    print(f"wrote {args.dst}: an {args.method} head for {args.src} (hidden {config['hidden_size']}{where}), "
+          f"untrained: serve it with --drafter {args.method} --draft-model {args.dst}")
     return 0
 
 

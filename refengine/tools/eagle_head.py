@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from refengine.model.eagle import EAGLE1, EAGLE3, METHODS
-from refengine.model.loader import load_model
+from refengine.model.loader import load_model, resolve_model_path
 
 NOISE = 0.05  # std of the seeded perturbation, relative to 1/sqrt(fan-in)
 
@@ -34,7 +34,7 @@ NOISE = 0.05  # std of the seeded perturbation, relative to 1/sqrt(fan-in)
 def _final_norm(net) -> torch.Tensor:
     """[H] the target's final norm as a plain weight (a zero-centred one is 1 + w)."""
     inner = net.model
-    norm = getattr(inner, "norm", None) or getattr(inner, "norm_f")
+    norm = getattr(inner, "norm", None) or inner.norm_f
     w = norm.weight.detach().float()
     return w + 1 if getattr(norm, "zero_centered", False) else w
 
@@ -108,15 +108,16 @@ def write_eagle_head(dst: str | Path, tensors: dict[str, torch.Tensor], config: 
     return dst
 
 
-def add_eagle_head(src: str | Path, dst: str | Path, method: str = EAGLE3, *, aux_ids: list[int] | None = None,
-                   draft_vocab_size: int | None = None, seed: int = 0) -> dict:
+def add_eagle_head(src: str | Path, dst: str | Path, method: str = EAGLE3, *,
+                   aux_ids: list[int] | None = None, draft_vocab_size: int | None = None,
+                   seed: int = 0) -> dict:
     """Write the head folder DST for checkpoint SRC; returns its config.json."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     dst = Path(dst)
     if dst.exists():
         raise FileExistsError(f"{dst} exists; add-eagle-head writes a new folder")
-    net, _ = load_model(str(src), dtype=torch.float32, device="cpu")
+    net, _ = load_model(resolve_model_path(src), dtype=torch.float32, device="cpu")
     num_layers = len(net.model.layers)
     ids = sorted(set(aux_ids)) if aux_ids else default_head_aux_ids(num_layers)
     bad = [i for i in ids if not 0 <= i < num_layers]

@@ -39,17 +39,19 @@ def _layer(layer, x_in: torch.Tensor, residual: torch.Tensor, positions: torch.T
     k = _rope(F.linear(x_in, att.k_proj.weight).view(b, t, hk, d), positions, cfg.rope_theta)
     v = F.linear(x_in, att.v_proj.weight).view(b, t, hk, d)
     k, v = k.repeat_interleave(hq // hk, 2), v.repeat_interleave(hq // hk, 2)
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     a = F.linear(o.transpose(1, 2).reshape(b, t, hq * d), att.o_proj.weight)
     residual = a + residual
     h = _rms(residual, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
     mlp = layer.mlp
-    h = F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+    h = F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight)
+    h = F.linear(h, mlp.down_proj.weight)
     return h + residual
 
 
 def first_pass_logits(head, ids: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """ids [B, T] (token t+1 at row t), state [B, T, ...] the target's state at t -> draft logits [B, T, Vd]."""
+    """ids [B, T] (token t+1 at row t), state [B, T, ...] the target's state at t -> logits [B, T, Vd]."""
     cfg = head.config
     positions = torch.arange(ids.shape[1])
     e = head.embed(ids).detach()
@@ -155,7 +157,8 @@ def mean_acceptance_length(model: str, head: str, method: str, k: int, num: int 
     from refengine import LLM
 
     records: list = []
-    llm = LLM(model=model, num_speculative_tokens=k, drafter=method, draft_model=head, observer=records.append)
+    llm = LLM(model=model, num_speculative_tokens=k, drafter=method, draft_model=head,
+              observer=records.append)
     greedy_sequences(llm, num, 48, seed=seed)
     accepted = [r.num_accepted for step in records for r in step.rows
                 if r.num_accepted is not None and r.draft_token_ids]

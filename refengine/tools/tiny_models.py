@@ -111,9 +111,8 @@ def _version() -> str:
     """What the written checkpoint depends on: this file, the MTP head maker, transformers' version."""
     import transformers
 
-    import refengine.tools.eagle_head as eagle_head
-    import refengine.tools.eagle_training as eagle_training
     import refengine.tools.nemotron_mtp_head as head
+    from refengine.tools import eagle_head, eagle_training
 
     digest = hashlib.sha256(transformers.__version__.encode())
     data = Path(__file__).parents[1] / "data" / "default_model"

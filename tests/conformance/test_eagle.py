@@ -20,7 +20,8 @@ from tests.conformance.test_cli import run_cli
 def eagle_case(small_case):
     from conformance.engines import RefEngineAdapter
 
-    return dataclasses.replace(small_case, engine="async", adapter=RefEngineAdapter("async", "full_and_piecewise"))
+    adapter = RefEngineAdapter("async", "full_and_piecewise")
+    return dataclasses.replace(small_case, engine="async", adapter=adapter)
 
 
 def test_drafts_check_compares_eagle_rows_and_fails_on_a_wrong_head(eagle_case):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,7 +106,7 @@ def test_head_math_matches_a_plain_torch_computation(method, heads, target):
     net, cfg = target
     head, ids_aux = load_eagle_head(heads[method], method, net, cfg)
     t = load_file(f"{heads[method]}/model.safetensors")
-    hcfg = json.loads(open(f"{heads[method]}/config.json").read())
+    hcfg = json.loads(Path(heads[method], "config.json").read_text())
     gen = torch.Generator().manual_seed(0)
     n = 11
     ids = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
@@ -136,20 +137,20 @@ def _variant(src: str, dst, *, drop=(), add=None, config=None):
         t.pop(name)
     t.update(add or {})
     save_file(t, str(dst / "model.safetensors"))
-    c = json.loads(open(f"{src}/config.json").read())
+    c = json.loads(Path(src, "config.json").read_text())
     c.update(config or {})
     (dst / "config.json").write_text(json.dumps(c))
     return str(dst)
 
 
 @pytest.mark.parametrize("method,change,message", [
-    ("eagle", {"add": {"norm.weight": torch.ones(128)}}, "'norm.weight' on disk: an EAGLE-1 head has no final"),
+    ("eagle", {"add": {"norm.weight": torch.ones(128)}}, "'norm.weight' on disk: an EAGLE-1 head has no"),
     ("eagle", {"add": {"layers.0.input_layernorm.weight": torch.ones(128)}}, "first layer has no input norm"),
     ("eagle", {"add": {"lm_head.weight": torch.zeros(260, 128)}}, "uses the target's lm_head"),
     ("eagle3", {"config": {"draft_vocab_size": 260}, "add": {"lm_head.weight": torch.zeros(260, 128)}},
      "a full draft vocabulary has no d2t"),
     ("eagle3", {"drop": ("d2t",)}, "has no 'd2t'"),
-    ("eagle3", {"config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}, r"fc.weight is \[128, 384\] but the aux"),
+    ("eagle3", {"config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}, r"fc.weight is \[128, 384\] but"),
     ("eagle3", {"config": {"eagle_aux_hidden_state_layer_ids": None}}, "vLLM's default ids for a 4-layer"),
     ("eagle3", {"config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}}, r"id\(s\) \[4\] at or past"),
 ])
@@ -170,8 +171,9 @@ PROMPTS = [list(range(5, 40)), list(range(100, 117)), [7, 8, 9] * 7, list(range(
 
 
 def _run(engine, graph_mode, k, method, head, records=None, **kw):
-    llm = LLM(engine=engine, graph_mode=graph_mode, num_speculative_tokens=k, drafter=method, draft_model=head,
-              max_num_batched_tokens=24, observer=None if records is None else records.append, **kw)
+    llm = LLM(engine=engine, graph_mode=graph_mode, num_speculative_tokens=k, drafter=method,
+              draft_model=head, max_num_batched_tokens=24,
+              observer=None if records is None else records.append, **kw)
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
     return [list(o.token_ids) for o in outs]
 
@@ -249,3 +251,39 @@ def test_prefix_cache_drops_the_last_matched_block(heads):
         llm.generate([prompt], params)
         counts[name] = llm.generate([prompt], params)[0].num_cached_tokens
     assert counts == {"plain": 24, "eagle3": 20}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_engines_exact_on_nemotron_h(method, tmp_path):
+    """The other family: Mamba2 + attention + MoE blocks, the aux states taken between blocks."""
+    head = tmp_path / "head"
+    add_eagle_head("tiny:nemotron_h", head, method, draft_vocab_size=200 if method == "eagle3" else None)
+    plain = _run("reference", "none", 0, "mtp", None, model="tiny:nemotron_h")
+    ref_records, records = [], []
+    assert _run("reference", "none", 3, method, str(head), ref_records, model="tiny:nemotron_h") == plain
+    got = _run("async", "full_and_piecewise", 3, method, str(head), records, model="tiny:nemotron_h")
+    assert got == plain
+    assert _per_request(records) == _per_request(ref_records)
+
+
+@pytest.mark.slow
+def test_the_tiny_eagle3_preset_is_trained():
+    """``tiny:eagle3``'s head beats an untrained one on the model's greedy text (mean acceptance length)."""
+    from refengine.tools.eagle_training import mean_acceptance_length
+
+    trained = mean_acceptance_length("tiny:eagle3", "tiny:eagle3", "eagle3", 3)
+    assert trained > 1.5, trained
+
+
+def test_add_eagle_head_command(tmp_path, capsys):
+    from refengine.tools.cli import main
+
+    dst = tmp_path / "head"
+    assert main(["add-eagle-head", default_model_path(), str(dst), "--aux-ids", "0,3",
+                 "--draft-vocab-size", "100"]) == 0
+    config = json.loads((dst / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 3] and config["draft_vocab_size"] == 100
+    assert load_file(str(dst / "model.safetensors"))["fc.weight"].shape == (128, 256)
+    assert main(["add-eagle-head", default_model_path(), str(dst)]) != 0  # DST exists: refused, named
+    assert "exists" in capsys.readouterr().err

@@ -49,7 +49,7 @@ class EagleHeadConfig:
     vocab_size: int
     draft_vocab_size: int
     target_hidden_size: int
-    aux_layer_ids: tuple[int, ...] | None  # as the head names them (sorted); None: vLLM's default for the target
+    aux_layer_ids: tuple[int, ...] | None  # as the head names them (sorted); None: vLLM's default
     norm_before_residual: bool
 
     @classmethod
@@ -72,8 +72,8 @@ class EagleHeadConfig:
         if ids is not None:
             if (not isinstance(ids, list | tuple) or not ids
                     or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids)):
-                raise EagleHeadError(f"{where}config.json: eagle_aux_hidden_state_layer_ids must be a list of "
-                                     f"layer ids >= 0, got {ids!r}")
+                raise EagleHeadError(f"{where}config.json: eagle_aux_hidden_state_layer_ids must be a list "
+                                     f"of layer ids >= 0, got {ids!r}")
             ids = tuple(sorted(ids))  # vLLM sorts them
         eps = raw.get("rms_norm_eps", 1e-6)
         theta = raw.get("rope_theta", 10000.0)
@@ -108,4 +108,6 @@ class EagleHeadConfig:
 
     def aux_ids_for(self, num_target_layers: int) -> tuple[int, ...]:
         """The target layers whose input (the state after that many layers) EAGLE-3 reads."""
-        return self.aux_layer_ids if self.aux_layer_ids is not None else default_aux_layer_ids(num_target_layers)
+        if self.aux_layer_ids is not None:
+            return self.aux_layer_ids
+        return default_aux_layer_ids(num_target_layers)

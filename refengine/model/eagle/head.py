@@ -36,7 +36,8 @@ def cache_key(layer: int) -> str:
 
 
 def head_cache_specs(cfg: EagleHeadConfig) -> dict[str, PagedKV]:
-    return {cache_key(i): PagedKV(cfg.num_key_value_heads, cfg.head_dim) for i in range(cfg.num_hidden_layers)}
+    return {cache_key(i): PagedKV(cfg.num_key_value_heads, cfg.head_dim)
+            for i in range(cfg.num_hidden_layers)}
 
 
 class LlamaAttention(nn.Module):

@@ -43,8 +43,7 @@ def vllm_names(raw: dict[str, torch.Tensor], method: str) -> dict[str, torch.Ten
     """On-disk names -> the head module's names, as vLLM's ``load_weights`` renames them."""
     out = {}
     for name, t in raw.items():
-        if name.startswith("model."):
-            name = name[len("model."):]
+        name = name.removeprefix("model.")
         if name.endswith(".bias") or (method == EAGLE3 and name == "t2d"):
             continue
         if method == EAGLE3 and name.startswith("midlayer."):
@@ -59,8 +58,8 @@ def _target_embedding(target: nn.Module) -> nn.Module:
         module = getattr(inner, attr, None)
         if module is not None:
             return module
-    raise EagleHeadError(f"an EAGLE head shares the target's embedding; {type(target).__name__} has none that "
-                         f"is known (model.embed_tokens / model.embeddings)")
+    raise EagleHeadError(f"an EAGLE head shares the target's embedding; {type(target).__name__} has none "
+                         f"that is known (model.embed_tokens / model.embeddings)")
 
 
 def target_num_layers(target: nn.Module) -> int:
@@ -76,10 +75,11 @@ def _check(cfg: EagleHeadConfig, tensors: dict[str, torch.Tensor], target_cfg, n
     if cfg.method == EAGLE1:
         for bad, why in (("norm.weight", "an EAGLE-1 head has no final norm"),
                          ("lm_head.weight", "an EAGLE-1 head uses the target's lm_head"),
-                         ("layers.0.input_layernorm.weight", "an EAGLE-1 head's first layer has no input norm")):
+                         ("layers.0.input_layernorm.weight",
+                          "an EAGLE-1 head's first layer has no input norm")):
             if bad in tensors:
-                raise EagleHeadError(f"{where}tensor {bad!r} on disk: {why} (vLLM's llama_eagle.py refuses it; "
-                                     f"an EAGLE-3 head is drafter='eagle3')")
+                raise EagleHeadError(f"{where}tensor {bad!r} on disk: {why} (vLLM's llama_eagle.py refuses "
+                                     f"it; an EAGLE-3 head is drafter='eagle3')")
         if "d2t" in tensors:
             raise EagleHeadError(f"{where}tensor 'd2t' on disk: an EAGLE-1 head drafts in the target's "
                                  f"vocabulary (an EAGLE-3 head is drafter='eagle3')")
@@ -87,23 +87,26 @@ def _check(cfg: EagleHeadConfig, tensors: dict[str, torch.Tensor], target_cfg, n
     ids = cfg.aux_ids_for(num_layers)
     bad = [i for i in ids if i >= num_layers]
     if bad:
-        raise EagleHeadError(f"{where}eagle_aux_hidden_state_layer_ids {list(ids)}: id(s) {bad} at or past the "
-                             f"target's {num_layers} layers (id i is the state after i layers)")
+        raise EagleHeadError(f"{where}eagle_aux_hidden_state_layer_ids {list(ids)}: id(s) {bad} at or past "
+                             f"the target's {num_layers} layers (id i is the state after i layers)")
     fc = tensors.get("fc.weight")
     if fc is not None and fc.shape[-1] != len(ids) * cfg.target_hidden_size:
         source = "eagle_aux_hidden_state_layer_ids" if cfg.aux_layer_ids is not None else \
             f"vLLM's default ids for a {num_layers}-layer target"
         raise EagleHeadError(
-            f"{where}fc.weight is [{', '.join(map(str, fc.shape))}] but the aux ids {list(ids)} ({source}) give "
+            f"{where}fc.weight is [{', '.join(map(str, fc.shape))}] but the aux ids {list(ids)} ({source}) "
+            f"give "
             f"{len(ids)} x target_hidden_size {cfg.target_hidden_size} = {len(ids) * cfg.target_hidden_size} "
             f"inputs (name the head's ids in config.json's eagle_aux_hidden_state_layer_ids)")
     full = cfg.draft_vocab_size == target_cfg.vocab_size
     if full and "d2t" in tensors:
-        raise EagleHeadError(f"{where}tensor 'd2t' on disk with draft_vocab_size {cfg.draft_vocab_size} equal to "
-                             f"the target's vocabulary: a full draft vocabulary has no d2t (vLLM refuses it)")
+        raise EagleHeadError(f"{where}tensor 'd2t' on disk with draft_vocab_size {cfg.draft_vocab_size} "
+                             f"equal to the target's vocabulary: a full draft vocabulary has no d2t (vLLM "
+                             f"refuses it)")
     if not full and "d2t" not in tensors:
         raise EagleHeadError(f"{where}draft_vocab_size {cfg.draft_vocab_size} is smaller than the vocabulary "
-                             f"{target_cfg.vocab_size} but the head has no 'd2t' (draft id -> target id offsets)")
+                             f"{target_cfg.vocab_size} but the head has no 'd2t' (draft id -> target id "
+                             f"offsets)")
     if not full and "lm_head.weight" not in tensors:
         raise EagleHeadError(f"{where}no 'lm_head.weight' for draft_vocab_size {cfg.draft_vocab_size}")
     return ids
@@ -113,7 +116,8 @@ def check_d2t(d2t: torch.Tensor, cfg: EagleHeadConfig, where: str) -> None:
     """Every draft id + its offset is a target id (reads the values: a host check at load time)."""
     target_ids = torch.arange(cfg.draft_vocab_size, device=d2t.device) + d2t.long()
     if bool(((target_ids < 0) | (target_ids >= cfg.vocab_size)).any()):
-        raise EagleHeadError(f"{where}d2t maps a draft id outside the target vocabulary [0, {cfg.vocab_size})")
+        raise EagleHeadError(f"{where}d2t maps a draft id outside the target vocabulary "
+                             f"[0, {cfg.vocab_size})")
 
 
 def load_eagle_head(path: str | Path, method: str, target: nn.Module, target_cfg) -> tuple[nn.Module, tuple]:
