@@ -134,6 +134,7 @@ SETTINGS_RULES: dict[str, Rule] = {
     "max_model_len": Rule("int", minimum=1, nullable=True),
     "enable_prefix_caching": Rule("bool"),
     "mamba_cache_mode": Rule("choice", choices=MAMBA_CACHE_MODES, nullable=True),
+    "draft_model": Rule("str", nullable=True, nonempty=True),
 }
 REQUEST_RULES: dict[str, Rule] = {
     "request_id": Rule("str", required=True, nonempty=True),

@@ -287,3 +287,19 @@ def test_add_eagle_head_command(tmp_path, capsys):
     assert load_file(str(dst / "model.safetensors"))["fc.weight"].shape == (128, 256)
     assert main(["add-eagle-head", default_model_path(), str(dst)]) != 0  # DST exists: refused, named
     assert "exists" in capsys.readouterr().err
+
+
+def test_loader_takes_vllms_spellings_and_a_shipped_embedding(heads, target, tmp_path):
+    """A ``model.`` prefix and an ``fc.bias`` are dropped as vLLM's loader drops them; an EAGLE-1 head that
+    ships ``embed_tokens.weight`` embeds with its own copy (the target's otherwise)."""
+    net, cfg = target
+    t = load_file(f"{heads['eagle']}/model.safetensors")
+    own = torch.randn(260, 128)
+    renamed = {f"model.{k}": v for k, v in t.items()}
+    renamed |= {"fc.bias": torch.zeros(128), "embed_tokens.weight": own}
+    path = _variant(heads["eagle"], tmp_path / "head", drop=tuple(t), add=renamed)
+    head, _ = load_eagle_head(path, "eagle", net, cfg)
+    ids = torch.tensor([3, 5])
+    torch.testing.assert_close(head.embed(ids), own[ids])
+    plain, _ = load_eagle_head(heads["eagle"], "eagle", net, cfg)
+    torch.testing.assert_close(plain.embed(ids), net.model.embed_tokens(ids))
