@@ -89,7 +89,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--drafter", choices=EAGLE_DRAFTERS, default=None,
                    help="run every speculative scenario (K > 0) with this EAGLE drafter instead of its own "
-                   "(the reference engine it is compared with too)")
+                   "(the reference engine it is compared with too; a trigger the scenario's own drafter was "
+                   "there for may go unexercised: --allow-unexercised)")
     p.add_argument("--draft-model", default=None, metavar="PATH",
                    help="with --drafter: the head's folder in vLLM's layout (default: a seeded head the "
                    "suite "
