@@ -44,7 +44,7 @@ from conformance.engines import (
 from conformance.expectations import ExpectationError
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, file_scenario, scenario_defs
-from conformance.workloads.scenario import EAGLE_DRAFTERS, MAMBA_CACHE_MODES
+from conformance.workloads.scenario import DRAFTERS, MAMBA_CACHE_MODES
 from refengine.tools.errors import (
     OneLineParser,
     add_dtype_flag,
@@ -87,14 +87,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--enable-prefix-caching: where recurrent states are checkpointed (default: each scenario's "
         "own mode, else align)",
     )
-    p.add_argument("--drafter", choices=EAGLE_DRAFTERS, default=None,
-                   help="run every speculative scenario (K > 0) with this EAGLE drafter instead of its own "
-                   "(the reference engine it is compared with too; a trigger the scenario's own drafter was "
-                   "there for may go unexercised: --allow-unexercised)")
+    p.add_argument("--drafter", choices=DRAFTERS, default=None,
+                   help="run every speculating scenario with this drafter instead of its own (both engines; "
+                   "a trigger tuned to the scenario's drafter that the run misses is then a warning)")
     p.add_argument("--draft-model", default=None, metavar="PATH",
-                   help="with --drafter: the head's folder in vLLM's layout (default: a seeded head the "
-                   "suite "
-                   "makes for the model, conformance.eagle_heads)")
+                   help="--drafter draft_model: the draft checkpoint (a folder, tiny:<family>, or "
+                   "cut:<layers>: the run's model cut to those layers, as `refengine make-draft-model` "
+                   "does); --drafter eagle|eagle3: the head's folder in vLLM's layout (default: a seeded "
+                   "head the suite makes for the model, conformance.eagle_heads)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,8 +218,8 @@ def _selection(args) -> session.Selection:
         mamba_cache_mode=args.mamba_cache_mode,
         step_timeout=args.step_timeout,
         allow_unexercised=getattr(args, "allow_unexercised", False),
-        drafter=args.drafter,
-        draft_model=args.draft_model,
+        drafter=getattr(args, "drafter", None),
+        draft_model=getattr(args, "draft_model", None),
     )
     if sel.device == "cpu":
         import torch

@@ -153,7 +153,9 @@ class RefEngineAdapter:
 
         s = spec.settings if not self.uncached else spec.settings.uncached()
         drafter, lookup = "mtp", {}
-        if s.drafter == "scripted" and s.k:
+        if s.drafter == "draft_model":
+            drafter, lookup = "draft_model", {"draft_model": draft_model_path(spec.model, s.draft_model)}
+        elif s.drafter == "scripted" and s.k:
             drafter = ScriptedDrafter(s.k, spec.vocab_size, s.pattern)
         elif s.drafter == "ngram":
             drafter, lookup = "ngram", {"prompt_lookup_min": s.prompt_lookup_min,
@@ -183,6 +185,20 @@ class RefEngineAdapter:
             mamba_cache_mode=s.mamba_cache_mode,
             **checked,
         )
+
+
+def draft_model_path(model: str | None, draft_model: str) -> str:
+    """A scenario's draft model as a folder: ``cut:<layers>`` cuts the run's model (None: the embedded
+    default model) to those layers, once (``refengine.tools.draft_model.cut_draft_model``)."""
+    from refengine.tools.draft_model import CUT_PREFIX, cut_draft_model
+
+    if not draft_model.startswith(CUT_PREFIX):
+        return draft_model
+    from refengine.llm import default_model_path
+    from refengine.model.loader import resolve_model_path
+
+    src = default_model_path() if model is None else resolve_model_path(model)
+    return cut_draft_model(src, draft_model[len(CUT_PREFIX):])
 
 
 def reference_adapter() -> RefEngineAdapter:

@@ -93,6 +93,10 @@ def suite_args(
         args.append("--conformance-fail-on-skip")
     if sel.allow_unexercised:
         args.append("--conformance-allow-unexercised")
+    if sel.drafter is not None:
+        args += ["--conformance-drafter", sel.drafter]
+    if sel.draft_model is not None:
+        args += ["--conformance-draft-model", sel.draft_model]
     if min_scenarios:
         args += ["--conformance-min-scenarios", str(min_scenarios)]
     for feature in require_features:

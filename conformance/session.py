@@ -61,8 +61,8 @@ class Selection:
     mamba_cache_mode: str | None = None  # with it: "align" | "all" (None: each scenario's own, else align)
     step_timeout: float | None = DEFAULT_STEP_TIMEOUT  # seconds one engine call may take before it fails
     allow_unexercised: bool = False  # a trigger a scenario misses is a warning, not a failure
-    drafter: str | None = None  # "eagle" | "eagle3": every speculative scenario drafts with it (--drafter)
-    draft_model: str | None = None  # with it: the head's folder (None: the suite's seeded head)
+    drafter: str | None = None  # every speculating scenario with this drafter (None: each its own)
+    draft_model: str | None = None  # with drafter "draft_model": its checkpoint folder or "cut:<layers>"
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -76,13 +76,13 @@ class Selection:
                              f"got {self.mamba_cache_mode!r}")
         if self.step_timeout is not None and not self.step_timeout > 0:
             raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
-        if self.drafter is not None and self.drafter not in EAGLE_DRAFTERS:
-            raise ValueError(f"drafter must be one of {', '.join(EAGLE_DRAFTERS)}, got {self.drafter!r}")
-        if self.draft_model is not None and self.drafter is None:
-            raise ValueError("a draft model (--draft-model) needs an EAGLE drafter (--drafter eagle|eagle3)")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"a mamba cache mode ({self.mamba_cache_mode}) needs prefix caching enabled "
                              "(--enable-prefix-caching)")
+        if (self.drafter == "draft_model" and self.draft_model is None) or (
+                self.draft_model is not None and self.drafter not in ("draft_model", *EAGLE_DRAFTERS)):
+            raise ValueError(f"--draft-model goes with --drafter draft_model, which needs one, or --drafter "
+                             f"eagle|eagle3 (got --drafter {self.drafter}, --draft-model {self.draft_model})")
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""
@@ -103,8 +103,8 @@ class Selection:
             self.mamba_cache_mode,
             self.step_timeout,
             self.allow_unexercised,
-            self.drafter,
-            self.draft_model,
+            drafter=self.drafter,
+            draft_model=self.draft_model,
         )
 
     def expectations(self) -> Expectations:

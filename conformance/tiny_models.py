@@ -2,12 +2,9 @@
 ``refengine.tools.tiny_models``, which every command taking ``--model`` resolves them with."""
 
 from refengine.tools.tiny_models import (  # noqa: F401 - this module's names, kept where they were
-    MAKERS,
-    NEMOTRON_H_CONFIG,
-    SEED,
-    STRESS,
     TINY_PREFIX,
     draw_model,
+    makers,
     tiny_model_path,
     tiny_names,
 )

@@ -180,6 +180,38 @@ class SchedulerConfig:
         self.max_model_len = check_int("max_model_len", self.max_model_len, 2)
 
 
+# vLLM's ``speculative_config`` keys this engine reads, and the methods it names that run here.
+VLLM_SPECULATIVE_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
+                         "prompt_lookup_max")
+VLLM_METHODS = ("mtp", "ngram", "eagle", "eagle3", "draft_model")
+
+
+def speculative_from_vllm(config: dict) -> dict:
+    """vLLM's ``speculative_config`` dict -> ``SpeculativeConfig`` keyword arguments: ``method`` ->
+    ``drafter``, ``model`` -> ``draft_model``, ``num_speculative_tokens`` and the n-gram lengths as they are.
+    A key this engine does not read, or a method it does not run, raises ConfigError naming it."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"speculative_config must be a dict, got {type(config).__name__} {config!r}")
+    unknown = sorted(str(key) for key in config if key not in VLLM_SPECULATIVE_KEYS)
+    if unknown:
+        raise ConfigError(f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))}; this engine "
+                          f"reads {', '.join(VLLM_SPECULATIVE_KEYS)}")
+    if "method" not in config:
+        raise ConfigError(f"speculative_config needs a 'method', one of {VLLM_METHODS}")
+    method = config["method"]
+    if method not in VLLM_METHODS:
+        raise ConfigError(f"speculative_config: method must be one of {VLLM_METHODS}, got {method!r}")
+    if "num_speculative_tokens" not in config:
+        raise ConfigError("speculative_config needs 'num_speculative_tokens'")
+    out = {"drafter": method, "num_speculative_tokens": config["num_speculative_tokens"]}
+    if "model" in config:
+        out["draft_model"] = config["model"]
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if key in config:
+            out[key] = config[key]
+    return out
+
+
 @dataclass(slots=True)
 class SpeculativeConfig:
     num_speculative_tokens: int = 0

@@ -5,7 +5,7 @@ loops on the host, the async runner with device-side preparation into static buf
 reads nothing else about the batch. Shapes: ``T`` tokens in the step, ``N`` rows (requests,
 including padding rows), ``K`` speculative tokens, ``S`` state slots.
 
-Two kinds of per-step metadata serve every mixer (see ``refengine.model.mixers``): paged
+Two kinds of per-step metadata serve every mixer (see ``refengine.model.cache_specs``): paged
 attention reads ``AttnMetadata``; every recurrent mixer (GDN and Mamba2) reads the same
 ``RecurrentMetadata``, its rows split into a prefill group and a decode group.
 """

@@ -18,6 +18,7 @@ from refengine.config import (
     SchedulerConfig,
     SpeculativeConfig,
     check_bool,
+    speculative_from_vllm,
 )
 from refengine.core import EngineError, Occupancy
 from refengine.drafters import ScriptedDrafter
@@ -27,24 +28,6 @@ from refengine.reference import ReferenceEngine
 from refengine.request import Request
 from refengine.sampling_params import SamplingParams
 from refengine.tokenizer import load_tokenizer
-
-SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
-                           "prompt_lookup_max")
-
-
-def speculative_from_vllm(config) -> tuple:
-    """vLLM's ``speculative_config`` dict -> (num_speculative_tokens, drafter, draft_model, prompt_lookup_min,
-    prompt_lookup_max); ConfigError naming a key it does not take."""
-    if not isinstance(config, dict):
-        raise ConfigError(f"speculative_config must be a dict, got {config!r}")
-    unknown = sorted(set(config) - set(SPECULATIVE_CONFIG_KEYS))
-    if unknown:
-        raise ConfigError(f"speculative_config: unknown key(s) {unknown}; "
-                          f"known: {list(SPECULATIVE_CONFIG_KEYS)}")
-    if "method" not in config:
-        raise ConfigError("speculative_config needs a 'method' (e.g. 'eagle3', 'mtp', 'ngram')")
-    return (config.get("num_speculative_tokens", 0), config["method"], config.get("model"),
-            config.get("prompt_lookup_min"), config.get("prompt_lookup_max"))
 
 
 class LLM:
@@ -61,19 +44,22 @@ class LLM:
                  draft_model: str | None = None, speculative_config: dict | None = None):
         """Every setting is checked before anything is loaded: a bad one raises ``ConfigError``
         naming it. ``dtype="auto"`` takes the checkpoint's dtype. ``allow_non_finite_weights`` loads
-        a checkpoint holding NaN/Inf (debugging only). ``speculative_config``: vLLM's spelling of the
-        speculative settings (``{"method": "eagle3", "model": PATH, "num_speculative_tokens": K}``), the
-        same as ``drafter``, ``draft_model`` and ``num_speculative_tokens``."""
+        a checkpoint holding NaN/Inf (debugging only). ``draft_model``: the drafter's checkpoint
+        (``drafter="draft_model"``). ``speculative_config``: vLLM's dict form (``{"method": "draft_model",
+        "model": PATH, "num_speculative_tokens": K}``), instead of the drafter arguments."""
         if speculative_config is not None:
-            given = {"num_speculative_tokens": num_speculative_tokens != 0, "drafter": drafter != "mtp",
-                     "draft_model": draft_model is not None,
-                     "prompt_lookup_min": prompt_lookup_min is not None,
-                     "prompt_lookup_max": prompt_lookup_max is not None}
-            both = [name for name, set_ in given.items() if set_]
-            if both:
-                raise ConfigError(f"speculative_config and {', '.join(both)} both given: use one spelling")
-            num_speculative_tokens, drafter, draft_model, prompt_lookup_min, prompt_lookup_max = (
-                speculative_from_vllm(speculative_config))
+            given = [n for n, v, d in (("num_speculative_tokens", num_speculative_tokens, 0),
+                                       ("drafter", drafter, "mtp"), ("draft_model", draft_model, None),
+                                       ("prompt_lookup_min", prompt_lookup_min, None),
+                                       ("prompt_lookup_max", prompt_lookup_max, None)) if v != d]
+            if given:
+                raise ConfigError(f"speculative_config and {', '.join(given)} both given: pass one form")
+            spec_args = speculative_from_vllm(speculative_config)
+            num_speculative_tokens = spec_args.pop("num_speculative_tokens")
+            drafter = spec_args.pop("drafter")
+            draft_model = spec_args.pop("draft_model", None)
+            prompt_lookup_min = spec_args.pop("prompt_lookup_min", None)
+            prompt_lookup_max = spec_args.pop("prompt_lookup_max", None)
         if observer is not None and not callable(observer):
             raise ConfigError(f"observer must be callable or None, got {observer!r}")
         for name, value in (("delay_copies", delay_copies), ("hazard_check", hazard_check),
@@ -82,6 +68,8 @@ class LLM:
         if model is not None and not isinstance(model, str | os.PathLike):
             raise ConfigError(f"model must be a checkpoint folder path or None, got {model!r}")
         path = resolve_model_path(model) if model is not None else default_model_path()
+        if isinstance(draft_model, str | os.PathLike):
+            draft_model = resolve_model_path(draft_model)
         positions = read_config(Path(path)).max_position_embeddings
         if dtype == "auto":
             dtype = resolve_dtype(dtype, path)  # the checkpoint's own dtype

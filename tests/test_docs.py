@@ -55,6 +55,10 @@ NOT_RUN = {
         "add-mtp-head",
     ): "writes a checkpoint folder; tests/refengine/test_mtp_head.py runs it end to end",
     ("refengine", "add-eagle-head"): "writes a head folder; tests/refengine/test_eagle.py runs it end to end",
+    (
+        "refengine",
+        "make-draft-model",
+    ): "writes a checkpoint folder; tests/refengine/test_draft_model.py runs it end to end",
     ("python3", "-m"): "creates a virtual environment (set-up, run by .ci/run)",
     (".", ".venv/bin/activate"): "activates the virtual environment (set-up, run by .ci/run)",
 }

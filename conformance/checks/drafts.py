@@ -3,9 +3,9 @@ proposes exactly what the reference engine's does.
 
 ``acceptance`` compares the drafts a verify step checked and how many it kept. What the drafter was fed
 (``drafter_input_ids``: for MTP and EAGLE the token paired with each kept position's hidden state and the
-chained passes' tokens; for the host drafters the token they extend) and what it proposed (``next_draft_token_ids``)
-reach the outputs only through the drafts' acceptance, so a drafter fed a wrong token whose drafts happen to
-be rejected anyway, or a prompt chunk whose drafter cache entry pairs the wrong token, passes every other
+chained passes' tokens; for the host drafters the token they extend) and what it proposed
+(``next_draft_token_ids``) reach the outputs only through the drafts' acceptance, so a drafter fed a wrong
+token whose drafts happen to be rejected anyway, or a prompt chunk whose drafter cache entry pairs the wrong token, passes every other
 check. Here the rows of both engines are matched by request, kind, first position, length and whether
 the row sampled (prompt chunks included: MTP's first pass runs over them), and both lists must be equal
 wherever both ran.

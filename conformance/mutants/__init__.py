@@ -846,6 +846,11 @@ from conformance.mutants.structured import structured_mutants
 MUTANTS += params_mutants(Mutant)
 MUTANTS += structured_mutants(Mutant)
 
+# Draft models (issue 35).
+from conformance.mutants.draft_model import draft_model_mutants
+
+MUTANTS += draft_model_mutants(Mutant)
+
 # Seeded sampling and rejection sampling (issue 37).
 from conformance.mutants.sampling import sampling_mutants
 

@@ -14,7 +14,7 @@ import torch
 
 from conformance.mutants import Mutant
 from refengine.forward_context import RecurrentGroup
-from refengine.model.mamba2 import Mamba2Mixer
+from refengine.model.nemotron_h.mamba2 import Mamba2Mixer
 
 FAMILY = "nemotron_h"
 

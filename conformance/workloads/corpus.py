@@ -8,6 +8,7 @@ requests, plus a few nightly-only soak scenarios.
 
 from __future__ import annotations
 
+from conformance.workloads.draft_model_corpus import draft_model_defs
 from conformance.workloads.files import regression_defs
 from conformance.workloads.param_corpus import param_defs
 from conformance.workloads.sampling_corpus import sampling_defs
@@ -723,6 +724,7 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         *_prefix_caching(),
         *(_shared_prompt(k, mode) for k in (0, 3) for mode in ("all", "align")),
         _cached_preemption(3),
+        *draft_model_defs(),  # draft models (conformance/workloads/draft_model_corpus.py)
         *param_defs(),  # requests that carry state (conformance/workloads/param_corpus.py)
         *sampling_defs(),  # seeded sampling and rejection sampling (conformance/workloads/sampling_corpus.py)
         *structured_defs(),  # structured outputs (conformance/workloads/structured_corpus.py)

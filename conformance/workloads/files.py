@@ -127,6 +127,7 @@ SETTINGS_RULES: dict[str, Rule] = {
     "pattern": Rule("choice", choices=SCRIPTED_PATTERNS),
     "prompt_lookup_min": Rule("int", minimum=1, nullable=True),
     "prompt_lookup_max": Rule("int", minimum=1, nullable=True),
+    "draft_model": Rule("str", nullable=True, nonempty=True),
     "max_num_seqs": Rule("int", minimum=1),
     "max_num_batched_tokens": Rule("int", minimum=1),
     "block_size": Rule("int", minimum=1),
@@ -134,7 +135,6 @@ SETTINGS_RULES: dict[str, Rule] = {
     "max_model_len": Rule("int", minimum=1, nullable=True),
     "enable_prefix_caching": Rule("bool"),
     "mamba_cache_mode": Rule("choice", choices=MAMBA_CACHE_MODES, nullable=True),
-    "draft_model": Rule("str", nullable=True, nonempty=True),
 }
 REQUEST_RULES: dict[str, Rule] = {
     "request_id": Rule("str", required=True, nonempty=True),

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 TIERS = ("default", "nightly")
-DRAFTERS = ("mtp", "scripted", "ngram", "eagle", "eagle3")
-EAGLE_DRAFTERS = ("eagle", "eagle3")  # they read a head folder (EngineSettings.draft_model)
+DRAFTERS = ("mtp", "scripted", "ngram", "draft_model", "eagle", "eagle3")
+EAGLE_DRAFTERS = ("eagle", "eagle3")  # they read a head folder (EngineSettings.draft_model, optional)
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")  # the scripted patterns the fuzzer draws
 # and "gaps" (scripted steps without drafts: scripted-zero-draft-k*), which it does not: a longer list
 # would change what every seed draws
@@ -96,12 +96,16 @@ class EngineSettings:
     """The engine configuration a scenario runs under (identical for both engines)."""
 
     num_speculative_tokens: int = 0  # K
-    drafter: str = "mtp"  # "mtp" | "scripted" | "ngram" | "eagle" | "eagle3"
+    drafter: str = "mtp"  # "mtp" | "scripted" | "ngram" | "draft_model" | "eagle" | "eagle3"
     pattern: str = "hash"  # scripted drafter: how many drafts per verify step are correct
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = (
         None  # ngram drafter: longest n-gram looked up (None: the engine's default)
     )
+    # drafter="draft_model": its checkpoint folder, or "cut:<layers>", the run's model cut to those layers
+    # (refengine make-draft-model's --layers: a count or indices, "cut:0,3"); drafter "eagle" | "eagle3":
+    # the head's folder, or None: a head made for the model under test (conformance.eagle_heads, seeded)
+    draft_model: str | None = None
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
     block_size: int = 16
@@ -109,9 +113,6 @@ class EngineSettings:
     max_model_len: int | None = None  # None: the engine's default for the model
     enable_prefix_caching: bool = False  # the engine under test only; the oracle always runs without
     mamba_cache_mode: str | None = None  # "align" | "all" with caching (None: "align")
-    # drafter "eagle" | "eagle3": the head's folder; None: a head made for the model under test
-    # (conformance.eagle_heads, seeded)
-    draft_model: str | None = None
 
     def __post_init__(self):
         if self.mamba_cache_mode is not None and (not self.enable_prefix_caching
@@ -122,10 +123,15 @@ class EngineSettings:
             )
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
-        if self.draft_model is not None and self.drafter not in EAGLE_DRAFTERS:
-            raise ValueError(f"draft_model applies to drafters {EAGLE_DRAFTERS} only, got {self.drafter!r}")
         if self.pattern not in SCRIPTED_PATTERNS:
             raise ValueError(f"pattern must be one of {SCRIPTED_PATTERNS}, got {self.pattern!r}")
+        if (self.drafter == "draft_model" and self.draft_model is None) or (
+                self.draft_model is not None and self.drafter not in ("draft_model", *EAGLE_DRAFTERS)):
+            raise ValueError(f"draft_model ({self.draft_model!r}) goes with drafter 'draft_model', which "
+                             f"needs one, or 'eagle' / 'eagle3', got drafter {self.drafter!r}")
+        if self.draft_model is not None and (not isinstance(self.draft_model, str) or not self.draft_model):
+            raise ValueError(f"draft_model must be a checkpoint folder or 'cut:<layers>', got "
+                             f"{self.draft_model!r}")
         lookup = {"prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         given = {name: v for name, v in lookup.items() if v is not None}
         if given and self.drafter != "ngram":
@@ -143,8 +149,8 @@ class EngineSettings:
     def plain(self) -> EngineSettings:
         """The same configuration without speculation: the lossless-speculation baseline."""
         return replace(self, num_speculative_tokens=0, drafter="mtp", pattern="hash", prompt_lookup_min=None,
-                       prompt_lookup_max=None, enable_prefix_caching=False, mamba_cache_mode=None,
-                       draft_model=None)
+                       prompt_lookup_max=None, draft_model=None, enable_prefix_caching=False,
+                       mamba_cache_mode=None)
 
     def uncached(self) -> EngineSettings:
         """The same configuration without prefix caching: what the oracle runs."""
@@ -155,9 +161,8 @@ class EngineSettings:
         if self.k:
             parts.append(
                 f"drafter={self.drafter}" + (f"/{self.pattern}" if self.drafter == "scripted" else "")
+                + (f"/{self.draft_model}" if self.draft_model is not None else "")
             )
-            if self.draft_model is not None:
-                parts.append(f"draft_model={self.draft_model}")
             parts += [
                 f"{name}={v}"
                 for name, v in (

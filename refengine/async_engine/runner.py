@@ -18,10 +18,10 @@ by request count (``Np`` rows; padding rows have request slot -1 and run zero to
                 padding) are flagged and keep nothing
     commit      the device-authoritative state advances by what was kept (the processors' output
                 counts too)
+    draft       the drafter proposes the next step's drafts (and how many) into the device state
     checkpoint  (prefix caching) the state at each block boundary a row's kept tokens reached is copied
                 into the checkpoint slot the host held for it (a column of the row table); every other
-                copy goes to a sink slot
-    draft       the drafter proposes the next step's drafts (and how many) into the device state
+                copy goes to a sink slot (after drafting: a draft model's states are checkpointed too)
 
 The program reads the row table, the persistent state and the step's padded shape (host ints that
 a FULL graph's key fixes), and nothing back to the host, so a FULL step captures it once per padded
@@ -342,9 +342,9 @@ class AsyncRunner:
         self.commit(rows, verified)
         if shape.processors:  # the processors' output counts advance by the kept tokens (no request reads
             self.state.processors.advance(rows.idx, verified.sampled)  # them in a step without processors)
-        if self.num_checkpoint_columns:
-            self.checkpoint(rows, step, verified)
         kept, drafts = self.draft(rows, step, hidden, verified)
+        if self.num_checkpoint_columns:  # after the drafter: a draft model's first pass writes its states
+            self.checkpoint(rows, step, verified)
         st = self.state
         return StepOutputs(step, verified, kept, drafts, st.draft_tokens[rows.idx], st.num_drafts[rows.idx],
                            hidden)
@@ -513,7 +513,8 @@ class AsyncRunner:
         out = self.proposer.propose(DraftInputs(
             idx=rows.idx, query_start_loc=step.qsl, is_sampling=sampling, backup_token=rows.backup_token,
             kept=kept, input_ids=step.input_ids, positions=step.positions, hidden=hidden, attn=step.attn,
-            aux_hidden=step.aux_hidden))
+            recurrent=step.recurrent, is_decode=rows.is_decode.bool(),
+            recurrent_prefill_chunked=self.recurrent_prefill_chunked, aux_hidden=step.aux_hidden))
         st = self.state
         st.draft_tokens[rows.idx] = torch.where(sampling[:, None], out.drafts, st.draft_tokens[rows.idx])
         proposed = (

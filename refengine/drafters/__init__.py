@@ -16,6 +16,7 @@ from refengine.drafters.base import (
     Proposal,
     drafter_cache_specs,
 )
+from refengine.drafters.draft_model import DraftModelDrafter
 from refengine.drafters.eagle import EagleDrafter
 from refengine.drafters.mtp import MTPDrafter
 from refengine.drafters.ngram import NgramDrafter
@@ -27,6 +28,8 @@ DRAFTERS = {
     "scripted": lambda spec, vocab, max_len: ScriptedDrafter(spec.num_speculative_tokens, vocab),
     "ngram": lambda spec, vocab, max_len: NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min,
                                                        spec.prompt_lookup_max, max_len),
+    "draft_model": lambda spec, vocab, max_len: DraftModelDrafter(spec.num_speculative_tokens,
+                                                                  spec.draft_model, vocab),
     "eagle": lambda spec, vocab, max_len: EagleDrafter("eagle", spec.num_speculative_tokens,
                                                        spec.draft_model),
     "eagle3": lambda spec, vocab, max_len: EagleDrafter("eagle3", spec.num_speculative_tokens,
@@ -52,7 +55,7 @@ def make_drafter(spec, vocab_size: int, max_model_len: int) -> Drafter | None:
     return drafter
 
 
-__all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "Drafter", "DrafterInputError",
-           "EagleDrafter",
+__all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "DraftModelDrafter", "Drafter",
+           "DrafterInputError", "EagleDrafter",
            "HostDraftContext", "MTPDrafter", "NgramDrafter", "Proposal", "ScriptedDrafter",
            "drafter_cache_specs", "make_drafter"]

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from refengine.forward_context import AttnMetadata
+from refengine.forward_context import AttnMetadata, RecurrentMetadata
 
 
 class DrafterInputError(ValueError):
@@ -45,6 +45,8 @@ class HostDraftContext:
     attn_metadata: Callable[
         [list[tuple[list[int], list[int], int]]], AttnMetadata
     ]  # (blocks, positions, seq_len)
+    block_size: int = 0
+    recurrent_prefill_chunked: bool = False  # the target's prefill form (a drafter with recurrent layers)
 
 
 @dataclass
@@ -78,6 +80,9 @@ class DraftInputs:
     positions: torch.Tensor  # [Tp] int64
     hidden: torch.Tensor  # [Tp, H] target hidden states (post final norm)
     attn: AttnMetadata  # the target's padded metadata (padding rows inert, contract 6)
+    recurrent: RecurrentMetadata | None = None  # the target's padded recurrent metadata of the step
+    is_decode: torch.Tensor | None = None  # [Np] bool, rows of the decode group (verify rows)
+    recurrent_prefill_chunked: bool = False  # the target's prefill form
     aux_hidden: torch.Tensor | None = None  # [Tp, n*H] the drafter's ``aux_layers`` states, None without
 
     @property

@@ -1,15 +1,12 @@
-"""The model families (registry.py: Qwen3-Next / Qwen3.5, Nemotron-H), their configurations and the
-checkpoint loader."""
+"""The models: one package per family (``qwen3_next/``: Qwen3-Next / Qwen3.5, ``nemotron_h/``), found by
+config.json's ``model_type`` in ``registry.py``, and what the families share (layers, attention, the
+cache declarations, the checkpoint loader)."""
 
-from refengine.model.config import ModelConfig
+from refengine.model.cache_specs import MTP_CACHE_KEY
 from refengine.model.loader import CheckpointError, load_model
-from refengine.model.qwen3_next import MTP_CACHE_KEY, MTPHead, Qwen3NextForCausalLM
 
 __all__ = [
     "MTP_CACHE_KEY",
     "CheckpointError",
-    "MTPHead",
-    "ModelConfig",
-    "Qwen3NextForCausalLM",
     "load_model",
 ]

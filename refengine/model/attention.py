@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 import kernels
 from refengine.forward_context import ForwardContext
 from refengine.model.cache_specs import PagedKV
-from refengine.model.config import ModelConfig
 from refengine.model.layers import Linear, PartialRotary, RMSNorm, sigmoid
+
+if TYPE_CHECKING:  # a family's view; importing it at run time would make this shared module a family's
+    from refengine.model.qwen3_next.config import Qwen3NextConfig
 
 
 def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext,
@@ -33,10 +37,10 @@ class GatedAttention(nn.Module):
     attr_name = "self_attn"  # checkpoint prefix inside a decoder layer
 
     @staticmethod
-    def cache_spec(cfg: ModelConfig, num_speculative_tokens: int) -> PagedKV:
+    def cache_spec(cfg: Qwen3NextConfig, num_speculative_tokens: int) -> PagedKV:
         return PagedKV(cfg.num_key_value_heads, cfg.head_dim)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads  # Hq
         self.num_kv_heads = cfg.num_key_value_heads  # Hkv

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+# The cache key of the MTP draft head's own attention KV cache (ForwardContext.kv_caches, ModelCaches.kv),
+# beside the layer indices; every family with an MTP head declares and reads its cache under it.
+MTP_CACHE_KEY = "mtp"
+
 
 @dataclass(frozen=True)
 class PagedKV:

@@ -5,7 +5,7 @@ warns about each by name (``UnknownConfigFieldWarning``).
 Known are: the fields transformers' own configuration class for the file's ``model_type`` defines (its
 dataclass fields and ``attribute_map``, ``text_config`` checked against its text class), the standard and
 legacy ``PretrainedConfig`` attributes transformers accepts (``torch_dtype``, ``rope_theta``, generation
-defaults, ...), and the fields the family reads itself as vLLM does (``FAMILY_FIELDS``)."""
+defaults, ...), and the fields the family reads itself as vLLM does (its ``ModelFamily.config_fields``)."""
 
 from __future__ import annotations
 
@@ -30,16 +30,6 @@ STANDARD_FIELDS = frozenset({
     "finetuning_task", "task_specific_params", "pruned_heads", "tf_legacy_loss", "use_cache",
     "initializer_range", "transformers_version", "architectures",
 })
-# Fields a family reads itself (vLLM's names), beside its transformers class's.
-FAMILY_FIELDS = {
-    "qwen": frozenset({"num_nextn_predict_layers", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
-                       "full_attention_interval", "attn_output_gate", "use_sliding_window", "sliding_window",
-                       "max_window_layers"}),
-    "nemotron_h": frozenset({"num_nextn_predict_layers", "hybrid_override_pattern",
-                             "mtp_hybrid_override_pattern", "layers_block_type"}),
-}
-
-
 def _class_fields(config_class: Any) -> set[str]:
     names = set()
     if dataclasses.is_dataclass(config_class):
@@ -58,9 +48,10 @@ def _generation_fields() -> set[str]:
         return set()
 
 
-def unknown_fields(raw: dict, family: str) -> list[tuple[str, str | None]]:
+def unknown_fields(raw: dict, family_fields: frozenset[str]) -> list[tuple[str, str | None]]:
     """(field, the known field it is closest to or None) for each field of config.json ``raw`` that nothing
-    reads; ``text_config``'s fields are named ``text_config.<field>``."""
+    reads, ``family_fields`` being those the family reads itself; ``text_config``'s fields are named
+    ``text_config.<field>``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import CONFIG_MAPPING
 
@@ -68,7 +59,7 @@ def unknown_fields(raw: dict, family: str) -> list[tuple[str, str | None]]:
     if model_type not in CONFIG_MAPPING:
         return []
     config_class = CONFIG_MAPPING[model_type]
-    common = STANDARD_FIELDS | FAMILY_FIELDS.get(family, frozenset()) | _generation_fields()
+    common = STANDARD_FIELDS | family_fields | _generation_fields()
     found = []
 
     def check(d: dict, known: set[str], prefix: str) -> None:

@@ -15,20 +15,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from refengine.model.qwen3_next_weights import (  # noqa: F401 (the Qwen layout helpers' old home)
-    EXPERT_RE,
-    FUSED_EXPERTS,
-    GDN_RE,
-    IGNORED_PREFIXES,
-    LAYER_ATTENTION_RE,
-    MTP_LAYER_RE,
-    WRAPPER_PREFIX,
-    expected_checkpoint_shapes,
-    merge_ba,
-    merge_qkvz,
-    split_ba,
-    split_qkvz,
-)
 from refengine.model.weights_check import CheckpointError, check_finite
 
 CONFIG_NAME = "config.json"
@@ -183,17 +169,17 @@ def parse_config(raw: dict, file: Path):
         cfg = family.config_from_dict(raw)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"invalid {file}: {exc}") from exc
-    _warn_unknown_fields(raw, family.name, file)
+    _warn_unknown_fields(raw, family.config_fields, file)
     return cfg
 
 
-def _warn_unknown_fields(raw: dict, family: str, file: Path) -> None:
+def _warn_unknown_fields(raw: dict, family_fields: frozenset[str], file: Path) -> None:
     """Warn about each config.json field nothing reads (refengine.model.config_fields), by name."""
     import warnings
 
     from refengine.model.config_fields import UnknownConfigFieldWarning, unknown_fields
 
-    for field, close in unknown_fields(raw, "qwen" if family == "qwen3_next" else family):
+    for field, close in unknown_fields(raw, family_fields):
         hint = f"; did you mean {close!r}?" if close else ""
         warnings.warn(UnknownConfigFieldWarning(
             f"{file}: unknown field {field!r}, ignored (neither transformers' configuration class for "

@@ -39,6 +39,7 @@ class StepResult:
     logprobs: list = field(default_factory=list)
     # per row: (first prompt index, entries) for prompt chunks of requests asking prompt logprobs, else None
     prompt_logprobs: list = field(default_factory=list)
+    state_slots: list[list[int]] = field(default_factory=list)  # per row: the request's s_0..s_K in the step
     aux_hidden: torch.Tensor | None = None  # [T, n*H] the drafter's aux_layers states (EAGLE-3), else None
 
 
@@ -84,7 +85,8 @@ class ReferenceRunner:
         self.device = torch.device(device)
         self.aux_layers = tuple(getattr(drafter, "aux_layers", ()))  # target layers the drafter reads
         self.proposer = None if drafter is None else drafter.host_proposer(
-            HostDraftContext(model, caches, self.device, num_speculative_tokens, self._attn_metadata))
+            HostDraftContext(model, caches, self.device, num_speculative_tokens, self._attn_metadata,
+                             block_size, recurrent_prefill_chunked))
 
     # ---- step inputs ------------------------------------------------------------------------
     def _slot(self, block_ids: list[int], pos: int) -> int:
@@ -170,7 +172,8 @@ class ReferenceRunner:
         blocks = [list(row.request.block_ids) for row in sched.rows]
         prompt = self._prompt_logprobs(sched.rows, query_start, computed, hidden)
         return StepResult(valid, records, hidden, query_start, computed, blocks, recurrent.shapes(), logprobs,
-                          prompt, aux)
+                          prompt, state_slots=[list(row.request.state_slots) for row in sched.rows],
+                          aux_hidden=aux)
 
     def _prompt_logprobs(self, rows: list[ScheduledRow], query_start: list[int], computed: list[int],
                          hidden) -> list:

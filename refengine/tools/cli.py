@@ -153,10 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most tokens per prompt (at most the model length minus the prompt; said when "
                    "capped)")
     g.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=0)
-    g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted", "eagle", "eagle3"))
+    g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted", "draft_model", "eagle",
+                                                       "eagle3"))
     g.add_argument("--draft-model", default=None, metavar="PATH",
-                   help="--drafter eagle|eagle3: the head's folder (vLLM's layout; "
-                   "`refengine add-eagle-head`)")
+                   help="--drafter draft_model: the draft checkpoint (same vocabulary as --model; "
+                   "`refengine make-draft-model` cuts one from a checkpoint); --drafter eagle|eagle3: the "
+                   "head's folder (vLLM's layout; `refengine add-eagle-head`)")
     g.add_argument("--prompt-lookup-min", type=int_at_least(1), default=None,
                    help="--drafter ngram: shortest n-gram looked up (default 5)")
     g.add_argument("--prompt-lookup-max", type=int_at_least(1), default=None,
@@ -192,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     mtp.add_argument("src", metavar="SRC", help="checkpoint folder without mtp.* tensors")
     mtp.add_argument("dst", metavar="DST", help="new folder: SRC's files plus the head")
+    cut = sub.add_parser("make-draft-model", help="cut a checkpoint to some of its layers: a draft model "
+                         "with its vocabulary (--drafter draft_model)",
+                         description=docstring_of("refengine.tools.draft_model"),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    cut.add_argument("src", metavar="SRC", help="checkpoint folder (or tiny:<family>)")
+    cut.add_argument("dst", metavar="DST", help="new folder: the draft model")
+    cut.add_argument("--layers", required=True, help="the first N layers, indices such as 0,3, or all")
     eagle = sub.add_parser("add-eagle-head", help="make an EAGLE-1 / EAGLE-3 head (vLLM's layout) for a "
                            "checkpoint, to serve with --drafter eagle|eagle3 --draft-model DST",
                            description=docstring_of("refengine.tools.eagle_head"),
@@ -239,6 +248,8 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "add-mtp-head":
         return add_mtp_head_command(args.src, args.dst)
+    if args.command == "make-draft-model":
+        return make_draft_model_command(args.src, args.dst, args.layers)
     if args.command == "add-eagle-head":
         return add_eagle_head_command(args)
     return generate_command(args)
@@ -259,10 +270,11 @@ def generate_command(args) -> int:
     try:
         llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_speculative_tokens,
                   drafter=args.drafter, prompt_lookup_min=args.prompt_lookup_min,
-                  prompt_lookup_max=args.prompt_lookup_max, graph_mode=graph_mode, device=args.device,
+                  prompt_lookup_max=args.prompt_lookup_max, draft_model=args.draft_model,
+                  graph_mode=graph_mode, device=args.device,
                   dtype=args.dtype, seed=args.seed, block_size=args.block_size,
                   max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
-                  mamba_cache_mode=args.mamba_cache_mode, draft_model=args.draft_model)
+                  mamba_cache_mode=args.mamba_cache_mode)
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
                                 **request_params(args))
     except SETUP_ERRORS as e:
@@ -340,6 +352,19 @@ def add_mtp_head_command(src: str, dst: str) -> int:
         f"initialised from the model's own layers ({', '.join(layers)}), untrained: "
         "its drafts are valid but rarely accepted until it is trained"
     )
+    return 0
+
+
+def make_draft_model_command(src: str, dst: str, layers: str) -> int:
+    from refengine.model.loader import resolve_model_path
+    from refengine.tools import draft_model
+    from refengine.tools.errors import SETUP_ERRORS
+
+    try:
+        out = draft_model.make_draft_model(resolve_model_path(src), dst, layers)
+    except SETUP_ERRORS as e:
+        return report("refengine make-draft-model", e)
+    print(f"wrote {out}: {src} cut to layers {layers} (--drafter draft_model --draft-model {out})")
     return 0
 
 

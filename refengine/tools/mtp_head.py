@@ -6,19 +6,10 @@ refengine finds the MTP head from the checkpoint's ``mtp.*`` tensors (for Qwen t
 module, so a checkpoint it saves (``save_pretrained``) holds none: ``drafter="mtp"`` refuses it and the
 conformance suite skips its MTP scenarios. This command writes DST: every file of SRC, the head's tensors in
 ``mtp.safetensors``, a ``model.safetensors.index.json`` mapping every tensor (SRC's weights are not
-rewritten), and the MTP layer count in config.json (``num_nextn_predict_layers`` for Qwen3-Next and
-Nemotron-H, ``mtp_num_hidden_layers`` for Qwen3.5, as vLLM reads them). The Nemotron-H head is made by
-``refengine.tools.nemotron_mtp_head``; the Qwen head here.
-
-The Qwen head is initialised from the model's own layers, not trained:
-
-- ``mtp.layers.0``: the attention and both layer norms of the model's last full-attention layer, and
-  the MLP of layer 0 (an MTP layer is dense or sparse by the model's rule on its own index, 0, as
-  layer 0 is);
-- ``mtp.fc`` = ``[0 | I]`` over ``[norm(embedding) | norm(hidden)]``: the layer starts from the
-  normalised hidden state;
-- ``mtp.pre_fc_norm_hidden`` and ``mtp.norm``: the model's final norm; ``mtp.pre_fc_norm_embedding``:
-  zeros (unit scale: the norms are zero-centred).
+rewritten), and the MTP layer count in config.json where vLLM reads it (``num_nextn_predict_layers`` for
+Qwen3-Next and Nemotron-H, ``mtp_num_hidden_layers`` for Qwen3.5). The head is the checkpoint's family's
+(``ModelFamily.mtp_head``: ``refengine/model/qwen3_next/mtp_head.py``,
+``refengine/model/nemotron_h/mtp_head.py``), initialised from the model's own layers, not trained.
 
 Its drafts are valid ids from the model's own head, so every MTP code path runs and the
 conformance checks apply in full; few drafts are accepted until the head is trained.
@@ -34,17 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from refengine.model.config import ModelConfig
-from refengine.model.loader import (
-    CONFIG_NAME,
-    INDEX_NAME,
-    SINGLE_NAME,
-    WRAPPER_PREFIX,
-    CheckpointError,
-    read_config,
-)
-from refengine.model.nemotron_h_config import NemotronHModelConfig
-from refengine.tools.nemotron_mtp_head import nemotron_head_tensors
+from refengine.model.loader import CONFIG_NAME, INDEX_NAME, SINGLE_NAME, CheckpointError, read_config
+from refengine.model.registry import family_for
 
 HEAD_FILE = "mtp.safetensors"
 MTP_PREFIX = "mtp."
@@ -55,23 +37,21 @@ def add_mtp_head(src: str | Path, dst: str | Path) -> dict[str, str]:
     head tensor's name -> where it came from (a SRC tensor, or how it was made)."""
     src, dst = Path(src), Path(dst)
     cfg = read_config(src)  # CheckpointError when SRC is not a checkpoint folder
-    if not isinstance(cfg, ModelConfig | NemotronHModelConfig):
-        raise CheckpointError(f"add-mtp-head makes a Qwen3-Next / Qwen3.5 / Nemotron-H MTP head; {src} is a "
+    family = family_for(cfg.model_type)
+    if family.mtp_head is None:
+        raise CheckpointError(f"add-mtp-head: the {family.name} family has no MTP head; {src} is a "
                               f"{cfg.model_type} checkpoint")
     files = weight_map(src)
     if any(name.startswith(MTP_PREFIX) for name in files):
         raise CheckpointError(f"{src} already has an MTP head (mtp.* tensors); nothing to add")
     if dst.exists():
         raise FileExistsError(f"{dst} exists; add-mtp-head writes a new folder")
-    if isinstance(cfg, NemotronHModelConfig):
-        head, origin = nemotron_head_tensors(lambda name: _read(src, files, name), files, cfg)
-    else:
-        head, origin = head_tensors(src, files, cfg)
+    head = family.mtp_head(lambda name: _read(src, files, name), files, cfg)
     shutil.copytree(src, dst)
-    save_file(head, str(dst / HEAD_FILE), metadata={"format": "pt"})
-    _write_index(dst, {**files, **dict.fromkeys(head, HEAD_FILE)})
-    _record_mtp_layers(dst / CONFIG_NAME, num_layers=1)
-    return origin
+    save_file(head.tensors, str(dst / HEAD_FILE), metadata={"format": "pt"})
+    _write_index(dst, {**files, **dict.fromkeys(head.tensors, HEAD_FILE)})
+    _record_mtp_layers(dst / CONFIG_NAME, head.count_field, num_layers=1)
+    return head.origin
 
 
 def weight_map(root: Path) -> dict[str, str]:
@@ -83,33 +63,6 @@ def weight_map(root: Path) -> dict[str, str]:
         raise CheckpointError(f"no {SINGLE_NAME} or {INDEX_NAME} in {root}")
     with safe_open(str(root / SINGLE_NAME), framework="pt") as f:
         return dict.fromkeys(f.keys(), SINGLE_NAME)
-
-
-def head_tensors(root: Path, files: dict[str, str], cfg: ModelConfig,
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The ``mtp.*`` tensors (see the module docstring) and, per tensor, where it came from."""
-    if not cfg.full_layer_ids:
-        raise CheckpointError("the model has no full-attention layer to initialise the MTP layer from")
-    prefix = WRAPPER_PREFIX if any(n.startswith(WRAPPER_PREFIX) for n in files) else "model."
-    attention = f"{prefix}layers.{cfg.full_layer_ids[-1]}."
-    parts = (
-        f"{attention}self_attn.",
-        f"{attention}input_layernorm.",
-        f"{attention}post_attention_layernorm.",
-    )
-    copied = {f"mtp.layers.0.{n[len(attention):]}": n for n in files if n.startswith(parts)}
-    mlp = f"{prefix}layers.0.mlp."
-    copied.update({f"mtp.layers.0.mlp.{n[len(mlp):]}": n for n in files if n.startswith(mlp)})
-    final_norm = f"{prefix}norm.weight"
-    copied.update({"mtp.norm.weight": final_norm, "mtp.pre_fc_norm_hidden.weight": final_norm})
-    head = {name: _read(root, files, source).clone() for name, source in copied.items()}
-    norm = head["mtp.norm.weight"]
-    h = cfg.hidden_size
-    head["mtp.pre_fc_norm_embedding.weight"] = torch.zeros_like(norm)
-    head["mtp.fc.weight"] = torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1).to(norm.dtype)
-    origin = {**copied, "mtp.pre_fc_norm_embedding.weight": "zeros (unit scale)",
-              "mtp.fc.weight": "[0 | I]: the normalised hidden state"}
-    return head, origin
 
 
 def _read(root: Path, files: dict[str, str], name: str) -> torch.Tensor:
@@ -137,12 +90,9 @@ def _tensor_bytes(file: Path) -> int:
     )
 
 
-def _record_mtp_layers(path: Path, num_layers: int) -> None:
-    """The MTP layer count where vLLM reads it: ``num_nextn_predict_layers`` (Qwen3-Next) or
-    ``mtp_num_hidden_layers`` (Qwen3.5, inside ``text_config`` for the multimodal wrapper)."""
+def _record_mtp_layers(path: Path, field: str, num_layers: int) -> None:
+    """The MTP layer count in config.json's ``field`` (inside ``text_config`` for a multimodal wrapper)."""
     config = json.loads(path.read_text())
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
-    nextn = config.get("model_type") in ("qwen3_next", "nemotron_h")
-    key = "num_nextn_predict_layers" if nextn else "mtp_num_hidden_layers"
-    text[key] = num_layers
+    text[field] = num_layers
     path.write_text(json.dumps(config, indent=2) + "\n")

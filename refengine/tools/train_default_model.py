@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from refengine.model.config import FULL, LINEAR, ModelConfig
-from refengine.model.loader import merge_ba, merge_qkvz
-from refengine.model.qwen3_next import Qwen3NextForCausalLM
+from refengine.model.qwen3_next.config import FULL, LINEAR, Qwen3NextConfig
+from refengine.model.qwen3_next.model import Qwen3NextForCausalLM
+from refengine.model.qwen3_next.weights import merge_ba, merge_qkvz
 from refengine.tokenizer import write_byte_tokenizer
 from refengine.tools import corpus
 from refengine.tools import training as tr
@@ -103,7 +103,7 @@ def hf_config(spec: TrainSpec) -> dict:
 
 
 def build_model(spec: TrainSpec) -> Qwen3NextForCausalLM:
-    cfg = ModelConfig.from_hf_config(hf_config(spec))
+    cfg = Qwen3NextConfig.from_hf_config(hf_config(spec))
     model = Qwen3NextForCausalLM(cfg)
     gen = torch.Generator().manual_seed(spec.seed)
     depth = 2 * (len(spec.layer_types) + 1)

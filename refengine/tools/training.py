@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from kernels.gated_delta_rule.naive import chunk_gated_delta_rule_dense, l2_normalize
 from kernels.norm.naive import naive_rms_norm
 from refengine.model.attention import GatedAttention
-from refengine.model.gdn import GatedDeltaNet
-from refengine.model.qwen3_next import DecoderLayer, Qwen3NextForCausalLM
+from refengine.model.qwen3_next.gdn import GatedDeltaNet
+from refengine.model.qwen3_next.model import DecoderLayer, Qwen3NextForCausalLM
 
 CHUNK = 64  # tokens per chunk of the chunked delta rule
 

@@ -41,6 +41,8 @@ from refengine.async_engine import runner as runner_module
 from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.runner import StepOutputs
 from refengine.config import GraphMode
+from refengine.model import registry
+from refengine.tools.tiny_models import TINY_PREFIX, tiny_model_path
 from tests.helpers.fake_cuda import CUDA, FakeCuda
 
 # The staged writes (``StagedWrites`` piece names, refengine/async_engine/engine.py ``_writes``) that mark a
@@ -64,12 +66,11 @@ def _cuda_config(config):
     return twin
 
 
-# The checkpoints every family of the model registry contributes: preset name -> TinySpec preset of
-# tests/helpers/checkpoints.py (None: the embedded default model). A new family adds one line.
+# The checkpoints every family of the model registry contributes (its ``test_checkpoints``): case name ->
+# a TinySpec preset of tests/helpers/checkpoints.py, a ``tiny:<family>`` preset, or None (the embedded
+# default model).
 FAMILY_CHECKPOINTS: dict[str, str | None] = {
-    "qwen3-next-default": None,
-    "qwen3-next-moe": "next-moe",
-    "qwen3.5-moe": "qwen35-moe",
+    case: preset for family in registry.FAMILIES for case, preset in family.test_checkpoints
 }
 
 # Waves of prompts: a shared system prefix published by the first wave and hit by the second, then more
@@ -91,6 +92,8 @@ SETTINGS = {"block_size": 4, "num_kv_blocks": 20, "max_model_len": 60, "max_num_
 def checkpoint_path(preset: str | None, tmp_path_factory) -> str | None:
     if preset is None:
         return None
+    if preset.startswith(TINY_PREFIX):
+        return tiny_model_path(preset)
     from tests.helpers.checkpoints import write_checkpoint
 
     return str(write_checkpoint(tmp_path_factory.mktemp(preset), preset))

@@ -112,15 +112,15 @@ def write_random_checkpoint(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    from refengine.model import ModelConfig, Qwen3NextForCausalLM
-    from refengine.model.loader import merge_ba, merge_qkvz
+    from refengine.model.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
+    from refengine.model.qwen3_next.weights import merge_ba, merge_qkvz
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     hf_config = getattr(transformers, CONFIG_CLASSES[spec.model_type])(**spec.config)
     hf_config.dtype = str(dtype).removeprefix("torch.")
     hf_config.save_pretrained(directory)
-    cfg = ModelConfig.from_hf_config(json.loads((directory / "config.json").read_text()))
+    cfg = Qwen3NextConfig.from_hf_config(json.loads((directory / "config.json").read_text()))
     cfg.num_mtp_layers = 1 if spec.with_mtp else 0
     with torch.device("meta"):
         shapes = {name: tuple(t.shape) for name, t in Qwen3NextForCausalLM(cfg).state_dict().items()}

@@ -113,7 +113,7 @@ def test_a_missing_model_folder_is_named(tmp_path):
         ({"num_speculative_tokens": -1}, "num_speculative_tokens must be >= 0"),
         (
             {"drafter": "oracle", "num_speculative_tokens": 1},
-            "drafter must be one of \\('mtp', 'scripted', 'ngram'\\)",
+            "drafter must be one of \\('mtp', 'scripted', 'ngram', 'eagle', 'eagle3', 'draft_model'\\)",
         ),
         ({"dtype": "float64"}, "dtype must be one of"),
     ],

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from refengine.model import CheckpointError, ModelConfig, load_model
-from refengine.model.loader import merge_ba, merge_qkvz, split_ba, split_qkvz
+from refengine.model import CheckpointError, load_model
+from refengine.model.qwen3_next import Qwen3NextConfig
+from refengine.model.qwen3_next.weights import merge_ba, merge_qkvz, split_ba, split_qkvz
 from tests.helpers.checkpoints import (
     PRESETS,
     fuse_experts,
@@ -60,7 +61,7 @@ def test_sharded_checkpoint_loads_identically(tiny_checkpoint, tmp_path):
     _assert_same_state(load_model(src)[0], load_model(sharded)[0])
 
 
-def _to_split_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def _to_split_layout(tensors: dict[str, torch.Tensor], cfg: Qwen3NextConfig) -> dict[str, torch.Tensor]:
     """Qwen3-Next fused GDN projections -> Qwen3.5 split ones, by explicit row indices."""
     hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     r = cfg.linear_num_value_heads // hk
@@ -361,7 +362,7 @@ def test_file_errors(tiny_checkpoint, tmp_path):
         load_model(pickled)
 
 
-# ---- ModelConfig ------------------------------------------------------------------------------------
+# ---- Qwen3NextConfig ------------------------------------------------------------------------------------
 
 
 def _base_config(tiny_checkpoint) -> dict:
@@ -391,11 +392,11 @@ def _base_config(tiny_checkpoint) -> dict:
 )
 def test_config_validation_names_the_field(change, field, tiny_checkpoint):
     with pytest.raises(ValueError, match=field):
-        ModelConfig.from_hf_config({**_base_config(tiny_checkpoint), **change})
+        Qwen3NextConfig.from_hf_config({**_base_config(tiny_checkpoint), **change})
 
 
 def test_config_moe_fields_and_layer_rule(tiny_checkpoint):
-    cfg = ModelConfig.from_hf_config(
+    cfg = Qwen3NextConfig.from_hf_config(
         {
             **_base_config(tiny_checkpoint),
             "num_experts": 4,
@@ -409,7 +410,7 @@ def test_config_moe_fields_and_layer_rule(tiny_checkpoint):
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (4, 2, False)
     # transformers' defaults fill what config.json leaves out.
     assert (cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size) == (512, 512)
-    step2 = ModelConfig.from_hf_config(
+    step2 = Qwen3NextConfig.from_hf_config(
         {
             **_base_config(tiny_checkpoint),
             "num_experts": 4,
@@ -420,7 +421,7 @@ def test_config_moe_fields_and_layer_rule(tiny_checkpoint):
     )
     assert [step2.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
     with pytest.raises(ValueError, match="num_experts_per_tok"):
-        ModelConfig.from_hf_config(
+        Qwen3NextConfig.from_hf_config(
             {
                 **_base_config(tiny_checkpoint),
                 "num_experts": 4,
@@ -429,7 +430,7 @@ def test_config_moe_fields_and_layer_rule(tiny_checkpoint):
             }
         )
     # Qwen3.5-MoE: every layer sparse, always renormalised, no dense width needed; wrapped text_config.
-    wrapped = ModelConfig.from_hf_config(
+    wrapped = Qwen3NextConfig.from_hf_config(
         {"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 2}}
     )
     assert wrapped.model_type == "qwen3_5_moe" and wrapped.gdn_layout == "split"
@@ -442,11 +443,11 @@ def test_config_defaults_are_transformers(tiny_checkpoint):
     from transformers import CONFIG_MAPPING
 
     base = {k: v for k, v in _base_config(tiny_checkpoint).items() if k != "head_dim"}
-    cfg = ModelConfig.from_hf_config(base)
+    cfg = Qwen3NextConfig.from_hf_config(base)
     assert cfg.head_dim == CONFIG_MAPPING["qwen3_next"]().head_dim == 256
     for model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"):
         hf = CONFIG_MAPPING[model_type]()
-        ours = ModelConfig.from_hf_config({"model_type": model_type})
+        ours = Qwen3NextConfig.from_hf_config({"model_type": model_type})
         text = hf.get_text_config(decoder=True)
         for name in (
             "vocab_size",
@@ -476,18 +477,15 @@ def test_config_derived_fields(tiny_checkpoint):
     base = _base_config(tiny_checkpoint)
     del base["layer_types"]
     legacy = {k: v for k, v in base.items() if k != "rope_parameters"}
-    cfg = ModelConfig.from_hf_config({**legacy, "num_hidden_layers": 8, "full_attention_interval": 4,
+    cfg = Qwen3NextConfig.from_hf_config({**legacy, "num_hidden_layers": 8, "full_attention_interval": 4,
                                       "rope_theta": 1e7, "partial_rotary_factor": 0.5,
                                       "eos_token_id": [3, 4], "num_nextn_predict_layers": 1})
     assert cfg.layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 2
     assert (cfg.rope_theta, cfg.partial_rotary_factor, cfg.rotary_dim) == (1e7, 0.5, 8)
     assert cfg.eos_token_ids == [3, 4] and cfg.num_mtp_layers == 1 and cfg.gdn_layout == "qkvz"
-    assert ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": 7}).eos_token_ids == [
-        7
-    ]
-    assert (
-        ModelConfig.from_hf_config({**base, "num_hidden_layers": 4, "eos_token_id": None}).eos_token_ids == []
-    )
+    parse = Qwen3NextConfig.from_hf_config
+    assert parse({**base, "num_hidden_layers": 4, "eos_token_id": 7}).eos_token_ids == [7]
+    assert parse({**base, "num_hidden_layers": 4, "eos_token_id": None}).eos_token_ids == []
 
 
 # ---- hub ids from the local cache, dtype="auto" ------------------------------------------------------

@@ -5,7 +5,9 @@ both engines untouched."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,10 +19,11 @@ from torch import nn
 import refengine
 from refengine import LLM, SamplingParams
 from refengine.model import CheckpointError, load_model, registry
+from refengine.model.family import ModelFamily
 from refengine.model.layers import Linear
-from refengine.model.mamba2 import Mamba2Mixer
-from refengine.model.nemotron_h import Attention
-from refengine.model.nemotron_h_config import NemotronHModelConfig
+from refengine.model.nemotron_h.config import NemotronHConfig
+from refengine.model.nemotron_h.mamba2 import Mamba2Mixer
+from refengine.model.nemotron_h.model import Attention
 from tests.helpers.driver import greedy_generate
 
 ROOT = Path(refengine.__file__).parent
@@ -86,11 +89,11 @@ def test_engines_scheduler_and_caches_name_no_family_or_mixer():
 def test_the_scan_finds_a_family_name():
     """The check above has teeth: the cache allocation as it once was (asking the Qwen mixers and the
     Qwen MTP key directly) is refused."""
-    old = ("from refengine.model.mixers import mixer_class\n"
-           "from refengine.model.qwen3_next import MTP_CACHE_KEY\n"
+    old = ("from refengine.model.qwen3_next.mixers import mixer_class\n"
+           "from refengine.model.qwen3_next.model import MTP_CACHE_KEY\n"
            "spec = mixer_class(cfg.layer_types[0])\n")
     found = violations(old)
-    assert any("imports refengine.model.mixers" in v for v in found)
+    assert any("imports refengine.model.qwen3_next.mixers" in v for v in found)
     assert any("'layer_types'" in v for v in found) and any("'mtp_cache_key'" in v for v in found)
 
 
@@ -98,9 +101,9 @@ def test_the_scan_finds_a_family_name():
 TOY_TYPE = "toy_hybrid"
 
 
-def toy_config(d: dict) -> NemotronHModelConfig:
+def toy_config(d: dict) -> NemotronHConfig:
     """A two-layer model: a Mamba2 mixer, then attention; sizes from config.json."""
-    return NemotronHModelConfig(
+    return NemotronHConfig(
         vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], block_kinds=["mamba", "attention"],
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, mamba_num_heads=4, mamba_head_dim=4,
         ssm_state_size=8, n_groups=2, conv_kernel=3, chunk_size=8, intermediate_size=0,
@@ -111,7 +114,7 @@ def toy_config(d: dict) -> NemotronHModelConfig:
 class ToyModel(nn.Module):
     mtp = None
 
-    def __init__(self, cfg: NemotronHModelConfig) -> None:
+    def __init__(self, cfg: NemotronHConfig) -> None:
         super().__init__()
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size,
                                                                                        cfg.hidden_size))
@@ -158,14 +161,6 @@ class ToyWeights:
         return False
 
 
-TOY = registry.ModelFamily(
-    name="toy", model_types=(TOY_TYPE,), config_from_dict=toy_config, model_class=ToyModel,
-    weights=ToyWeights(), layer_pattern=lambda cfg: ["scan", "attn"],
-    cache_specs=lambda cfg, k, drafter_kv: {"scan": Mamba2Mixer.cache_spec(cfg, k),
-                                            "attn": Attention.cache_spec(cfg, k)},
-)
-
-
 def write_toy_checkpoint(directory: Path) -> Path:
     raw = {"model_type": TOY_TYPE, "vocab_size": 64, "hidden_size": 16}
     model = ToyModel(toy_config(raw))
@@ -184,6 +179,15 @@ def write_toy_checkpoint(directory: Path) -> Path:
     (directory / "config.json").write_text(json.dumps(raw))
     save_file(tensors, directory / "model.safetensors")
     return directory
+
+
+TOY = ModelFamily(
+    name="toy", model_types=(TOY_TYPE,), config_from_dict=toy_config, model_class=ToyModel,
+    weights=ToyWeights(),
+    cache_specs=lambda cfg, k, drafter_kv: {"scan": Mamba2Mixer.cache_spec(cfg, k),
+                                            "attn": Attention.cache_spec(cfg, k)},
+    tiny_checkpoint=write_toy_checkpoint,
+)
 
 
 def test_a_family_registered_outside_refengine_runs_on_both_engines(tmp_path, monkeypatch):
@@ -209,3 +213,86 @@ def test_an_unknown_model_type_names_the_supported_ones(tmp_path):
     expected = r"model_type: unsupported 'llama', expected one of .*nemotron_h"
     with pytest.raises(CheckpointError, match=expected):
         load_model(tmp_path)
+
+
+# ---- a family is one package plus one line -------------------------------------------------------------
+MODEL = ROOT / "model"
+
+
+def family_packages() -> list[str]:
+    """The packages of refengine/model/ that define a family (export ``FAMILY``; ``eagle/`` holds draft
+    heads, no family)."""
+    return sorted(p.parent.name for p in MODEL.glob("*/__init__.py") if "FAMILY" in p.read_text())
+
+
+def registry_lines() -> list[str]:
+    """The entries of registry.py's ``FAMILIES`` as written (``<package>.FAMILY`` each)."""
+    for node in ast.parse((MODEL / "registry.py").read_text()).body:
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "FAMILIES":
+            return [ast.unparse(e) for e in node.value.elts]
+    raise AssertionError("registry.py has no FAMILIES tuple")
+
+
+def family_imports(path: Path) -> list[str]:
+    """The family packages a module imports at run time (an ``if TYPE_CHECKING:`` import does not run)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and ast.unparse(node.test) == "TYPE_CHECKING" for n in ast.walk(node)}
+    packages, found = set(family_packages()), []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[:2] == ["refengine", "model"] and len(n.split(".")) > 2
+                  and n.split(".")[2] in packages]
+    return found
+
+
+def test_every_family_package_is_one_line_of_the_registry():
+    assert family_packages() == ["nemotron_h", "qwen3_next"]
+    assert sorted(registry_lines()) == [f"{p}.FAMILY" for p in family_packages()]
+    assert [f.name for f in registry.FAMILIES] == [line.split(".")[0] for line in registry_lines()]
+
+
+def test_the_shared_model_modules_import_no_family():
+    """refengine/model/*.py is what every family shares; only the registry names the families."""
+    found = {p.name: v for p in sorted(MODEL.glob("*.py"))
+             if p.name != "registry.py" and (v := family_imports(p))}
+    assert found == {}
+
+
+def test_the_package_scan_finds_a_family_import(tmp_path):
+    shared = tmp_path / "shared.py"
+    shared.write_text("from typing import TYPE_CHECKING\n"
+                      "from refengine.model.qwen3_next.config import FULL\n"
+                      "if TYPE_CHECKING:\n    from refengine.model.nemotron_h import NemotronHConfig\n")
+    assert family_imports(shared) == ["refengine.model.qwen3_next.config",
+                                      "refengine.model.qwen3_next.config.FULL"]
+
+
+def test_every_registry_field_is_read_outside_the_families():
+    """Each ModelFamily field is read (``<family>.<field>``) by a module that is not a family's own."""
+    sources = [p for d in (ROOT, ROOT.parent / "conformance", ROOT.parent / "tests" / "helpers")
+               for p in d.rglob("*.py") if p.parent == MODEL or MODEL not in p.parents]
+    read = {node.attr for p in sources for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)}
+    fields = {f.name for f in dataclasses.fields(ModelFamily)}
+    assert fields - read == set()
+
+
+def test_a_new_family_brings_its_tiny_model(tmp_path, monkeypatch):
+    """With its one line in FAMILIES, ``tiny:toy`` exists: the family's own writer, the tokenizer added."""
+    from refengine.tools import tiny_models
+
+    assert "tiny:toy" not in tiny_models.tiny_names()
+    monkeypatch.setattr(registry, "FAMILIES", (*registry.FAMILIES, TOY))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert "tiny:toy" in tiny_models.tiny_names()
+    path = Path(tiny_models.tiny_model_path("tiny:toy"))
+    assert path.parent == tmp_path and (path / "tokenizer.json").is_file()
+    assert load_model(path)[1].model_type == TOY_TYPE

@@ -1,7 +1,7 @@
 """The dense training forward computes the same logits as the engine's cached forward.
 
 Training optimises ``refengine.tools.training``; the engine serves ``Qwen3NextForCausalLM.forward``
-and ``MTPHead.forward`` over caches. Both run on the same parameters, so their outputs must agree.
+and ``Qwen3NextMTPHead.forward`` over caches. Both run on the same parameters, so their outputs must agree.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Token mixers by layer type: each declares the cache it needs; a registry maps layer types to classes.
+"""The Qwen3-Next / Qwen3.5 token mixers by layer type: each declares the cache it needs; ``MIXERS`` maps
+the config's layer types to classes.
 
 A mixer is the part of a decoder layer that moves information between tokens. Every mixer class
 has the same call, ``mixer(x, positions, ctx, cache_key) -> [T, H]``, and declares:
@@ -8,15 +9,16 @@ has the same call, ``mixer(x, positions, ctx, cache_key) -> [T, H]``, and declar
   ``ctx.attn``) or a ``RecurrentState`` (per-slot tensors, read through ``ctx.recurrent``), both
   from ``refengine.model.cache_specs``.
 
-``ModelCaches`` allocates from the declarations alone. To add a mixer (Mamba2, say): one module
-with its class, and one entry in ``MIXERS``; a recurrent mixer reuses ``RecurrentMetadata``.
+``ModelCaches`` allocates from the declarations alone (through the family's ``cache_specs``). To add a
+layer type: one module with its mixer class, and one entry in ``MIXERS``; a recurrent mixer reuses
+``RecurrentMetadata``.
 """
 
 from __future__ import annotations
 
 from refengine.model.attention import GatedAttention
-from refengine.model.config import FULL, LINEAR
-from refengine.model.gdn import GatedDeltaNet
+from refengine.model.qwen3_next.config import FULL, LINEAR
+from refengine.model.qwen3_next.gdn import GatedDeltaNet
 
 MIXERS: dict[str, type] = {
     LINEAR: GatedDeltaNet,

@@ -15,7 +15,7 @@ import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
 from refengine.model.layers import Linear, softplus
-from refengine.model.nemotron_h_config import NemotronHModelConfig
+from refengine.model.nemotron_h.config import NemotronHConfig
 
 
 class Conv1d(nn.Module):
@@ -32,13 +32,13 @@ class Mamba2Mixer(nn.Module):
     ssm_state [S, Hm, P, N] fp32)``."""
 
     @staticmethod
-    def cache_spec(cfg: NemotronHModelConfig, num_speculative_tokens: int) -> RecurrentState:
+    def cache_spec(cfg: NemotronHConfig, num_speculative_tokens: int) -> RecurrentState:
         """The conv window first (W-1 inputs plus K columns for a verify step), then the SSM state."""
         conv = (cfg.mamba_conv_dim, cfg.conv_kernel - 1 + num_speculative_tokens)
         ssm = (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size)
         return RecurrentState(shapes=(conv, ssm), fp32=(False, True), checkpoint=(WINDOW, SLOT))
 
-    def __init__(self, cfg: NemotronHModelConfig) -> None:
+    def __init__(self, cfg: NemotronHConfig) -> None:
         super().__init__()
         self.num_heads = cfg.mamba_num_heads  # Hm
         self.head_dim = cfg.mamba_head_dim  # P

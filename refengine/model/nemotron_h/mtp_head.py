@@ -13,19 +13,23 @@ the last. Initialised from the model's own layers, not trained:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from refengine.model.nemotron_h_config import NemotronHModelConfig
-from refengine.model.nemotron_h_weights import NemotronHWeights, mtp_head_shapes
+from refengine.model.family import NewMTPHead
+from refengine.model.nemotron_h.config import NemotronHConfig
+from refengine.model.nemotron_h.weights import NemotronHWeights, mtp_head_shapes
 from refengine.model.weights_check import CheckpointError
 
 SEED = 0  # of the weights made for a block kind the model lacks
 
 
-def nemotron_head_tensors(read, files: dict[str, str], cfg: NemotronHModelConfig,
-                          ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """``read(name) -> tensor`` reads a SRC tensor. Returns the ``mtp.*`` tensors (disk layout: experts
-    per expert, as the model's own layers are saved) and, per tensor, where it came from."""
+def nemotron_mtp_head(read: Callable[[str], torch.Tensor], files: dict[str, str], cfg: NemotronHConfig,
+                      ) -> NewMTPHead:
+    """``read(name) -> tensor`` reads a SRC tensor. The ``mtp.*`` tensors (disk layout: experts per
+    expert, as the model's own layers are saved), per tensor where it came from, and the layer count's
+    field (``num_nextn_predict_layers``, as vLLM reads it)."""
     prefix = "backbone." if any(n.startswith("backbone.") for n in files) else "model."
     shapes = mtp_head_shapes(cfg, set())  # experts per expert, as the model's own layers are saved
     final_norm = f"{prefix}norm_f.weight"
@@ -65,5 +69,5 @@ def nemotron_head_tensors(read, files: dict[str, str], cfg: NemotronHModelConfig
     for name, tensor in head.items():
         keep = NemotronHWeights.keep_fp32(name)
         head[name] = tensor.to(torch.float32 if keep else dtype).contiguous()
-    return head, origin
+    return NewMTPHead(head, origin, "num_nextn_predict_layers")
 

@@ -1,7 +1,7 @@
 """Model configuration for the Qwen3-Next / Qwen3.5 hybrid decoder.
 
 ``config.json`` is parsed by transformers' own configuration class for its ``model_type`` (offline:
-nothing is fetched), so every default is transformers'. ``ModelConfig`` is the engine's validated
+nothing is fetched), so every default is transformers'. ``Qwen3NextConfig`` is the engine's validated
 view of the fields it uses.
 """
 
@@ -28,7 +28,7 @@ ALL_MOE_MODEL_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")
 
 
 @dataclass(slots=True)
-class ModelConfig:
+class Qwen3NextConfig:
     model_type: str  # a key of GDN_LAYOUTS
     vocab_size: int  # V
     hidden_size: int  # H
@@ -167,7 +167,7 @@ class ModelConfig:
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, d: dict[str, Any]) -> ModelConfig:
+    def from_hf_config(cls, d: dict[str, Any]) -> Qwen3NextConfig:
         """Build from a parsed config.json, through transformers' configuration class for its model_type."""
         if not isinstance(d, dict):
             raise TypeError(f"config: expected a JSON object, got {type(d).__name__}")
@@ -182,7 +182,7 @@ class ModelConfig:
         return cls.from_transformers(hf)
 
     @classmethod
-    def from_transformers(cls, hf: Any) -> ModelConfig:
+    def from_transformers(cls, hf: Any) -> Qwen3NextConfig:
         """The engine's view of a transformers config (Qwen3Next / Qwen3_5[Moe] [Text]Config)."""
         model_type = hf.model_type
         if model_type not in GDN_LAYOUTS:

@@ -1,6 +1,6 @@
 """The Nemotron-H decoder: one pre-norm block per layer, each holding one mixer chosen by its letter.
 
-``M`` Mamba2 (refengine/model/mamba2.py), ``*`` attention (GQA, no RoPE, no q/k norm, no gate),
+``M`` Mamba2 (mamba2.py), ``*`` attention (GQA, no RoPE, no q/k norm, no gate),
 ``-`` relu² MLP, ``E`` MoE (sigmoid router with a score-correction bias, grouped top-k, routed
 scaling, non-gated relu² experts, optional latent projections, a relu² shared expert). Every block is
 ``x + mixer(norm(x))`` with a plain-weight RMSNorm; then ``norm_f`` and an untied ``lm_head``.
@@ -18,12 +18,10 @@ from torch import nn
 import kernels
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 from refengine.model.attention import paged_attend
-from refengine.model.cache_specs import PagedKV
+from refengine.model.cache_specs import MTP_CACHE_KEY, PagedKV
 from refengine.model.layers import Linear, RMSNorm
-from refengine.model.mamba2 import Mamba2Mixer
-from refengine.model.nemotron_h_config import ATTENTION, MAMBA, MLP, MOE, NemotronHModelConfig
-
-MTP_CACHE_KEY = "mtp"  # key of the MTP step's KV cache in ForwardContext.kv_caches (as for Qwen3-Next)
+from refengine.model.nemotron_h.config import ATTENTION, MAMBA, MLP, MOE, NemotronHConfig
+from refengine.model.nemotron_h.mamba2 import Mamba2Mixer
 
 
 class Attention(nn.Module):
@@ -33,10 +31,10 @@ class Attention(nn.Module):
     """
 
     @staticmethod
-    def cache_spec(cfg: NemotronHModelConfig, num_speculative_tokens: int) -> PagedKV:
+    def cache_spec(cfg: NemotronHConfig, num_speculative_tokens: int) -> PagedKV:
         return PagedKV(cfg.num_key_value_heads, cfg.head_dim)
 
-    def __init__(self, cfg: NemotronHModelConfig) -> None:
+    def __init__(self, cfg: NemotronHConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads  # Hq
         self.num_kv_heads = cfg.num_key_value_heads  # Hkv
@@ -74,7 +72,7 @@ class Router(nn.Module):
     """Sigmoid router: ``weight [E, H]`` and ``e_score_correction_bias [E]``, both float32 (as transformers
     keeps them); logits are computed in float32."""
 
-    def __init__(self, cfg: NemotronHModelConfig) -> None:
+    def __init__(self, cfg: NemotronHConfig) -> None:
         super().__init__()
         experts = cfg.n_routed_experts
         self.top_k = cfg.num_experts_per_tok
@@ -109,7 +107,7 @@ class MoE(nn.Module):
     """Routed experts (on the latent projection of x when the model has one) plus the shared expert on x
     (width Is x n_shared_experts, as vLLM builds it; none when n_shared_experts is 0)."""
 
-    def __init__(self, cfg: NemotronHModelConfig) -> None:
+    def __init__(self, cfg: NemotronHConfig) -> None:
         super().__init__()
         hidden = cfg.hidden_size
         self.gate = Router(cfg)
@@ -140,7 +138,7 @@ BLOCKS: dict[str, tuple[type, bool]] = {
 }
 
 
-def _make_mixer(cfg: NemotronHModelConfig, kind: str) -> nn.Module:
+def _make_mixer(cfg: NemotronHConfig, kind: str) -> nn.Module:
     if kind == MLP:
         return ReluSquaredMLP(cfg.hidden_size, cfg.intermediate_size)
     return BLOCKS[kind][0](cfg)
@@ -149,7 +147,7 @@ def _make_mixer(cfg: NemotronHModelConfig, kind: str) -> nn.Module:
 class Block(nn.Module):
     """x + mixer(norm(x))."""
 
-    def __init__(self, cfg: NemotronHModelConfig, kind: str) -> None:
+    def __init__(self, cfg: NemotronHConfig, kind: str) -> None:
         super().__init__()
         self.kind = kind
         self.uses_context = BLOCKS[kind][1]
@@ -166,7 +164,7 @@ class Block(nn.Module):
 class NemotronHModel(nn.Module):
     """Embedding, blocks, final norm (prefix ``model.``)."""
 
-    def __init__(self, cfg: NemotronHModelConfig) -> None:
+    def __init__(self, cfg: NemotronHConfig) -> None:
         super().__init__()
         # weight [V, H]; given explicitly so no initialiser runs (the loader assigns real weights).
         self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
@@ -187,7 +185,7 @@ class MTPBlock(Block):
     """One block of the MTP step: ``x + mixer(norm(x))``. The first block also holds the fusion
     (``enorm``, ``hnorm``, ``eh_proj``), the last one ``final_layernorm``."""
 
-    def __init__(self, cfg: NemotronHModelConfig, kind: str, first: bool, last: bool) -> None:
+    def __init__(self, cfg: NemotronHConfig, kind: str, first: bool, last: bool) -> None:
         super().__init__(cfg, kind)
         hidden, eps = cfg.hidden_size, cfg.layer_norm_epsilon
         if first:
@@ -206,7 +204,7 @@ class NemotronHMTPHead(nn.Module):
     ``final_layernorm``. Shares the embedding and lm_head with the model.
     """
 
-    def __init__(self, cfg: NemotronHModelConfig, embeddings: nn.Embedding) -> None:
+    def __init__(self, cfg: NemotronHConfig, embeddings: nn.Embedding) -> None:
         super().__init__()
         kinds = cfg.mtp_block_kinds
         self.layers = nn.ModuleList(
@@ -236,7 +234,7 @@ class NemotronHForCausalLM(nn.Module):
     """Top-level model: ``forward`` returns final-norm hidden states, ``compute_logits`` the logits;
     ``mtp`` is the draft head when the checkpoint holds one (``cfg.num_mtp_layers``), else None."""
 
-    def __init__(self, cfg: NemotronHModelConfig) -> None:
+    def __init__(self, cfg: NemotronHConfig) -> None:
         super().__init__()
         self.config = cfg
         self.model = NemotronHModel(cfg)
@@ -257,7 +255,7 @@ class NemotronHForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embeddings.weight
 
 
-def cache_specs(cfg: NemotronHModelConfig, num_speculative_tokens: int,
+def cache_specs(cfg: NemotronHConfig, num_speculative_tokens: int,
                 drafter_kv: bool = False) -> dict[int | str, object]:
     """Layer index -> its mixer's cache declaration ('-' and 'E' blocks have none), plus the MTP
     step's attention KV cache under ``MTP_CACHE_KEY`` when ``drafter_kv``."""

@@ -19,8 +19,8 @@ import re
 import torch
 from torch import nn
 
-from refengine.model.nemotron_h import NemotronHMTPHead
-from refengine.model.nemotron_h_config import NemotronHModelConfig
+from refengine.model.nemotron_h.config import NemotronHConfig
+from refengine.model.nemotron_h.model import NemotronHMTPHead
 from refengine.model.weights_check import CheckpointError
 
 DISK_PREFIX = "backbone."
@@ -58,7 +58,7 @@ class NemotronHWeights:
         return [as_in_file(name) for name in names]
 
     @staticmethod
-    def prepare(cfg: NemotronHModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+    def prepare(cfg: NemotronHConfig, tensors: dict[str, torch.Tensor]) -> None:
         """The head exists when the checkpoint holds ``mtp.*`` tensors: one MTP step, the one vLLM builds
         (it refuses a ``num_nextn_predict_layers`` other than 1). Drops the ``mtp.*`` tensors no parameter
         of the head loads, as vLLM's loader skips them."""
@@ -76,7 +76,7 @@ class NemotronHWeights:
             del tensors[name]
 
     @staticmethod
-    def expected_shapes(model, cfg: NemotronHModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
+    def expected_shapes(model, cfg: NemotronHConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
         """Names and shapes the checkpoint must hold: routed experts per expert unless the checkpoint
         holds that layer's stacked ``experts.up_proj``; the conv weight as [C, 1, W]."""
         shapes = _as_on_disk({name: tuple(t.shape) for name, t in model.state_dict().items()}, names)
@@ -85,12 +85,12 @@ class NemotronHWeights:
         return shapes
 
     @staticmethod
-    def mismatch_note(raw: dict, tensors: dict[str, torch.Tensor], cfg: NemotronHModelConfig) -> str:
+    def mismatch_note(raw: dict, tensors: dict[str, torch.Tensor], cfg: NemotronHConfig) -> str:
         return f"; the config's layer pattern is {cfg.pattern!r}"
 
     @staticmethod
     def to_model_layout(
-        tensors: dict[str, torch.Tensor], cfg: NemotronHModelConfig
+        tensors: dict[str, torch.Tensor], cfg: NemotronHConfig
     ) -> dict[str, torch.Tensor]:
         """Disk layout -> model layout: conv weight [C, W], per-expert tensors stacked."""
         out: dict[str, torch.Tensor] = {}
@@ -115,7 +115,7 @@ class NemotronHWeights:
         return name.endswith(FP32_SUFFIXES)
 
 
-def mtp_head_shapes(cfg: NemotronHModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
+def mtp_head_shapes(cfg: NemotronHConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
     """Every ``mtp.*`` tensor the head of ``cfg`` loads, with its shape as a checkpoint holds it (routed
     experts per expert unless ``names`` holds that layer's stacked ``experts.up_proj``)."""
     with torch.device("meta"):

@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from refengine.model.config import FULL, LINEAR, ModelConfig, layer_types_given
+from refengine.model.qwen3_next.config import FULL, LINEAR, Qwen3NextConfig, layer_types_given
 
 WRAPPER_PREFIX = "model.language_model."  # Qwen3.5 multimodal wrapper
 IGNORED_PREFIXES = ("model.visual.", "visual.")
@@ -40,19 +40,19 @@ class QwenWeights:
         return _as_in_file(names, file_names)
 
     @staticmethod
-    def prepare(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+    def prepare(cfg: Qwen3NextConfig, tensors: dict[str, torch.Tensor]) -> None:
         cfg.num_mtp_layers = _count_mtp_layers(tensors)
 
     @staticmethod
-    def expected_shapes(model, cfg: ModelConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
+    def expected_shapes(model, cfg: Qwen3NextConfig, names: set[str]) -> dict[str, tuple[int, ...]]:
         return expected_checkpoint_shapes(model, cfg, names)
 
     @staticmethod
-    def mismatch_note(raw: dict, tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> str:
+    def mismatch_note(raw: dict, tensors: dict[str, torch.Tensor], cfg: Qwen3NextConfig) -> str:
         return "" if layer_types_given(raw) else _derived_layer_types_note(tensors, cfg)
 
     @staticmethod
-    def to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    def to_model_layout(tensors: dict[str, torch.Tensor], cfg: Qwen3NextConfig) -> dict[str, torch.Tensor]:
         return _to_model_layout(tensors, cfg)
 
     @staticmethod
@@ -91,7 +91,7 @@ def _count_mtp_layers(tensors: dict[str, torch.Tensor]) -> int:
 
 
 def expected_checkpoint_shapes(
-    model, cfg: ModelConfig, names: set[str] | None = None
+    model, cfg: Qwen3NextConfig, names: set[str] | None = None
 ) -> dict[str, tuple[int, ...]]:
     """Names and shapes the checkpoint must hold, in its on-disk layout.
 
@@ -124,7 +124,7 @@ def expected_checkpoint_shapes(
     return shapes
 
 
-def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> str:
+def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: Qwen3NextConfig) -> str:
     """For a config.json without ``layer_types`` (transformers then derives them from
     ``full_attention_interval``): a note naming the first layer whose tensors say otherwise, "" when
     they agree."""
@@ -143,7 +143,7 @@ def _derived_layer_types_note(tensors: dict[str, torch.Tensor], cfg: ModelConfig
 
 
 
-def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: Qwen3NextConfig) -> dict[str, torch.Tensor]:
     """Disk names/layout -> model names/layout (GDN split projections, conv weight [C, W], fused experts)."""
     out: dict[str, torch.Tensor] = {}
     experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}  # "...mlp.experts." -> (e, part) -> weight
@@ -175,7 +175,7 @@ def _to_model_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
 
 
 
-def split_qkvz(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def split_qkvz(weight: torch.Tensor, cfg: Qwen3NextConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3-Next in_proj_qkvz [Hk*(2Dk+2rDv), H] (per key-head group: q, k, v_g, z_g)
     -> in_proj_qkv [2HkDk+HvDv, H] (rows [all q | all k | all v]) and in_proj_z [HvDv, H]."""
     hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -187,7 +187,7 @@ def split_qkvz(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, to
 
 
 
-def split_ba(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def split_ba(weight: torch.Tensor, cfg: Qwen3NextConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3-Next in_proj_ba [2Hv, H] (per key-head group: b_g (r), a_g (r)) -> in_proj_b,
     in_proj_a [Hv, H]."""
     hk = cfg.linear_num_key_heads
@@ -198,7 +198,7 @@ def split_ba(weight: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torc
 
 
 
-def merge_qkvz(qkv: torch.Tensor, z: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+def merge_qkvz(qkv: torch.Tensor, z: torch.Tensor, cfg: Qwen3NextConfig) -> torch.Tensor:
     """Inverse of split_qkvz: Qwen3.5 in_proj_qkv / in_proj_z -> Qwen3-Next in_proj_qkvz."""
     hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     r, hidden = cfg.linear_num_value_heads // hk, qkv.shape[-1]
@@ -209,7 +209,7 @@ def merge_qkvz(qkv: torch.Tensor, z: torch.Tensor, cfg: ModelConfig) -> torch.Te
 
 
 
-def merge_ba(b: torch.Tensor, a: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+def merge_ba(b: torch.Tensor, a: torch.Tensor, cfg: Qwen3NextConfig) -> torch.Tensor:
     """Inverse of split_ba: in_proj_b / in_proj_a [Hv, H] -> Qwen3-Next in_proj_ba [2Hv, H]."""
     hk, hidden = cfg.linear_num_key_heads, b.shape[-1]
     r = cfg.linear_num_value_heads // hk

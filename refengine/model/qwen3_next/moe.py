@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import kernels
-from refengine.model.config import ModelConfig
 from refengine.model.layers import MLP, Linear, sigmoid
+from refengine.model.qwen3_next.config import Qwen3NextConfig
 
 
 class Router(nn.Module):
@@ -57,7 +57,7 @@ class Experts(nn.Module):
 class SparseMoeBlock(nn.Module):
     """Routed experts plus the sigmoid-gated shared expert (prefix ``mlp.``)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig) -> None:
         super().__init__()
         hidden = cfg.hidden_size
         self.gate = Router(hidden, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob)
@@ -78,7 +78,7 @@ class SparseMoeBlock(nn.Module):
         return kernels.linear(x, torch.cat([w, torch.zeros_like(w)]))[:, :1]
 
 
-def make_mlp(cfg: ModelConfig, layer_index: int) -> nn.Module:
+def make_mlp(cfg: Qwen3NextConfig, layer_index: int) -> nn.Module:
     """The MLP of decoder layer ``layer_index`` (or MTP layer ``layer_index``): MoE or dense SwiGLU."""
     if cfg.is_moe_layer(layer_index):
         return SparseMoeBlock(cfg)

@@ -10,18 +10,17 @@ import torch
 from torch import nn
 
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
-from refengine.model.config import FULL, ModelConfig
+from refengine.model.cache_specs import MTP_CACHE_KEY, PagedKV, RecurrentState
 from refengine.model.layers import Linear, RMSNorm
-from refengine.model.mixers import mixer_class
-from refengine.model.moe import make_mlp
-
-MTP_CACHE_KEY = "mtp"  # key of the MTP layer's KV cache in ForwardContext.kv_caches
+from refengine.model.qwen3_next.config import FULL, Qwen3NextConfig
+from refengine.model.qwen3_next.mixers import mixer_class
+from refengine.model.qwen3_next.moe import make_mlp
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: x + mixer(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
 
-    def __init__(self, cfg: ModelConfig, layer_type: str, layer_index: int) -> None:
+    def __init__(self, cfg: Qwen3NextConfig, layer_type: str, layer_index: int) -> None:
         super().__init__()
         self.layer_type = layer_type
         mixer = mixer_class(layer_type)
@@ -46,7 +45,7 @@ class DecoderLayer(nn.Module):
 class Qwen3NextModel(nn.Module):
     """Embedding, decoder layers, final norm (HF prefix ``model.``)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig) -> None:
         super().__init__()
         # weight [V, H]; given explicitly so no initialiser runs (the loader assigns real weights).
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
@@ -64,14 +63,14 @@ class Qwen3NextModel(nn.Module):
         return self.norm(x)
 
 
-class MTPHead(nn.Module):
+class Qwen3NextMTPHead(nn.Module):
     """Multi-token-prediction draft head (prefix ``mtp.``); shares embedding and lm_head with the model.
 
     e = pre_fc_norm_embedding(embed(ids)), h = pre_fc_norm_hidden(hidden), x = fc(cat([e, h])),
     then one full-attention decoder layer with its own KV cache, then mtp.norm.
     """
 
-    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
+    def __init__(self, cfg: Qwen3NextConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         hidden = cfg.hidden_size
         self.fc = Linear(2 * hidden, hidden)  # [H, 2H], input is [embedding | hidden]
@@ -103,14 +102,14 @@ class MTPHead(nn.Module):
 class Qwen3NextForCausalLM(nn.Module):
     """Top-level model: ``forward`` returns final-norm hidden states, ``compute_logits`` the logits."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig) -> None:
         super().__init__()
         self.config = cfg
         self.model = Qwen3NextModel(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)  # weight [V, H]
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.mtp = MTPHead(cfg, self.model.embed_tokens) if cfg.num_mtp_layers > 0 else None
+        self.mtp = Qwen3NextMTPHead(cfg, self.model.embed_tokens) if cfg.num_mtp_layers > 0 else None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
@@ -124,3 +123,15 @@ class Qwen3NextForCausalLM(nn.Module):
         """Re-share lm_head with the embedding (after weights were assigned) when tied."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+
+def cache_specs(cfg: Qwen3NextConfig, num_speculative_tokens: int,
+                drafter_kv: bool) -> dict[int | str, PagedKV | RecurrentState]:
+    """Layer index -> its mixer's cache declaration (every layer has one), plus the MTP layer's KV cache
+    under ``MTP_CACHE_KEY`` when ``drafter_kv``."""
+    specs: dict[int | str, PagedKV | RecurrentState] = {
+        i: mixer_class(kind).cache_spec(cfg, num_speculative_tokens) for i, kind in enumerate(cfg.layer_types)
+    }
+    if drafter_kv:  # the MTP layer is a full-attention layer with its own KV cache
+        specs[MTP_CACHE_KEY] = mixer_class(FULL).cache_spec(cfg, num_speculative_tokens)
+    return specs

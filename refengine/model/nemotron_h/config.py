@@ -1,7 +1,7 @@
 """Model configuration for Nemotron-H (``model_type`` ``nemotron_h``): Mamba2, attention, MLP and MoE blocks.
 
-``config.json`` is parsed by transformers' ``NemotronHConfig`` (offline), so every default is
-transformers'; ``NemotronHModelConfig`` is the engine's validated view of the fields it uses. The
+``config.json`` is parsed by transformers' configuration class of the same name (offline), so every
+default is transformers'; ``NemotronHConfig`` here is the engine's validated view of the fields it uses. The
 layer layout comes from ``layers_block_type`` or the legacy ``hybrid_override_pattern`` (one letter per
 layer: ``M`` Mamba2, ``*`` attention, ``-`` MLP, ``E`` MoE).
 """
@@ -29,7 +29,7 @@ LETTERS = {kind: letter for letter, kind in PATTERN_LETTERS.items()}
 
 
 @dataclass(slots=True)
-class NemotronHModelConfig:
+class NemotronHConfig:
     vocab_size: int  # V
     hidden_size: int  # H
     block_kinds: list[str]  # [L] "mamba" | "attention" | "mlp" | "moe"
@@ -160,7 +160,7 @@ class NemotronHModelConfig:
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, d: dict[str, Any]) -> NemotronHModelConfig:
+    def from_hf_config(cls, d: dict[str, Any]) -> NemotronHConfig:
         """Build from a parsed config.json, through transformers' NemotronHConfig."""
         if not isinstance(d, dict):
             raise TypeError(f"config: expected a JSON object, got {type(d).__name__}")
@@ -176,7 +176,7 @@ class NemotronHModelConfig:
         return cls.from_transformers(hf)
 
     @classmethod
-    def from_transformers(cls, hf: Any) -> NemotronHModelConfig:
+    def from_transformers(cls, hf: Any) -> NemotronHConfig:
         """The engine's view of a transformers ``NemotronHConfig``."""
         for name in ("use_bias", "mlp_bias", "attention_bias"):
             if getattr(hf, name, False):

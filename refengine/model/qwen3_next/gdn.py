@@ -8,8 +8,8 @@ from torch import nn
 import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
-from refengine.model.config import ModelConfig
 from refengine.model.layers import GatedRMSNorm, Linear, sigmoid, softplus
+from refengine.model.qwen3_next.config import Qwen3NextConfig
 
 
 class CausalConv1d(nn.Module):
@@ -31,13 +31,13 @@ class GatedDeltaNet(nn.Module):
     attr_name = "linear_attn"  # checkpoint prefix inside a decoder layer
 
     @staticmethod
-    def cache_spec(cfg: ModelConfig, num_speculative_tokens: int) -> RecurrentState:
+    def cache_spec(cfg: Qwen3NextConfig, num_speculative_tokens: int) -> RecurrentState:
         """The conv window keeps W-1 inputs plus K columns, so a verify step can restart at any offset."""
         conv = (cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1 + num_speculative_tokens)
         ssm = (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
         return RecurrentState(shapes=(conv, ssm), fp32=(False, True), checkpoint=(WINDOW, SLOT))
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig) -> None:
         super().__init__()
         self.num_k_heads = cfg.linear_num_key_heads  # Hk
         self.num_v_heads = cfg.linear_num_value_heads  # Hv
