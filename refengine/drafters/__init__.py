@@ -28,12 +28,12 @@ DRAFTERS = {
     "scripted": lambda spec, vocab, max_len: ScriptedDrafter(spec.num_speculative_tokens, vocab),
     "ngram": lambda spec, vocab, max_len: NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min,
                                                        spec.prompt_lookup_max, max_len),
-    "draft_model": lambda spec, vocab, max_len: DraftModelDrafter(spec.num_speculative_tokens,
-                                                                  spec.draft_model, vocab),
     "eagle": lambda spec, vocab, max_len: EagleDrafter("eagle", spec.num_speculative_tokens,
                                                        spec.draft_model),
     "eagle3": lambda spec, vocab, max_len: EagleDrafter("eagle3", spec.num_speculative_tokens,
                                                         spec.draft_model),
+    "draft_model": lambda spec, vocab, max_len: DraftModelDrafter(spec.num_speculative_tokens,
+                                                                  spec.draft_model, vocab),
 }
 
 
