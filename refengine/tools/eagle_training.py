@@ -1,11 +1,11 @@
 """Train an EAGLE head on its target's own greedy text, so a tiny head has real acceptance.
 
-The target runs once over every training sequence (the engine's own model, one step per sequence through
-the reference engine's caches is not needed: a dense forward of the same modules); what the head is
-trained on is its first pass, as the engine runs it: at position t the target's state (EAGLE-1 the final
-hidden state, EAGLE-3 the auxiliary states) with the embedding of token t+1, predicting token t+2, with
-causal attention over the sequence's positions. The head's forward here is a plain-torch copy of
-``refengine.model.eagle.head`` on the same parameters.
+The target runs once over every training sequence (a dense forward of the same modules, no grad); the head
+is trained on its first passes as the engine runs them (``chain_logits``): at position t the target's state
+(EAGLE-1 the final hidden state, EAGLE-3 the auxiliary states) with the embedding of token t+1, predicting
+token t+2, then chained passes fed the head's own output and the next true token, attending to the first
+pass's keys and their own. The head's forward here is a plain-torch copy of ``refengine.model.eagle.head``
+on the same parameters.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tenso
     return x * cos + rot * sin
 
 
-def _layer(layer, x_in: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor, cfg) -> torch.Tensor:
-    """One head layer over [B, T, in]: returns the layer's output + residual [B, T, H]."""
+def _qkv(layer, x_in: torch.Tensor, positions: torch.Tensor, cfg):
+    """q, k, v [B, Hq, T, D] of a head layer over [B, T, in] (RoPE applied, kv heads repeated)."""
     att = layer.self_attn
     b, t, _ = x_in.shape
     hq, hk, d = att.num_heads, att.num_kv_heads, att.head_dim
@@ -39,33 +39,70 @@ def _layer(layer, x_in: torch.Tensor, residual: torch.Tensor, positions: torch.T
     k = _rope(F.linear(x_in, att.k_proj.weight).view(b, t, hk, d), positions, cfg.rope_theta)
     v = F.linear(x_in, att.v_proj.weight).view(b, t, hk, d)
     k, v = k.repeat_interleave(hq // hk, 2), v.repeat_interleave(hq // hk, 2)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    a = F.linear(o.transpose(1, 2).reshape(b, t, hq * d), att.o_proj.weight)
-    residual = a + residual
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def _finish(layer, o: torch.Tensor, residual: torch.Tensor, cfg) -> torch.Tensor:
+    """o [B, Hq, T, D] the attention output -> the layer's output + residual [B, T, H]."""
+    att = layer.self_attn
+    b, hq, t, d = o.shape
+    residual = F.linear(o.transpose(1, 2).reshape(b, t, hq * d), att.o_proj.weight) + residual
     h = _rms(residual, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
     mlp = layer.mlp
     h = F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight)
-    h = F.linear(h, mlp.down_proj.weight)
-    return h + residual
+    return F.linear(h, mlp.down_proj.weight) + residual
 
 
-def first_pass_logits(head, ids: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """ids [B, T] (token t+1 at row t), state [B, T, ...] the target's state at t -> logits [B, T, Vd]."""
-    cfg = head.config
-    positions = torch.arange(ids.shape[1])
+def _inputs(head, ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the layer's input, its residual) for ids [B, T] and hidden [B, T, H] (EAGLE-3: after ``fc``)."""
+    cfg, layer = head.config, head.layers[0]
     e = head.embed(ids).detach()
-    layer = head.layers[0]
     if cfg.method == EAGLE3:
-        hidden = F.linear(state, head.fc.weight)
         en = _rms(e, layer.input_layernorm.weight, cfg.rms_norm_eps)
         hn = _rms(hidden, layer.hidden_norm.weight, cfg.rms_norm_eps)
-        out = _layer(layer, torch.cat([en, hn], -1), hidden, positions, cfg)
-        return F.linear(_rms(out, head.norm.weight, cfg.rms_norm_eps), head.lm_head.weight)
-    x = F.linear(torch.cat([e, state], -1), head.fc.weight)
-    out = _layer(layer, x, x, positions, cfg)
+        return torch.cat([en, hn], -1), hidden
+    x = F.linear(torch.cat([e, hidden], -1), head.fc.weight)
+    return x, x
+
+
+def _logits(head, out: torch.Tensor) -> torch.Tensor:
+    if head.config.method == EAGLE3:
+        return F.linear(_rms(out, head.norm.weight, head.config.rms_norm_eps), head.lm_head.weight)
     target = head._shared[1].__self__  # the target model (its compute_logits): its lm_head
     return F.linear(out, target.lm_head.weight.detach())
+
+
+def chain_logits(head, ids: torch.Tensor, state: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Draft logits [B, n, Vd] of ``steps`` passes, row t of a sequence ids [B, T] (n = T - steps - 1), as the
+    engine runs them: the first pass pairs the target's state at t with token t+1 at position t, attending
+    causally; pass s pairs the previous pass's output with token t+s+1 at position t+s and attends to the
+    first pass's keys at positions <= t and to the chained keys of row t (the head's KV cache then). Pass s
+    predicts token t+s+2."""
+    cfg, layer = head.config, head.layers[0]
+    t_len = ids.shape[1]
+    n = t_len - steps - 1
+    base = torch.arange(n)
+    hidden = F.linear(state[:, :n], head.fc.weight) if cfg.method == EAGLE3 else state[:, :n]
+    outs, chain = [], []
+    k0 = v0 = None
+    for s in range(steps):
+        x_in, residual = _inputs(head, ids[:, base + s + 1], hidden)
+        q, k, v = _qkv(layer, x_in, base + s, cfg)
+        if s == 0:
+            k0, v0 = k, v
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            chain.append((k, v))
+            d = q.shape[-1]
+            scores = (q @ k0.transpose(-1, -2)).masked_fill(base[None, :] > base[:, None], float("-inf"))
+            own = torch.stack([(q * kj).sum(-1) for kj, _ in chain], dim=-1)  # [B, Hq, n, s]
+            probs = torch.softmax(torch.cat([scores, own], -1) * d**-0.5, dim=-1)
+            o = probs[..., :n] @ v0
+            for j, (_, vj) in enumerate(chain):
+                o = o + probs[..., n + j, None] * vj
+        hidden = _finish(layer, o, residual, cfg)  # EAGLE-3: the pre-norm output feeds the next pass
+        outs.append(_logits(head, hidden))
+    return outs
 
 
 def target_ids_to_draft(head, ids: torch.Tensor) -> torch.Tensor:
@@ -79,21 +116,22 @@ def target_ids_to_draft(head, ids: torch.Tensor) -> torch.Tensor:
 
 
 def train_head(head, ids: torch.Tensor, states: torch.Tensor, steps: int = 300, lr: float = 3e-3,
-               batch: int = 16, seed: int = 0, log=None) -> float:
-    """Fit the head's first pass on sequences ``ids`` [N, T] with the target's states [N, T, ...]; returns
-    the final loss. Only the head's own parameters move."""
-    params = [p for p in head.parameters()]
+               batch: int = 16, chain: int = 2, seed: int = 0, log=None) -> float:
+    """Fit the head's first ``chain`` passes on sequences ``ids`` [N, T] with the target's states
+    [N, T, ...] (``chain_logits``); returns the final loss. Only the head's own parameters move."""
+    params = list(head.parameters())
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params, lr=lr)
     gen = torch.Generator().manual_seed(seed)
-    labels = target_ids_to_draft(head, ids[:, 2:])
+    n = ids.shape[1] - chain - 1
+    labels = [target_ids_to_draft(head, ids[:, s + 2: s + 2 + n]) for s in range(chain)]
     loss = torch.tensor(0.0)
     for step in range(steps):
         pick = torch.randint(0, ids.shape[0], (batch,), generator=gen)
-        logits = first_pass_logits(head, ids[pick, 1:-1], states[pick, :-2])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[pick].reshape(-1),
-                               ignore_index=-100)
+        outs = chain_logits(head, ids[pick], states[pick], chain)
+        loss = sum(F.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), lab[pick].reshape(-1),
+                                   ignore_index=-100) for lg, lab in zip(outs, labels))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -165,11 +203,11 @@ def mean_acceptance_length(model: str, head: str, method: str, k: int, num: int 
     return 1 + sum(accepted) / max(len(accepted), 1)
 
 
-def make_tiny_eagle3(out, num_sequences: int = 32, length: int = 64, steps: int = 150,
+def make_tiny_eagle3(out, num_sequences: int = 32, length: int = 64, steps: int = 120,
                      draft_vocab: int = 128, log=None) -> None:
     """``tiny:eagle3``: the embedded default model's files in ``out`` and, in ``out/eagle3-head``, an EAGLE-3
     head (aux ids 1, 2, 3; the draft vocabulary the ``draft_vocab`` ids most frequent in its greedy text)
-    trained on the model's greedy continuations of seeded byte prompts."""
+    trained (first pass and one chained pass) on the model's greedy continuations of seeded byte prompts."""
     import shutil
     from pathlib import Path
 
@@ -189,5 +227,5 @@ def make_tiny_eagle3(out, num_sequences: int = 32, length: int = 64, steps: int 
     tensors, config = eagle_head_tensors(net, EAGLE3, aux, draft_vocab, seed=0, draft_ids=draft_ids)
     write_eagle_head(out / TINY_HEAD, tensors, config)
     head, aux_ids = load_eagle_head(out / TINY_HEAD, EAGLE3, net, net.config)
-    train_head(head, ids, target_states(net, ids, aux_ids), steps=steps, log=log)
+    train_head(head, ids, target_states(net, ids, aux_ids), steps=steps, batch=8, log=log)
     write_eagle_head(out / TINY_HEAD, head_file_tensors(head), config)

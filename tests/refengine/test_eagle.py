@@ -303,3 +303,29 @@ def test_loader_takes_vllms_spellings_and_a_shipped_embedding(heads, target, tmp
     torch.testing.assert_close(head.embed(ids), own[ids])
     plain, _ = load_eagle_head(heads["eagle"], "eagle", net, cfg)
     torch.testing.assert_close(plain.embed(ids), net.model.embed_tokens(ids))
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_the_training_forward_is_the_engines(method, heads, target):
+    """What ``eagle_training`` fits is what the engine runs: the first pass over a sequence and a chained
+    pass at the last row, through the head's paged KV cache, give the dense training forward's logits."""
+    from refengine.tools.eagle_training import chain_logits, target_states
+
+    net, cfg = target
+    head, aux = load_eagle_head(heads[method], method, net, cfg)
+    ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    states = target_states(net, ids, aux)
+    want = chain_logits(head, ids, states, 2)
+    n, kv = 9, _kv(head)
+
+    def logits(h):
+        return head.lm_head(h).float() if method == "eagle3" else net.compute_logits(h)
+
+    first, chained = head(ids[0, 1: n + 1], head.first_hidden(states[0, :n], states[0, :n]), torch.arange(n),
+                          _paged(n), kv)
+    torch.testing.assert_close(logits(first), want[0][0], rtol=1e-4, atol=1e-4)
+    t = n - 1
+    attn = AttnMetadata(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([t + 2], dtype=torch.int32),
+                        torch.arange(3, dtype=torch.int32)[None], torch.tensor([t + 1]))
+    second, _ = head(ids[0, t + 2: t + 3], chained[t: t + 1], torch.tensor([t + 1]), attn, kv)
+    torch.testing.assert_close(logits(second), want[1][0, t: t + 1], rtol=1e-4, atol=1e-4)
