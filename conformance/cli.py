@@ -88,11 +88,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "own mode, else align)",
     )
     p.add_argument("--drafter", choices=DRAFTERS, default=None,
-                   help="run every speculating scenario with this drafter instead of its own (a trigger "
-                   "tuned to the scenario's drafter that the run misses is then a warning)")
+                   help="run every speculating scenario with this drafter instead of its own (both engines; "
+                   "a trigger tuned to the scenario's drafter that the run misses is then a warning)")
     p.add_argument("--draft-model", default=None, metavar="PATH",
                    help="--drafter draft_model: the draft checkpoint (a folder, tiny:<family>, or "
-                   "cut:<layers>: the run's model cut to those layers, as `refengine make-draft-model` does)")
+                   "cut:<layers>: the run's model cut to those layers, as `refengine make-draft-model` "
+                   "does); --drafter eagle|eagle3: the head's folder in vLLM's layout (default: a seeded "
+                   "head the suite makes for the model, conformance.eagle_heads)")
 
 
 def build_parser() -> argparse.ArgumentParser:

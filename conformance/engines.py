@@ -160,6 +160,10 @@ class RefEngineAdapter:
         elif s.drafter == "ngram":
             drafter, lookup = "ngram", {"prompt_lookup_min": s.prompt_lookup_min,
                                         "prompt_lookup_max": s.prompt_lookup_max}
+        elif s.drafter in ("eagle", "eagle3") and s.k:
+            from conformance.eagle_heads import head_for
+
+            drafter, lookup = s.drafter, {"draft_model": s.draft_model or head_for(spec.model, s.drafter)}
         checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
         return LLM(
             model=spec.model,

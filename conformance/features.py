@@ -13,17 +13,19 @@ FEATURES = (
     "scripted_drafter",  # takes refengine's ScriptedDrafter
     "ngram_drafter",  # drafts by n-gram prompt lookup (vLLM's "ngram", prompt_lookup_min/max): 0..K per step
     "draft_model",  # drafts with a separate checkpoint (vLLM's "draft_model"), EngineSettings.draft_model
+    "eagle_drafter",  # drafts with an EAGLE-1 / EAGLE-3 head (vLLM's "eagle" / "eagle3", a head folder)
     "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode
     # (reports num_cached_tokens)
 )
 # What a scenario may need of the engine under test (conformance.harness.needed_features): drafters,
 # prefix caching, and "abort" (the instance's optional ``abort(request_id)``, found on the instance).
-SCENARIO_FEATURES = ("mtp", "scripted_drafter", "ngram_drafter", "draft_model", "prefix_caching", "abort")
+SCENARIO_FEATURES = ("mtp", "scripted_drafter", "ngram_drafter", "draft_model", "eagle_drafter",
+                     "prefix_caching", "abort")
 # What a gate may require (--require-feature): every adapter feature, and "abort".
 REQUIRABLE_FEATURES = (*FEATURES, "abort")
 # The feature a scenario's drafter needs (EngineSettings.drafter -> FEATURES entry).
 DRAFTER_FEATURES = {"mtp": "mtp", "scripted": "scripted_drafter", "ngram": "ngram_drafter",
-                    "draft_model": "draft_model"}
+                    "draft_model": "draft_model", "eagle": "eagle_drafter", "eagle3": "eagle_drafter"}
 
 
 def missing_features(adapter, required) -> list[str]:

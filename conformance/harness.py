@@ -22,7 +22,7 @@ from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT, EngineHang, Watch, run_watched
 from conformance.workloads import EngineSettings, RequestSpec, Scenario, get_def, seed_of
-from conformance.workloads.scenario import TEXT_PARAMS
+from conformance.workloads.scenario import EAGLE_DRAFTERS, TEXT_PARAMS
 
 REFERENCE_LABEL = "reference"
 PLAIN_LABEL = "plain greedy (K=0, no aborts)"
@@ -191,8 +191,9 @@ class Case:
     # model, by default, a scenario that did not test what it exists for fails (--allow-unexercised).
     allow_unexercised: bool = False
     # Every speculating scenario with this drafter instead of its own (``--drafter``; "draft_model" with
-    # ``draft_model``, a folder or "cut:<layers>"): a trigger tuned to the scenario's own drafter that the
-    # reference run then misses is a warning, as with ``allow_unexercised``.
+    # ``draft_model``, a folder or "cut:<layers>"; "eagle" | "eagle3" with the head's folder, or without: the
+    # suite's seeded head for the model): a trigger tuned to the scenario's own drafter that the reference
+    # run then misses is a warning, as with ``allow_unexercised``.
     drafter: str | None = None
     draft_model: str | None = None
 
@@ -201,15 +202,16 @@ class Case:
             raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"mamba_cache_mode={self.mamba_cache_mode!r} needs enable_prefix_caching")
-        if (self.drafter == "draft_model") != (self.draft_model is not None):
-            raise ValueError(f"--draft-model goes with --drafter draft_model, and it needs one (got drafter "
-                             f"{self.drafter!r}, draft model {self.draft_model!r})")
+        if (self.drafter == "draft_model" and self.draft_model is None) or (
+                self.draft_model is not None and self.drafter not in ("draft_model", *EAGLE_DRAFTERS)):
+            raise ValueError(f"--draft-model goes with --drafter draft_model, which needs one, or --drafter "
+                             f"eagle|eagle3 (got drafter {self.drafter!r}, draft model {self.draft_model!r})")
 
     def apply(self, scenario: Scenario) -> Scenario:
         """``scenario`` as this case runs it: with the case's drafter when it names one, and prefix caching on
         when the case asks for it."""
         if self.drafter is not None and scenario.settings.k:
-            draft_model = self.draft_model if self.drafter == "draft_model" else None
+            draft_model = self.draft_model if self.drafter in ("draft_model", *EAGLE_DRAFTERS) else None
             scenario = replace(scenario, settings=replace(
                 scenario.settings, drafter=self.drafter, pattern="hash", prompt_lookup_min=None,
                 prompt_lookup_max=None, draft_model=draft_model))

@@ -116,10 +116,10 @@ def pytest_addoption(parser):
         "align or all (default: each scenario's own mode, else align)",
     )
     g.addoption("--conformance-drafter", default=None, help="every speculating scenario with this drafter "
-                "(mtp, scripted, ngram, draft_model; default: each scenario's own)")
+                "(mtp, scripted, ngram, draft_model, eagle, eagle3; default: each scenario's own)")
     g.addoption("--conformance-draft-model", default=None, metavar="PATH",
                 help="with --conformance-drafter draft_model: the draft checkpoint (a folder, tiny:<family>, "
-                "or cut:<layers>)")
+                "or cut:<layers>); with eagle|eagle3: the head's folder (default: a seeded head)")
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")
     g.addoption("--conformance-strict-expectations", action="store_true",

@@ -81,6 +81,10 @@ def suite_args(
         args.append("--conformance-enable-prefix-caching")
     if sel.mamba_cache_mode is not None:
         args += ["--conformance-mamba-cache-mode", sel.mamba_cache_mode]
+    if sel.drafter is not None:
+        args += ["--conformance-drafter", sel.drafter]
+    if sel.draft_model is not None:
+        args += ["--conformance-draft-model", sel.draft_model]
     if strict:
         args.append("--conformance-strict-expectations")
     if sel.step_timeout is not None:

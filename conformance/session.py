@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from conformance.expectations import Expectations, expectations_file_for, load_expectations
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
-from conformance.workloads.scenario import MAMBA_CACHE_MODES
+from conformance.workloads.scenario import EAGLE_DRAFTERS, MAMBA_CACHE_MODES
 
 if TYPE_CHECKING:
     from conformance.engines import EngineAdapter
@@ -79,9 +79,10 @@ class Selection:
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
             raise ValueError(f"a mamba cache mode ({self.mamba_cache_mode}) needs prefix caching enabled "
                              "(--enable-prefix-caching)")
-        if (self.drafter == "draft_model") != (self.draft_model is not None):
-            raise ValueError(f"--draft-model goes with --drafter draft_model, and it needs one (got "
-                             f"--drafter {self.drafter}, --draft-model {self.draft_model})")
+        if (self.drafter == "draft_model" and self.draft_model is None) or (
+                self.draft_model is not None and self.drafter not in ("draft_model", *EAGLE_DRAFTERS)):
+            raise ValueError(f"--draft-model goes with --drafter draft_model, which needs one, or --drafter "
+                             f"eagle|eagle3 (got --drafter {self.drafter}, --draft-model {self.draft_model})")
 
     def open_case(self) -> Case:
         """Load the adapter and describe the model (raises for unknown engines or missing models)."""

@@ -68,8 +68,8 @@ class LLM:
         if model is not None and not isinstance(model, str | os.PathLike):
             raise ConfigError(f"model must be a checkpoint folder path or None, got {model!r}")
         path = resolve_model_path(model) if model is not None else default_model_path()
-        if isinstance(draft_model, str | os.PathLike):
-            draft_model = resolve_model_path(draft_model)
+        if isinstance(draft_model, str | os.PathLike) and drafter not in ("eagle", "eagle3"):
+            draft_model = resolve_model_path(draft_model)  # an EAGLE head is a folder (or tiny:eagle3's head)
         positions = read_config(Path(path)).max_position_embeddings
         if dtype == "auto":
             dtype = resolve_dtype(dtype, path)  # the checkpoint's own dtype

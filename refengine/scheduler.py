@@ -63,11 +63,14 @@ class Scheduler:
     blocks and slots went back to the pools (finish, abort or preemption); ``on_preempt(req)`` after
     a request was sent back to the waiting queue. ``drafter_kv_cache``: the drafter keeps a KV cache
     whose entry at a position pairs it with the next token, so block keys cover one token more.
+    ``drop_last_block``: the drafter keeps such a KV cache under vLLM's rule instead (EAGLE): keys cover a
+    block's own tokens and a hit drops its last matched block.
     """
 
     def __init__(self, config: EngineConfig, *, num_tokens: Callable[[Request], int] = committed_tokens,
                  on_release: Callable[[Request], None] | None = None,
-                 on_preempt: Callable[[Request], None] | None = None, drafter_kv_cache: bool = False):
+                 on_preempt: Callable[[Request], None] | None = None, drafter_kv_cache: bool = False,
+                 drop_last_block: bool = False):
         self.config = config
         self.num_tokens = num_tokens
         self.on_release = on_release
@@ -87,7 +90,8 @@ class Scheduler:
             checkpoints = CheckpointPool(config.num_state_slots, config.num_state_checkpoints,
                                          config.num_staged_checkpoints)
             self.prefix = PrefixCache(self.kv_pool, checkpoints, self.block_size,
-                                      config.cache.mamba_cache_mode, lookahead=1 if drafter_kv_cache else 0)
+                                      config.cache.mamba_cache_mode, lookahead=1 if drafter_kv_cache else 0,
+                                      drop_last_block=drop_last_block)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 

@@ -54,6 +54,7 @@ NOT_RUN = {
         "refengine",
         "add-mtp-head",
     ): "writes a checkpoint folder; tests/refengine/test_mtp_head.py runs it end to end",
+    ("refengine", "add-eagle-head"): "writes a head folder; tests/refengine/test_eagle.py runs it end to end",
     (
         "refengine",
         "make-draft-model",

@@ -1,19 +1,19 @@
-"""Drafts and drafter inputs, row by row: every drafter (MTP, n-gram, scripted) is fed and proposes exactly
-what the reference engine's does.
+"""Drafts and drafter inputs, row by row: every drafter (MTP, EAGLE-1/3, n-gram, scripted) is fed and proposes
+exactly what the reference engine's does.
 
 ``acceptance`` compares the drafts a verify step checked and how many it kept. What the drafter was fed
-(``drafter_input_ids``: for MTP the token paired with each kept position's hidden state and the chained
-passes' tokens; for the host drafters the token they extend) and what it proposed (``next_draft_token_ids``)
-reach the outputs only through the drafts' acceptance, so a drafter fed a wrong token whose drafts happen to
-be rejected anyway, or a prompt chunk whose drafter cache entry pairs the wrong token, passes every other
-check. Here the rows of both engines are matched by request, kind, first position, length and whether
-the row sampled (prompt chunks included: MTP's first pass runs over them), and both lists must be equal
-wherever both ran.
+(``drafter_input_ids``: for MTP and EAGLE the token paired with each kept position's hidden state and the
+chained passes' tokens; for the host drafters the token they extend) and what it proposed
+(``next_draft_token_ids``) reach the outputs only through the drafts' acceptance, so a drafter fed a wrong
+token whose drafts happen to be rejected anyway, or a prompt chunk whose drafter cache entry pairs the wrong
+token, passes every other check. Here the rows of both engines are matched by request, kind, first position,
+length and whether the row sampled (prompt chunks included: MTP's first pass runs over them), and both lists
+must be equal wherever both ran.
 
-Not compared: each request's last row that samples, where it may have finished (the reference engine
-drafts nothing for a request that is done, an engine a step ahead may not know it is; an aborted request
-may have finished before its abort came), and the rows of an aborted request from the first step its
-abort could have reached in either engine.
+Not compared: each request's last row that samples, where it may have finished (the reference engine drafts
+nothing for a request that is done, an engine a step ahead may not know it is; an aborted request may have
+finished before its abort came), and the rows of an aborted request from the first step its abort could have
+reached in either engine.
 """
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ def check_drafts(reference: Trace, test: Trace, k: int, aborted: set[str] | froz
     needs=("rows", "kind", "num_computed_tokens", "query_len", "output_token_ids", "drafter_input_ids",
            "next_draft_token_ids"),
     passes_when=(
-        "every drafter (MTP, n-gram, scripted) was fed the same ids (`drafter_input_ids`: for MTP the token "
-        "paired with each kept position, prompt chunks included, and the chained passes' drafts) and "
+        "every drafter (MTP, EAGLE, n-gram, scripted) was fed the same ids (`drafter_input_ids`: for MTP and "
+        "EAGLE the token paired with each kept position, prompt chunks included, and the chained passes' "
+        "drafts) and "
         "proposed the same next drafts as the reference's, row by row (rows matched by request, kind, first "
         "position, length and whether they sampled; each request's last sampling row, where it may have "
         "finished, and an aborted request's rows from its abort on are left out)"

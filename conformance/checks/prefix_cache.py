@@ -6,13 +6,17 @@ cache changes nothing.
 needs the KV of every block of the first ``h`` tokens cached and a recurrent-state checkpoint at ``h``,
 and leaves the last prompt token to compute (``h <= len(prompt) - 1``). A block's key covers its tokens
 and all before it; with an MTP drafter (K > 0: it keeps a KV cache whose entry at a position pairs it
-with the next token) one token more. What a request leaves in the cache once its tokens are committed:
+with the next token) one token more. With an EAGLE drafter (K > 0) keys cover a block's own tokens, and
+vLLM's rule for such drafters applies: a hit drops the last block of its run of cached KV blocks first
+(the head's KV at a block's last position pairs it with the token after the block), so counts are one
+block lower. What a request leaves in the cache once its tokens are committed:
 
 - KV: every full block of its committed tokens;
 - checkpoints, mode ``all``: at every block boundary of its committed tokens (prefill chunks never
   cross a boundary);
 - checkpoints, mode ``align`` (vLLM 0.32+): at its prompt's last checkpoint ``(L - max(1, lookahead))
-  // B * B`` and its prompt's end when that is on the grid (its prefill stops at both), at every
+  // B * B`` (one block less with an EAGLE drafter) and its prompt's end when that is on the grid (its
+  prefill stops at both), at every
   boundary a decode or verify step committed past the prompt, where a budget-cut prefill chunk ended on
   the grid, and where its hit fell short of the blocks it shared with the cache (the junction stop).
 
@@ -44,6 +48,7 @@ from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import RequestTrace, RowTrace, Trace
 
+EAGLE_DRAFTERS = ("eagle", "eagle3")
 COUNTERS = ("prefix_cache_queries", "prefix_cache_hits")  # optional occupancy() fields
 
 
@@ -54,11 +59,21 @@ class Geometry:
     block_size: int
     mode: str  # "align" | "all"
     lookahead: int  # tokens past a block its key covers: 1 with an MTP drafter (K > 0), else 0
+    # an EAGLE drafter (K > 0): a hit drops the last block of its matched KV run (vLLM's rule for drafters
+    # whose KV at a block's last position depends on the next token), and align's last stop moves one
+    # block back with it
+    drop_last_block: bool = False
 
     @classmethod
     def of(cls, settings) -> Geometry:
         lookahead = 1 if settings.k and settings.drafter == "mtp" else 0
-        return cls(settings.block_size, settings.mamba_cache_mode or "align", lookahead)
+        drop = bool(settings.k) and settings.drafter in EAGLE_DRAFTERS
+        return cls(settings.block_size, settings.mamba_cache_mode or "align", lookahead, drop)
+
+    def last_stop(self, num_prompt_tokens: int) -> int:
+        """align: the prompt's last checkpoint (vLLM 0.32+), one block less with ``drop_last_block``."""
+        end = (num_prompt_tokens - max(1, self.lookahead)) // self.block_size * self.block_size
+        return max(end - self.block_size, 0) if self.drop_last_block else end
 
 
 @dataclass(frozen=True)
@@ -85,15 +100,16 @@ def boundaries(after: int, through: int, block_size: int) -> range:
 def ceiling(prompt: tuple[int, ...], sources: list[Published], g: Geometry) -> int:
     """The longest hit ``prompt`` can get from ``sources``: consecutive cached KV blocks from the start,
     ending at a checkpoint, at most ``len(prompt) - 1`` tokens."""
-    best = 0
+    run = []  # (block end, whether a matching source holds a checkpoint there) along the cached KV run
     for b in range(g.block_size, len(prompt), g.block_size):
         key = prompt[: b + g.lookahead]
         matching = [s for s in sources if s.tokens[: b + g.lookahead] == key]
         if not any(b in s.kv for s in matching):
             break
-        if any(b in s.states for s in matching):
-            best = b
-    return best
+        run.append((b, any(b in s.states for s in matching)))
+    if g.drop_last_block:
+        run = run[:-1]
+    return max((b for b, state in run if state), default=0)
 
 
 def tokens_of(req: RequestTrace) -> tuple[int, ...]:
@@ -108,7 +124,7 @@ def settled(req: RequestTrace, g: Geometry) -> Published:
     if g.mode == "all":
         return Published(tokens, kv, kv)
     # the align split's last stop (vLLM 0.32+ get_mamba_prefill_checkpoint_position), and the prompt's end
-    stops = {(n - max(1, g.lookahead)) // bs * bs} | ({n} if n % bs == 0 else set())
+    stops = {g.last_stop(n)} | ({n} if n % bs == 0 else set())
     return Published(tokens, kv, frozenset(b for b in kv if b in stops or b > n))
 
 

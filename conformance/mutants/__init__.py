@@ -856,6 +856,11 @@ from conformance.mutants.sampling import sampling_mutants
 
 MUTANTS += sampling_mutants(Mutant)
 
+# EAGLE-1 and EAGLE-3 drafters (issue 35).
+from conformance.mutants.eagle import eagle_mutants
+
+MUTANTS += eagle_mutants(Mutant, _shared_host_buffer)
+
 
 def get_mutant(mutant_id: str) -> Mutant:
     for m in MUTANTS:

@@ -186,6 +186,39 @@ def _mtp(k: int) -> ScenarioDef:
         EngineSettings(num_speculative_tokens=k), build, ("spec-verify",))
 
 
+def _eagle(method: str, k: int, tiers=TIERS) -> ScenarioDef:
+    def build(b):
+        for n in (1, 3, 6, 13, 21):
+            b.add(n, b.size(8, 48))
+        b.add(b.size(20, 40), b.size(6, 24), arrival=3)  # a prompt chunked while the others verify
+
+    name = "EAGLE-3" if method == "eagle3" else "EAGLE-1"
+    return ScenarioDef(
+        f"{method}-k{k}", f"{name}-head drafts (the suite's seeded head for the model) verified by the "
+        f"target model (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter=method, max_num_batched_tokens=32),
+        build, ("spec-verify",), tiers)
+
+
+def _eagle_cached(method: str, k: int, tiers=TIERS) -> ScenarioDef:
+    bs = 4
+
+    def build(b):
+        system = b.prompt(4 * bs + 1)
+        _add_sharing(b, system, 3, b.size(6, 20), arrival=0)
+        for n, extra in ((2 * bs, 2), (3 * bs + 1, 1), (4 * bs + 1, 2)):
+            _add_sharing(b, system[:n], extra, b.size(6, 20), arrival=8)
+
+    name = "EAGLE-3" if method == "eagle3" else "EAGLE-1"
+    return ScenarioDef(
+        f"pc-{method}-k{k}",
+        f"prefix caching (align) with an {name} head: a hit drops the last block of its matched run (vLLM's "
+        f"rule for drafters keeping KV), block size {bs} (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter=method, block_size=bs, max_num_batched_tokens=12,
+                       enable_prefix_caching=True, mamba_cache_mode="align"), build, ("prefix-hit",), tiers,
+        ("prefix-caching",))
+
+
 def _stop_tokens(k: int) -> ScenarioDef:
     def build(b):
         # Each request stops on its own random half of the vocabulary: whatever a model generates, some
@@ -675,6 +708,11 @@ def scenario_defs() -> tuple[ScenarioDef, ...]:
         _zero_draft_steps(3),
         _zero_draft_steps(1, NIGHTLY),
         *(_mtp(k) for k in (1, 3)),
+        _eagle("eagle3", 3),
+        _eagle("eagle", 3, NIGHTLY),
+        *(_eagle(m, 1, NIGHTLY) for m in ("eagle", "eagle3")),
+        _eagle_cached("eagle3", 3),
+        _eagle_cached("eagle", 1, NIGHTLY),
         _ngram(1, (2, 4)),
         _ngram(3, (1, 3)),
         _stop_tokens(3),

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 TIERS = ("default", "nightly")
-DRAFTERS = ("mtp", "scripted", "ngram", "draft_model")
+DRAFTERS = ("mtp", "scripted", "ngram", "draft_model", "eagle", "eagle3")
+EAGLE_DRAFTERS = ("eagle", "eagle3")  # they read a head folder (EngineSettings.draft_model, optional)
 PATTERNS = ("hash", "all-accept", "all-reject", "cycle")  # the scripted patterns the fuzzer draws
 # and "gaps" (scripted steps without drafts: scripted-zero-draft-k*), which it does not: a longer list
 # would change what every seed draws
@@ -95,14 +96,15 @@ class EngineSettings:
     """The engine configuration a scenario runs under (identical for both engines)."""
 
     num_speculative_tokens: int = 0  # K
-    drafter: str = "mtp"  # "mtp" | "scripted" | "ngram" | "draft_model"
+    drafter: str = "mtp"  # "mtp" | "scripted" | "ngram" | "draft_model" | "eagle" | "eagle3"
     pattern: str = "hash"  # scripted drafter: how many drafts per verify step are correct
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = (
         None  # ngram drafter: longest n-gram looked up (None: the engine's default)
     )
     # drafter="draft_model": its checkpoint folder, or "cut:<layers>", the run's model cut to those layers
-    # (refengine make-draft-model's --layers: a count or indices, "cut:0,3")
+    # (refengine make-draft-model's --layers: a count or indices, "cut:0,3"); drafter "eagle" | "eagle3":
+    # the head's folder, or None: a head made for the model under test (conformance.eagle_heads, seeded)
     draft_model: str | None = None
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
@@ -123,9 +125,10 @@ class EngineSettings:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if self.pattern not in SCRIPTED_PATTERNS:
             raise ValueError(f"pattern must be one of {SCRIPTED_PATTERNS}, got {self.pattern!r}")
-        if (self.drafter == "draft_model") != (self.draft_model is not None):
-            raise ValueError(f"draft_model ({self.draft_model!r}) goes with drafter 'draft_model' and it "
-                             f"needs one, got drafter {self.drafter!r}")
+        if (self.drafter == "draft_model" and self.draft_model is None) or (
+                self.draft_model is not None and self.drafter not in ("draft_model", *EAGLE_DRAFTERS)):
+            raise ValueError(f"draft_model ({self.draft_model!r}) goes with drafter 'draft_model', which "
+                             f"needs one, or 'eagle' / 'eagle3', got drafter {self.drafter!r}")
         if self.draft_model is not None and (not isinstance(self.draft_model, str) or not self.draft_model):
             raise ValueError(f"draft_model must be a checkpoint folder or 'cut:<layers>', got "
                              f"{self.draft_model!r}")

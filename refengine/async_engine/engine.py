@@ -85,7 +85,8 @@ class AsyncEngine(Engine):
         drafter_kv = self.drafter is not None and self.drafter.uses_kv_cache
         self.core = EngineCore(c, model_config, tokenizer, request_type=AsyncRequest,
                                num_tokens=scheduled_num_tokens, on_release=self._on_release,
-                               on_preempt=forget, drafter_kv_cache=drafter_kv)
+                               on_preempt=forget, drafter_kv_cache=drafter_kv,
+                               drop_last_block=getattr(self.drafter, "drops_last_block", False))
         # With prefix caching: the per-request slots, the checkpoints, the staging slots, then a sink slot
         # that the copies nobody asked for go to.
         caching = c.cache.enable_prefix_caching

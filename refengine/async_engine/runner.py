@@ -76,6 +76,7 @@ class PreparedStep:
     used_num_valid: torch.Tensor  # [Np] int32, the num_valid the recurrent kernels were handed (1: prefill)
     used_initial_state: torch.Tensor  # [Np] bool, has_initial_state the kernels were handed (decodes: True)
     start: torch.Tensor  # [Np] int64, num_computed of each row's request before the step (its first position)
+    aux_hidden: torch.Tensor | None = None  # [Tp, n*H] the drafter's aux_layers states once the model ran
 
 
 @dataclass
@@ -203,6 +204,7 @@ class AsyncRunner:
         self.stream = stream
         self.builder = builder
         self.proposer = proposer  # the drafter's device proposer, or None without speculation
+        self.aux_layers = tuple(getattr(proposer, "aux_layers", ()))  # target layers the drafter reads
         self.block_size = block_size
         self.num_speculative_tokens = num_speculative_tokens
         self.recurrent_prefill_chunked = recurrent_prefill_chunked
@@ -408,8 +410,12 @@ class AsyncRunner:
     def run(self, step: PreparedStep) -> torch.Tensor:
         ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,
                              states=self.caches.states,
-                             recurrent_prefill_chunked=self.recurrent_prefill_chunked)
-        return self.model(step.input_ids, step.positions, ctx)
+                             recurrent_prefill_chunked=self.recurrent_prefill_chunked,
+                             aux_layers=self.aux_layers)
+        hidden = self.model(step.input_ids, step.positions, ctx)
+        if self.aux_layers:
+            step.aux_hidden = ctx.aux_hidden_states()
+        return hidden
 
     def verify(self, shape: StepShape, rows: StepRows, step: PreparedStep, hidden: torch.Tensor) -> Verified:
         """Greedy verification of every row's last 1 + draft positions; rows that do not sample keep nothing.
@@ -508,7 +514,7 @@ class AsyncRunner:
             idx=rows.idx, query_start_loc=step.qsl, is_sampling=sampling, backup_token=rows.backup_token,
             kept=kept, input_ids=step.input_ids, positions=step.positions, hidden=hidden, attn=step.attn,
             recurrent=step.recurrent, is_decode=rows.is_decode.bool(),
-            recurrent_prefill_chunked=self.recurrent_prefill_chunked))
+            recurrent_prefill_chunked=self.recurrent_prefill_chunked, aux_hidden=step.aux_hidden))
         st = self.state
         st.draft_tokens[rows.idx] = torch.where(sampling[:, None], out.drafts, st.draft_tokens[rows.idx])
         proposed = (

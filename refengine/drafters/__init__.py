@@ -1,7 +1,7 @@
 """Drafters: one module per method, registered by name.
 
 ``make_drafter`` turns the speculative configuration into a ``Drafter`` (or None without
-speculation). To add a method (EAGLE, ...), write its module with a class following
+speculation). To add a method, write its module with a class following
 ``refengine.drafters.base.Drafter`` and register its constructor here.
 """
 
@@ -17,6 +17,7 @@ from refengine.drafters.base import (
     drafter_cache_specs,
 )
 from refengine.drafters.draft_model import DraftModelDrafter
+from refengine.drafters.eagle import EagleDrafter
 from refengine.drafters.mtp import MTPDrafter
 from refengine.drafters.ngram import NgramDrafter
 from refengine.drafters.scripted import PATTERNS, ScriptedDrafter
@@ -27,6 +28,10 @@ DRAFTERS = {
     "scripted": lambda spec, vocab, max_len: ScriptedDrafter(spec.num_speculative_tokens, vocab),
     "ngram": lambda spec, vocab, max_len: NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min,
                                                        spec.prompt_lookup_max, max_len),
+    "eagle": lambda spec, vocab, max_len: EagleDrafter("eagle", spec.num_speculative_tokens,
+                                                       spec.draft_model),
+    "eagle3": lambda spec, vocab, max_len: EagleDrafter("eagle3", spec.num_speculative_tokens,
+                                                        spec.draft_model),
     "draft_model": lambda spec, vocab, max_len: DraftModelDrafter(spec.num_speculative_tokens,
                                                                   spec.draft_model, vocab),
 }
@@ -51,6 +56,6 @@ def make_drafter(spec, vocab_size: int, max_model_len: int) -> Drafter | None:
 
 
 __all__ = ["DRAFTERS", "PATTERNS", "DeviceDraftContext", "DraftInputs", "DraftModelDrafter", "Drafter",
-           "DrafterInputError",
+           "DrafterInputError", "EagleDrafter",
            "HostDraftContext", "MTPDrafter", "NgramDrafter", "Proposal", "ScriptedDrafter",
            "drafter_cache_specs", "make_drafter"]

@@ -83,6 +83,7 @@ class DraftInputs:
     recurrent: RecurrentMetadata | None = None  # the target's padded recurrent metadata of the step
     is_decode: torch.Tensor | None = None  # [Np] bool, rows of the decode group (verify rows)
     recurrent_prefill_chunked: bool = False  # the target's prefill form
+    aux_hidden: torch.Tensor | None = None  # [Tp, n*H] the drafter's ``aux_layers`` states, None without
 
     @property
     def num_tokens_padded(self) -> int:
@@ -138,7 +139,11 @@ class DeviceProposer(Protocol):
 class Drafter(Protocol):
     method: str  # the name it is registered under
     num_speculative_tokens: int  # K
-    uses_kv_cache: bool  # needs a KV cache of its own (ModelCaches key "mtp")
+    uses_kv_cache: bool  # needs the target family's MTP KV cache (ModelCaches key "mtp")
+    # Optional: ``drops_last_block`` (a prefix-cache hit drops its last matched block: the drafter keeps KV
+    # that depends on the token after a block, vLLM's rule for EAGLE-style drafters); ``aux_layers`` (the
+    # target layers whose input the runners capture, ``ForwardContext.aux_layers``, and hand over as
+    # ``aux_hidden``); ``cache_specs`` (see ``drafter_cache_specs``).
 
     def check_model(self, model) -> None:
         """Raise ValueError naming the problem when ``model`` cannot serve this drafter."""

@@ -77,12 +77,15 @@ class PrefixCache:
     """
 
     def __init__(self, kv_pool: BlockPool, checkpoints: CheckpointPool, block_size: int, mode: str,
-                 lookahead: int):
+                 lookahead: int, drop_last_block: bool = False):
         self.kv_pool = kv_pool
         self.checkpoints = checkpoints
         self.block_size = block_size
         self.mode = mode
         self.lookahead = lookahead  # tokens past a block its key covers (1 with a KV-cached drafter)
+        # vLLM's rule for EAGLE-style drafters: a hit drops the last block of its matched KV run (the
+        # drafter's KV at the block's last position pairs it with the token after the block)
+        self.drop_last_block = drop_last_block
         self.num_query_tokens = 0  # tokens looked up on admission (prompt plus outputs when resumed)
         self.num_hit_tokens = 0  # of those, tokens served from the cache
 
@@ -92,21 +95,26 @@ class PrefixCache:
     # ---- admission -------------------------------------------------------------------------------
     def find(self, req, total: int) -> Hit:
         """The longest cached prefix of ``req``'s first ``total`` tokens, leaving its last token to
-        compute; ``num_shared`` is where its run of cached KV blocks ends."""
+        compute; ``num_shared`` is where its run of cached KV blocks ends. With ``drop_last_block`` the run
+        loses its last block first, and the hit is the last checkpoint inside what is left."""
         best, blocks = 0, []
-        for i, key in enumerate(self.keys(req)):
+        keys = self.keys(req)
+        for i, key in enumerate(keys):
             if (i + 1) * self.block_size > total - 1:
                 break
             block = self.kv_pool.lookup(key)
             if block is None:
                 break
             blocks.append(block)
-            if self.checkpoints.has(key):
-                best = i + 1
         shared = len(blocks) * self.block_size
+        if self.drop_last_block:
+            blocks = blocks[:-1]
+        for i in range(len(blocks)):
+            if self.checkpoints.has(keys[i]):
+                best = i + 1
         if best == 0:
             return Hit(0, [], None, shared)
-        slot = self.checkpoints.lookup(self.keys(req)[best - 1])
+        slot = self.checkpoints.lookup(keys[best - 1])
         return Hit(best * self.block_size, blocks[:best], slot, shared)
 
     def count(self, total: int, hit: Hit) -> None:
@@ -129,7 +137,8 @@ class PrefixCache:
             return min(end, (num_computed // bs + 1) * bs) - num_computed
         if end < total and end - end % bs > num_computed:
             end -= end % bs
-        stops = [geometry.last_checkpoint(total, bs, self.lookahead), shared - shared % bs]
+        last = geometry.last_checkpoint(total, bs, self.lookahead, self.drop_last_block)
+        stops = [last, shared - shared % bs]
         if num_computed % bs:
             stops.append((num_computed // bs + 1) * bs)
         inside = [s for s in stops if num_computed < s < end]

@@ -63,7 +63,9 @@ def reached(start: int, num_tokens: int, kept: int, is_prefill: bool,
             for p in range(num_boundaries(start, start + kept, block_size))]
 
 
-def last_checkpoint(num_tokens: int, block_size: int, lookahead: int) -> int:
+def last_checkpoint(num_tokens: int, block_size: int, lookahead: int, drop_last_block: bool = False) -> int:
     """``align``: the last block boundary a prompt of ``num_tokens`` keeps a state at, the longest hit a
-    request with the same prompt can get: ``(L - max(1, lookahead)) // B * B`` (vLLM 0.32+)."""
-    return (num_tokens - max(1, lookahead)) // block_size * block_size
+    request with the same prompt can get: ``(L - max(1, lookahead)) // B * B`` (vLLM 0.32+), one block
+    less (not below 0) when hits drop their last matched block (an EAGLE-style drafter)."""
+    end = (num_tokens - max(1, lookahead)) // block_size * block_size
+    return max(end - block_size, 0) if drop_last_block else end

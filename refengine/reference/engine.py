@@ -36,7 +36,8 @@ class ReferenceEngine(Engine):
         if self.drafter is not None:
             self.drafter.check_model(model)
         self.drafter_kv = self.drafter is not None and self.drafter.uses_kv_cache
-        self.core = EngineCore(config, model_config, tokenizer, drafter_kv_cache=self.drafter_kv)
+        self.core = EngineCore(config, model_config, tokenizer, drafter_kv_cache=self.drafter_kv,
+                               drop_last_block=getattr(self.drafter, "drops_last_block", False))
         self.caches = ModelCaches(model_config, config.num_kv_blocks, config.cache.block_size,
                                   config.num_state_slots + config.num_state_checkpoints, k,
                                   torch_dtype(config.dtype), config.device, drafter_kv=self.drafter_kv,

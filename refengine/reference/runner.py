@@ -40,6 +40,7 @@ class StepResult:
     # per row: (first prompt index, entries) for prompt chunks of requests asking prompt logprobs, else None
     prompt_logprobs: list = field(default_factory=list)
     state_slots: list[list[int]] = field(default_factory=list)  # per row: the request's s_0..s_K in the step
+    aux_hidden: torch.Tensor | None = None  # [T, n*H] the drafter's aux_layers states (EAGLE-3), else None
 
 
 class _GroupBuilder:
@@ -82,6 +83,7 @@ class ReferenceRunner:
         self.num_speculative_tokens = num_speculative_tokens
         self.recurrent_prefill_chunked = recurrent_prefill_chunked
         self.device = torch.device(device)
+        self.aux_layers = tuple(getattr(drafter, "aux_layers", ()))  # target layers the drafter reads
         self.proposer = None if drafter is None else drafter.host_proposer(
             HostDraftContext(model, caches, self.device, num_speculative_tokens, self._attn_metadata,
                              block_size, recurrent_prefill_chunked))
@@ -154,8 +156,10 @@ class ReferenceRunner:
         recurrent = RecurrentMetadata(prefill=prefill.build(dev, speculative, prefill=True),
                                       decode=decode.build(dev, speculative, prefill=False))
         ctx = self._context(self._attn_metadata(attn_rows), recurrent)
+        ctx.aux_layers = self.aux_layers
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64, device=dev), ctx)
+        aux = ctx.aux_hidden_states() if self.aux_layers else None
 
         digests: list[str | None] = [None] * len(sched.rows)
         logprobs: list = [None] * len(sched.rows)
@@ -168,7 +172,8 @@ class ReferenceRunner:
         blocks = [list(row.request.block_ids) for row in sched.rows]
         prompt = self._prompt_logprobs(sched.rows, query_start, computed, hidden)
         return StepResult(valid, records, hidden, query_start, computed, blocks, recurrent.shapes(), logprobs,
-                          prompt, state_slots=[list(row.request.state_slots) for row in sched.rows])
+                          prompt, state_slots=[list(row.request.state_slots) for row in sched.rows],
+                          aux_hidden=aux)
 
     def _prompt_logprobs(self, rows: list[ScheduledRow], query_start: list[int], computed: list[int],
                          hidden) -> list:

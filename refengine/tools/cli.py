@@ -3,6 +3,7 @@ The prompts go in at once (``--mode batch``), one after another (``sequential``:
 ``--enable-prefix-caching`` a later prompt is served from what an earlier one cached), or as the turns of
 one chat (``chat``: each turn's prompt is the previous turn's prompt and reply followed by its own text).
 ``refengine add-mtp-head SRC DST``: a copy of a checkpoint with an MTP head (refengine.tools.mtp_head).
+``refengine add-eagle-head SRC DST``: an EAGLE-1 / EAGLE-3 head for a checkpoint (refengine.tools.eagle_head).
 ``refengine report`` and ``refengine bench``: refengine.tools.report and refengine.tools.bench."""
 
 from __future__ import annotations
@@ -152,10 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most tokens per prompt (at most the model length minus the prompt; said when "
                    "capped)")
     g.add_argument("--num-spec-tokens", dest="num_speculative_tokens", type=int_at_least(0), default=0)
-    g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted", "draft_model"))
+    g.add_argument("--drafter", default="mtp", choices=("mtp", "ngram", "scripted", "draft_model", "eagle",
+                                                       "eagle3"))
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="--drafter draft_model: the draft checkpoint (same vocabulary as --model; "
-                   "`refengine make-draft-model` cuts one from a checkpoint)")
+                   "`refengine make-draft-model` cuts one from a checkpoint); --drafter eagle|eagle3: the "
+                   "head's folder (vLLM's layout; `refengine add-eagle-head`)")
     g.add_argument("--prompt-lookup-min", type=int_at_least(1), default=None,
                    help="--drafter ngram: shortest n-gram looked up (default 5)")
     g.add_argument("--prompt-lookup-max", type=int_at_least(1), default=None,
@@ -198,6 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
     cut.add_argument("src", metavar="SRC", help="checkpoint folder (or tiny:<family>)")
     cut.add_argument("dst", metavar="DST", help="new folder: the draft model")
     cut.add_argument("--layers", required=True, help="the first N layers, indices such as 0,3, or all")
+    eagle = sub.add_parser("add-eagle-head", help="make an EAGLE-1 / EAGLE-3 head (vLLM's layout) for a "
+                           "checkpoint, to serve with --drafter eagle|eagle3 --draft-model DST",
+                           description=docstring_of("refengine.tools.eagle_head"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    eagle.add_argument("src", metavar="SRC", help="the target checkpoint folder")
+    eagle.add_argument("dst", metavar="DST", help="new folder: the head's config.json and model.safetensors")
+    eagle.add_argument("--method", default="eagle3", choices=("eagle", "eagle3"))
+    eagle.add_argument("--aux-ids", type=_parse_ids, default=None, metavar="I,J,K",
+                       help="eagle3: the target layers whose input the head reads (default 1, L//2, L-1)")
+    eagle.add_argument("--draft-vocab-size", type=int_at_least(1), default=None,
+                       help="eagle3: a draft vocabulary of this many ids, with d2t (default: the whole "
+                       "vocabulary)")
+    eagle.add_argument("--seed", type=int_at_least(0), default=0)
     return p
 
 
@@ -234,6 +250,8 @@ def _main(argv: list[str]) -> int:
         return add_mtp_head_command(args.src, args.dst)
     if args.command == "make-draft-model":
         return make_draft_model_command(args.src, args.dst, args.layers)
+    if args.command == "add-eagle-head":
+        return add_eagle_head_command(args)
     return generate_command(args)
 
 
@@ -347,6 +365,22 @@ def make_draft_model_command(src: str, dst: str, layers: str) -> int:
     except SETUP_ERRORS as e:
         return report("refengine make-draft-model", e)
     print(f"wrote {out}: {src} cut to layers {layers} (--drafter draft_model --draft-model {out})")
+    return 0
+
+
+def add_eagle_head_command(args) -> int:
+    from refengine.tools import eagle_head
+    from refengine.tools.errors import SETUP_ERRORS
+
+    try:
+        config = eagle_head.add_eagle_head(args.src, args.dst, args.method, aux_ids=args.aux_ids,
+                                           draft_vocab_size=args.draft_vocab_size, seed=args.seed)
+    except (*SETUP_ERRORS, ValueError) as e:
+        return report("refengine add-eagle-head", e)
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    where = f", aux ids {ids}, draft vocabulary {config['draft_vocab_size']}" if ids is not None else ""
+    print(f"wrote {args.dst}: an {args.method} head for {args.src} (hidden {config['hidden_size']}{where}), "
+          f"untrained: serve it with --drafter {args.method} --draft-model {args.dst}")
     return 0
 
 

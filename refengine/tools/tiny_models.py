@@ -11,6 +11,13 @@ bytes; its special tokens, past the tiny vocabulary, are left out), so text prom
 once per version (of this file, the family's weights writer and head maker, and transformers) into the
 temp folder and reused; a half-written folder is never picked up (written beside, then renamed). The
 first use in a process says which folder it is (stderr, once).
+
+``tiny:eagle3`` is not a family but a preset: the embedded default model with an EAGLE-3 head in its
+folder's ``eagle3-head`` (``refengine.tools.eagle_training.make_tiny_eagle3``: aux ids (1, 2, 3), a draft
+vocabulary of the 128 ids most frequent in the model's greedy text, trained on that text);
+``draft_model="tiny:eagle3"`` names the head:
+``LLM("tiny:eagle3", drafter="eagle3", draft_model="tiny:eagle3", num_speculative_tokens=3)``. It takes a
+minute or so to write on first use. ``draw_model`` draws among the families only.
 """
 
 from __future__ import annotations
@@ -38,7 +45,16 @@ def makers() -> dict[str, tuple[ModelFamily, Callable[[Path], None]]]:
     return {preset: (f, writer) for f in FAMILIES for preset, writer in f.tiny_checkpoints}
 
 
+def head_presets() -> dict[str, Callable[[Path], None]]:
+    """Preset name -> the writer of its checkpoint folder (into work/out): tiny models that are no family."""
+    return {"eagle3": _make_eagle3}
+
+
 def tiny_names() -> list[str]:
+    return [TINY_PREFIX + name for name in (*makers(), *head_presets())]
+
+
+def family_names() -> list[str]:
     return [TINY_PREFIX + name for name in makers()]
 
 
@@ -47,21 +63,22 @@ def draw_model(seed: int) -> str | None:
     or one of the tiny models, each family equally likely, the same for the same seed."""
     import random
 
-    return random.Random(f"family-{seed}").choice([None, *tiny_names()])
+    return random.Random(f"family-{seed}").choice([None, *family_names()])
 
 
 def tiny_model_path(name: str) -> str:
     """The folder of tiny model ``tiny:<preset>``, written on first use; ValueError for an unknown one."""
     preset = name[len(TINY_PREFIX):]
-    if preset not in makers():
+    if preset not in makers() and preset not in head_presets():
         raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(tiny_names())}")
-    root = Path(tempfile.gettempdir()) / f"conformance-tiny-{preset}-{_version(preset)}-uid{os.getuid()}"
+    version = _preset_version() if preset in head_presets() else _version(preset)
+    root = Path(tempfile.gettempdir()) / f"conformance-tiny-{preset}-{version}-uid{os.getuid()}"
     if (root / "config.json").is_file():
         _announce(name, root, "reused")
         return str(root)
     work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
     try:
-        _make(preset, work)
+        head_presets()[preset](work) if preset in head_presets() else _make(preset, work)
         try:
             os.rename(work / "out", root)
         except OSError:  # another process finished first: use its copy
@@ -127,3 +144,22 @@ def _make(preset: str, work: Path) -> None:
     else:
         shutil.copytree(work / "src", work / "out")
     _write_tokenizer(work / "out", read_config(work / "out").vocab_size)
+
+
+def _preset_version() -> str:
+    """What a preset depends on: this file, the EAGLE head maker and trainer, the embedded default model."""
+    from refengine.tools import eagle_head, eagle_training
+
+    digest = hashlib.sha256()
+    data = Path(__file__).parents[1] / "data" / "default_model"
+    for source in (__file__, eagle_head.__file__, eagle_training.__file__, data / "config.json",
+                   data / "tokenizer.json"):
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _make_eagle3(work: Path) -> None:
+    """``tiny:eagle3``: the embedded default model with a trained EAGLE-3 head in ``eagle3-head``."""
+    from refengine.tools.eagle_training import make_tiny_eagle3
+
+    make_tiny_eagle3(work / "out")

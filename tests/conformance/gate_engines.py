@@ -15,7 +15,7 @@ from conformance.engines import LLMInstance, RefEngineAdapter
 class DecliningAdapter(RefEngineAdapter):
     """The reference engine, saying it supports no drafter and no prefix caching."""
 
-    DECLINED = ("mtp", "scripted_drafter", "ngram_drafter", "draft_model", "prefix_caching")
+    DECLINED = ("mtp", "scripted_drafter", "ngram_drafter", "draft_model", "eagle_drafter", "prefix_caching")
 
     def __init__(self):
         super().__init__("reference", "none")

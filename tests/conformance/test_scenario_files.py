@@ -47,7 +47,7 @@ BAD = {
                             "settings.block_size must be an integer >= 1, got \"16\""),
     "misspelt setting": (lambda d: d["settings"].update(max_num_seq=2),
                          "settings: unknown key 'max_num_seq' (did you mean 'max_num_seqs'?)"),
-    "unknown drafter": (lambda d: d["settings"].update(drafter="eagle"),
+    "unknown drafter": (lambda d: d["settings"].update(drafter="medusa"),
                         "settings.drafter must be one of mtp, "),
     "bool for an int": (_request(max_tokens=True), "requests[0] (r00).max_tokens must be an integer >= 1"),
     "no requests": (lambda d: d.update(requests=[]), "requests must be a non-empty list"),

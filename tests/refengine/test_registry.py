@@ -220,7 +220,9 @@ MODEL = ROOT / "model"
 
 
 def family_packages() -> list[str]:
-    return sorted(p.parent.name for p in MODEL.glob("*/__init__.py"))
+    """The packages of refengine/model/ that define a family (export ``FAMILY``; ``eagle/`` holds draft
+    heads, no family)."""
+    return sorted(p.parent.name for p in MODEL.glob("*/__init__.py") if "FAMILY" in p.read_text())
 
 
 def registry_lines() -> list[str]:

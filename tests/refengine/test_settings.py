@@ -255,6 +255,7 @@ BAD_FLAGS = [
     ("refengine generate", "--block-size", "0"), ("refengine generate", "--max-num-seqs", "0"),
     ("refengine generate", "--prompt-lookup-min", "0"), ("refengine generate", "--prompt-lookup-max", "0"),
     ("refengine generate", "--seed", "-1"),
+    ("refengine add-eagle-head", "--seed", "-1"), ("refengine add-eagle-head", "--draft-vocab-size", "0"),
     pytest.param("pytest --pyargs conformance.suite", "--conformance-step-timeout", "0",
                  marks=pytest.mark.slow),
     pytest.param("pytest --pyargs conformance.suite", "--conformance-min-scenarios", "-1",
