@@ -3,7 +3,8 @@
 A request with structured outputs holds its slot's ``GrammarState`` while it is seated: admission (new, or
 resumed after preemption) builds it fresh from the compiled grammar and the request's committed outputs,
 so nothing of a reused slot's previous owner survives and a resumed request's matcher is where its output
-is; release (finish, abort, preemption) drops it. The post-step writer advances it with kept tokens only.
+is; release (finish, abort, preemption) frees the slot and leaves the matcher with the request. The
+post-step writer advances it with kept tokens only.
 
 The drafts a step verifies live on the device. The host mirrors, per slot, the drafts the device holds
 (``note_drafts``: a step's proposals, copied back with its kept tokens, written where the device wrote
@@ -41,10 +42,13 @@ class GrammarSlots:
         req.grammar = self.core.grammar_state(req, req.output_token_ids) if seated else None
 
     def release(self, req) -> None:
+        """``req`` leaves its slot (finish, abort, preemption). Its matcher stays with the request: a step
+        holding its row may still be in flight, and its kept tokens, committed after a preemption, must
+        advance the matcher (a completed grammar finishes the request there, as in the reference engine);
+        admission rebuilds it from the committed outputs anyway."""
         if req.idx >= 0 and self.owner[req.idx] is req:
             self.owner[req.idx] = None
             self.drafts[req.idx] = []
-        req.grammar = None
 
     def note_drafts(self, plan, fut) -> None:
         """After step ``plan`` is done: the drafts its sampling rows proposed (``fut``'s host copies)."""

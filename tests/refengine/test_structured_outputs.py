@@ -122,6 +122,20 @@ def test_structured_outputs_need_a_tokenizer(tiny_checkpoint):
         llm.add_request("r", [1, 2], _params({"regex": "a+"}))
 
 
+def test_a_preempted_request_keeps_its_matcher_for_the_step_in_flight():
+    """Preemption frees the slot but leaves the matcher: the kept tokens of a step still in flight are
+    committed after it, and must advance it (a draft that completes the grammar finishes the request
+    there; without a matcher the bonus token after it was kept, and readmission refused the outputs)."""
+    eng = LLM(engine="async", num_speculative_tokens=3).engine
+    req = eng.core.add_request("r", [1, 2], _params({"regex": "ab"}, ignore_eos=True))
+    req.idx = 0
+    eng.grammars.admit(req)
+    matcher = req.grammar
+    eng.grammars.release(req)
+    assert eng.grammars.owner[0] is None and req.grammar is matcher
+    assert matcher.accept(ord("a")) and matcher.accept(ord("b"))  # committed tokens still advance it
+
+
 def test_window_masks_follow_the_drafts_and_roll_back():
     llm = LLM(engine="reference")
     core = llm.engine.core
