@@ -142,7 +142,7 @@ class EngineCore:
         ids = self.validate(request_id, prompt_token_ids, params)
         req = self.request_type(request_id, ids, params, self._arrivals)
         req.processors = self.processors(request_id, params)
-        req.seed = params.seed if params.seed is not None else draw_seed(self.config.seed, self._arrivals)
+        req.seed = params.seed if params.seed is not None else draw_seed(self.config.seed, request_id)
         req.compiled_grammar = self.compile_grammar(request_id, params)
         req.grammar = self.grammar_state(req)  # the async engine replaces it with its slot's on admission
         self._arrivals += 1

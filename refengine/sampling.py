@@ -28,6 +28,7 @@ its padded step (no host read: it is captured into FULL graphs).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -67,11 +68,15 @@ def uniform(seed: torch.Tensor, position: torch.Tensor, salt: int, token: torch.
     return (_srl(h, 11).to(torch.float64) + 0.5) * 2.0 ** -53
 
 
-def draw_seed(engine_seed: int, arrival_index: int) -> int:
-    """The seed a request without one gets at admission: a function of the engine's seed and the order
-    requests arrived in, reported in its output (so the run can be replayed request by request)."""
+def draw_seed(engine_seed: int, request_id: str) -> int:
+    """The seed a request without one gets at admission: a function of the engine's seed and the request's
+    id, reported in its output (so the run can be replayed request by request). Not of the order requests
+    arrived in: two engines given the same requests at different steps (a next turn added once the turn
+    before came back) draw the same seeds."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
     t = torch.tensor([engine_seed & MASK63], dtype=torch.int64)
-    return int(mix(mix(t) + arrival_index)[0]) & MASK63
+    key = torch.tensor([_signed(int.from_bytes(digest, "little"))], dtype=torch.int64)
+    return int(mix(mix(t) ^ key)[0]) & MASK63
 
 
 @dataclass

@@ -107,7 +107,7 @@ def _top_p_before_temperature(engine) -> None:
 
 def _reported_seed_not_used(engine) -> None:
     """An unseeded request reports the seed drawn at its admission, but the device draws with another one
-    (drawn again, one arrival later): its run cannot be replayed from what it reported."""
+    (drawn for another request id): its run cannot be replayed from what it reported."""
     rows = engine.state.sampling
     staged = rows.staged_writes
 
@@ -116,7 +116,7 @@ def _reported_seed_not_used(engine) -> None:
         seeds = w.get("sampling.seed").clone()
         for i, r in enumerate(requests):
             if r.params.seed is None:
-                seeds[i] = sampling.draw_seed(engine.config.seed, r.arrival_index + 1)
+                seeds[i] = sampling.draw_seed(engine.config.seed, r.request_id + "'")
         w.replace("sampling.seed", seeds)
 
     rows.staged_writes = redrawn

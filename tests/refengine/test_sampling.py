@@ -77,7 +77,7 @@ def test_noise_is_a_function_of_seed_position_and_token_only():
     assert not torch.equal(a, uniform(seed, pos, 2))  # streams are salted apart
     ids = torch.arange(3)
     assert not torch.equal(uniform(seed[:1], pos[:1], 1, ids[:1]), uniform(seed[:1], pos[:1], 1, ids[1:2]))
-    assert draw_seed(0, 1) == draw_seed(0, 1) != draw_seed(0, 2) != draw_seed(1, 2)
+    assert draw_seed(0, "a") == draw_seed(0, "a") != draw_seed(0, "b") != draw_seed(1, "b")
 
 
 def _verify_rows(logits, drafts, num_drafts, params, first):
@@ -192,3 +192,15 @@ def test_sampled_batch_is_token_exact_on_nemotron_h(mode):
     ref = _run(model="tiny:nemotron_h", engine="reference", num_speculative_tokens=3)
     assert _run(model="tiny:nemotron_h", engine="async", num_speculative_tokens=3, graph_mode=mode) == ref
     assert any(len(tokens) > 1 for tokens, _ in ref)
+
+
+def test_a_drawn_seed_does_not_depend_on_the_arrival_order():
+    """A next turn is added once the turn before came back, which is a step later in the async engine: the
+    seed a request without one draws must not depend on when it arrived (fuzz, next turns under EAGLE)."""
+    from refengine import LLM, SamplingParams
+
+    seeds = []
+    for order in (["a", "b", "c"], ["c", "a", "b"]):
+        core = LLM(engine="reference").engine.core
+        seeds.append({rid: core.add_request(rid, [1, 2], SamplingParams(max_tokens=1)).seed for rid in order})
+    assert seeds[0] == seeds[1] and len(set(seeds[0].values())) == 3
