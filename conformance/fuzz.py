@@ -200,6 +200,10 @@ def can_abort(case: Case) -> bool:
     return True
 
 
+# drafters that are models of their own, and the feature of the engine under test that runs each
+MODEL_DRAFTERS = (("eagle3", "eagle_drafter"), ("eagle", "eagle_drafter"), ("draft_model", "draft_model"))
+
+
 def fuzz(
     case: Case,
     *,
@@ -237,6 +241,7 @@ def fuzz(
         caching=caching,
         ngram=case.adapter.supports("ngram_drafter"),
         params=params,
+        drafters=tuple(d for d, feature in MODEL_DRAFTERS if case.adapter.supports(feature)),
         name=name,
     )
 

@@ -4,6 +4,7 @@
 from refengine.tools.tiny_models import (  # noqa: F401 - this module's names, kept where they were
     TINY_PREFIX,
     draw_model,
+    family_names,
     makers,
     tiny_model_path,
     tiny_names,

@@ -5,7 +5,9 @@ same ``Scenario`` the hand-written corpus materialises, so everything that runs 
 runs a generated one. What is drawn, and why:
 
 - K in 0..3 and the drafter: the model's MTP head, or the scripted drafter with an acceptance pattern
-  (ragged, all-accept, all-reject, cycle), so accepted counts 0..K all occur;
+  (ragged, all-accept, all-reject, cycle), so accepted counts 0..K all occur; drawn last (with
+  ``drafters``), a drafter that is a model of its own instead: an EAGLE-3 or EAGLE-1 head made for the
+  model, or the model cut to its first layer or whole as a draft model;
 - the graph mode an async engine runs it in (none, piecewise, full, full_and_piecewise);
 - a token budget from K+1 up (small budgets cut prompts into chunks that share steps with decodes and
   verifies, so one step mixes partial prefill chunks, decodes and verify rows), seats (max_num_seqs)
@@ -152,10 +154,12 @@ def scenarios(
     caching: bool = False,
     ngram: bool = False,
     params: bool = False,
+    drafters: tuple[str, ...] = (),
     name: str = "generated",
 ) -> Scenario:
     """A whole workload: engine settings, graph mode, and 1..limits.max_requests requests (``caching``: prefix
-    caching, shared prefixes and multi-turn requests drawn too; ``ngram``: the n-gram drafter too)."""
+    caching, shared prefixes and multi-turn requests drawn too; ``ngram``: the n-gram drafter too;
+    ``drafters``: drafters that are models of their own the engine runs, "eagle3", "eagle", "draft_model")."""
     settings, model_len = _settings(draw, limits, has_mtp, scripted)
     k, budget = settings.k, settings.max_num_batched_tokens
     graph_mode = draw(st.sampled_from(GRAPH_MODES))
@@ -199,6 +203,8 @@ def scenarios(
     settings, requests = _geometry(draw, settings, requests, max_prompt, caching=caching, ngram=ngram)
     if params and draw(st.booleans()):  # one choice first, so shrinking drops every parameter at once
         requests = [replace(r, params=_params(draw, vocab_size, r.max_tokens)) for r in requests]
+    if drafters and settings.k and draw(st.booleans()):  # drawn last: earlier draws keep their meaning
+        settings = _model_drafter(draw, settings, drafters)
     return _finish(Scenario(name, _describe(requests, prefixes), "default", settings, tuple(requests), (),
                             graph_mode))
 
@@ -223,6 +229,16 @@ def _geometry(draw, settings: EngineSettings, requests: list[RequestSpec], max_p
         moved = (requests[j].prompt[:bs] + requests[i].prompt)[:max_prompt]
         requests = [replace(r, prompt=moved) if n == j else r for n, r in enumerate(requests)]
     return settings, requests
+
+
+def _model_drafter(draw, settings: EngineSettings, drafters: tuple[str, ...]) -> EngineSettings:
+    """A drafter that is a model of its own in place of the drafted one: an EAGLE head made for the model
+    under test (seeded), or the model itself as its draft model, cut to its first layer (drafts often
+    wrong; a recurrent first layer's state rolled back by the drafter) or whole (every draft right)."""
+    drafter = draw(st.sampled_from(drafters))
+    draft_model = draw(st.sampled_from(["cut:1", "cut:all"])) if drafter == "draft_model" else None
+    return replace(settings, drafter=drafter, pattern="hash", prompt_lookup_min=None, prompt_lookup_max=None,
+                   draft_model=draft_model)
 
 
 def _params(draw, vocab_size: int, max_tokens: int) -> dict:

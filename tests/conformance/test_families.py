@@ -60,14 +60,14 @@ def test_nightly_tier_passes_on_nemotron_h():
 
 
 def test_fuzz_draws_the_family_and_names_it(tmp_path):
-    from conformance.tiny_models import draw_model, tiny_names
+    from conformance.tiny_models import draw_model, family_names
 
     seed = next(s for s in range(20) if draw_model(s) == MODEL)
     out = io.StringIO()
     args = ["fuzz", "--draw-family", "--seed", str(seed), "--examples", "1", "--out", str(tmp_path)]
     assert conformance_main(args, out=out) == 0, out.getvalue()
     assert f"model {MODEL} (nemotron_h)" in out.getvalue(), out.getvalue()
-    assert {draw_model(s) for s in range(20)} == {None, *tiny_names()}  # every family drawn
+    assert {draw_model(s) for s in range(20)} == {None, *family_names()}  # every family's preset drawn
 
 
 def test_every_command_taking_a_model_takes_the_tiny_presets_with_a_tokenizer(capsys):

@@ -305,3 +305,14 @@ def test_with_params_the_generator_draws_request_parameters():
         SamplingParams(max_tokens=r.max_tokens, **r.sampling)  # raises for an invalid field
         assert all(0 <= t < VOCAB for t in r.sampling.get("allowed_token_ids", ()))
     assert not any(r.params for sc in _generated(0, 40) for r in sc.requests)
+
+
+def test_with_model_drafters_the_generator_draws_each_of_them():
+    """EAGLE-3, EAGLE-1 and draft models (cut to one layer, or whole) in place of the drafted one, K > 0
+    only; none without ``drafters``."""
+    seen = _generated(0, 120, drafters=("eagle3", "eagle", "draft_model"))
+    drawn = {(sc.settings.drafter, sc.settings.draft_model) for sc in seen}
+    assert {("eagle3", None), ("eagle", None)} <= drawn
+    assert {m for d, m in drawn if d == "draft_model"} in ({"cut:1"}, {"cut:all"}, {"cut:1", "cut:all"})
+    assert all(sc.k for sc in seen if sc.settings.drafter in ("eagle3", "eagle", "draft_model"))
+    assert not any(sc.settings.drafter in ("eagle3", "eagle", "draft_model") for sc in _generated(0, 60))
