@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from conformance import reference_cache
 from conformance.features import (  # noqa: F401 (the feature names: defined apart, free of torch)
     DRAFTER_FEATURES,
     FEATURES,
@@ -159,7 +160,7 @@ class RefEngineAdapter:
             drafter, lookup = "ngram", {"prompt_lookup_min": s.prompt_lookup_min,
                                         "prompt_lookup_max": s.prompt_lookup_max}
         checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
-        return LLM(
+        llm = LLM(
             model=spec.model,
             engine=self.engine,
             graph_mode=self.graph_mode,
@@ -179,6 +180,8 @@ class RefEngineAdapter:
             mamba_cache_mode=s.mamba_cache_mode,
             **checked,
         )
+        reference_cache.share_truth(self, llm, spec)  # this repository's test session only
+        return llm
 
 
 def reference_adapter() -> RefEngineAdapter:
