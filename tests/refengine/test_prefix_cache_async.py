@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from refengine import LLM, SamplingParams
+from refengine.drafters import ScriptedDrafter
 from tests.refengine.test_faults import InjectedFault, fail_once
 from tests.refengine.test_prefix_cache import BS, digests, prompts, run
 
@@ -84,6 +85,10 @@ def assert_same_published(got, want) -> None:
 
 def check_async(ckpt, reference, mode, k, drafter, graph_mode, checked):
     (off, off_rec, _), (ref_on, _, ref_llm) = reference(mode, k, drafter)
+    if drafter == "scripted":  # the drafts from the truth the reference run computed (a function of the
+        # request alone: each request's greedy output on the same weights), not from a second truth engine
+        drafter = ScriptedDrafter(k, ref_llm.model_config.vocab_size,
+                                  truth=ref_llm.config.speculative.drafter.truth)
     on, on_rec, llm = run(ckpt, ceiling_waves(), cache_mode=mode, engine="async", graph_mode=graph_mode,
                           num_speculative_tokens=k, drafter=drafter, delay_copies=checked,
                           hazard_check=checked)
