@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from conformance import reference_cache
 from conformance.features import (  # noqa: F401 (the feature names: defined apart, free of torch)
     DRAFTER_FEATURES,
     FEATURES,
@@ -165,7 +166,7 @@ class RefEngineAdapter:
 
             drafter, lookup = s.drafter, {"draft_model": s.draft_model or head_for(spec.model, s.drafter)}
         checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
-        return LLM(
+        llm = LLM(
             model=spec.model,
             engine=self.engine,
             graph_mode=self.graph_mode,
@@ -185,6 +186,8 @@ class RefEngineAdapter:
             mamba_cache_mode=s.mamba_cache_mode,
             **checked,
         )
+        reference_cache.share_truth(self, llm, spec)  # this repository's test session only
+        return llm
 
 
 def draft_model_path(model: str | None, draft_model: str) -> str:

@@ -15,6 +15,12 @@ tests start then share the runs through that folder, one pickle per key, written
 of another type, a patched ``RefEngineAdapter.build``/``start`` or a patched ``refengine.LLM`` runs
 as usual, so a test that swaps the reference side needs to do nothing. Runs that end in an error are
 never stored.
+
+The scripted drafter's truth (``refengine.llm.GreedyTruth``: a request's plain greedy output, a private
+reference engine's run) is shared the same way (``share_truth``): the reference run of a scripted
+scenario, the async engine's run of it and each mutant's run all ask for the same requests' truth. It
+is served to the stock adapter only, and to a mutant that patches the async engine's own objects (one
+that patches the model's mixers, which the truth engine shares, computes its own).
 """
 
 from __future__ import annotations
@@ -103,17 +109,12 @@ def key(adapter, scenario, facts, label: str, settings, device: str, dtype: str)
 
 def get(k: tuple | None):
     """A copy of the stored trace for ``k`` (torch's random state set as that run left it), or None."""
-    if k is None:
+    entry = _load(k)
+    if entry is None:
         return None
-    if k not in _entries:
-        path = _file(k)
-        if path is None or not path.is_file():
-            return None
-        _remember(k, *pickle.loads(path.read_bytes()))
     import torch
 
-    _entries.move_to_end(k)
-    trace, rng = _entries[k]
+    trace, rng = entry
     torch.set_rng_state(rng)
     stats["hits"] += 1
     return copy.deepcopy(trace)
@@ -128,8 +129,70 @@ def put(k: tuple | None, trace) -> None:
     stats["misses"] += 1
     if trace.error is not None:
         return
-    entry = (copy.deepcopy(trace), torch.get_rng_state())
-    _remember(k, *entry)
+    _store(k, (copy.deepcopy(trace), torch.get_rng_state()))
+
+
+def share_truth(adapter, llm, spec) -> None:
+    """Serve ``llm``'s scripted drafter's truth from the cache, when it applies (see the module's doc): a
+    request's truth is a function of the checkpoint's bytes, the truth engine's configuration, K, the
+    request's prompt and parameters, the torch thread count and the kernel-backend environment."""
+    drafter = llm.config.speculative.drafter
+    truth = getattr(drafter, "truth", None)
+    if not enabled() or spec.device != "cpu" or not _stock_truth(adapter, truth):
+        return
+    digest = _checkpoint_digest(llm.config.model)
+    if digest is None:
+        return
+    import dataclasses
+
+    import torch
+
+    base = (
+        "truth", digest, repr(dataclasses.replace(truth._config, model="")), truth._num_speculative_tokens,
+        torch.get_num_threads(), str(torch.get_default_dtype()), tuple(os.environ.get(name) for name in _ENV),
+    )
+
+    def shared(req) -> list[int]:
+        k = (*base, tuple(req.prompt_token_ids), repr(req.params))
+        entry = _load(k)
+        if entry is None:
+            entry = (list(truth(req)),)
+            _store(k, entry)
+        return list(entry[0])
+
+    drafter.truth = shared
+
+
+def _stock_truth(adapter, truth) -> bool:
+    import refengine.llm
+    from conformance.engines import RefEngineAdapter
+
+    if type(truth) is not refengine.llm.GreedyTruth or getattr(refengine.llm.ReferenceEngine, "__module__",
+                                                                None) != "refengine.reference.engine":
+        return False
+    if type(adapter) is RefEngineAdapter:
+        return True
+    kind = type(adapter)
+    mutant = getattr(adapter, "mutant", None)
+    return ((kind.__module__, kind.__qualname__) == ("conformance.mutants", "MutantAdapter")
+            and mutant is not None and getattr(mutant, "family", None) is None)
+
+
+def _load(k: tuple | None):
+    """The entry stored for ``k`` (in this process, else in the folder), or None."""
+    if k is None:
+        return None
+    if k not in _entries:
+        path = _file(k)
+        if path is None or not path.is_file():
+            return None
+        _remember(k, pickle.loads(path.read_bytes()))
+    _entries.move_to_end(k)
+    return _entries[k]
+
+
+def _store(k: tuple, entry: tuple) -> None:
+    _remember(k, entry)
     path = _file(k)
     if path is not None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -138,7 +201,7 @@ def put(k: tuple | None, trace) -> None:
         os.replace(tmp, path)
 
 
-def _remember(k: tuple, trace, rng) -> None:
-    _entries[k] = (trace, rng)
+def _remember(k: tuple, entry: tuple) -> None:
+    _entries[k] = entry
     while len(_entries) > _MAX_ENTRIES:
         _entries.popitem(last=False)

@@ -218,8 +218,17 @@ class GreedyTruth:
         self._num_speculative_tokens = config.speculative.num_speculative_tokens
         self._net, self._model_config, self._tokenizer = net, model_config, tokenizer
         self._engine: ReferenceEngine | None = None
+        # (prompt ids, repr of the params) -> truth: a request admitted again (after a preemption) or asked
+        # for by both proposers is not run again; its greedy output is a function of these alone.
+        self._known: dict[tuple[tuple[int, ...], str], list[int]] = {}
 
     def __call__(self, req: Request) -> list[int]:
+        known = (tuple(req.prompt_token_ids), repr(req.params))
+        if known not in self._known:
+            self._known[known] = self._run(req)
+        return list(self._known[known])
+
+    def _run(self, req: Request) -> list[int]:
         if self._engine is None:
             self._engine = ReferenceEngine(self._config, self._net, self._model_config, self._tokenizer)
         p = req.params

@@ -123,3 +123,38 @@ def test_a_swapped_reference_side_is_never_served(facts, monkeypatch):
         m.delenv(reference_cache.DIR_ENV)
         assert _key(reference_adapter(), scenario, facts) is None
     assert _key(reference_adapter(), scenario, facts) is not None
+
+
+def _scripted_llm(adapter, facts):
+    from conformance.engines import RunSpec
+
+    settings = EngineSettings(num_speculative_tokens=2, drafter="scripted")
+    return adapter.build(RunSpec(facts.path, settings, facts.vocab_size, lambda rec: None))
+
+
+def test_the_scripted_truth_is_shared_and_a_mutant_of_the_model_computes_its_own(facts, monkeypatch):
+    import refengine.llm
+    from conformance.mutants import MAMBA2_MUTANTS, MutantAdapter, get_mutant
+    from refengine import SamplingParams
+    from refengine.request import Request
+
+    req = Request("r0", [5, 6, 7], SamplingParams(max_tokens=4), 0)
+    llm = _scripted_llm(RefEngineAdapter("async", "none"), facts)
+    own = refengine.llm.GreedyTruth(llm.config, llm.engine.model, llm.model_config)
+    truth = llm.config.speculative.drafter.truth
+    assert not isinstance(truth, refengine.llm.GreedyTruth)  # served through the cache
+    assert truth(req) == own(req) and len(own(req)) == 4 + 2
+    computed = []
+    monkeypatch.setattr(refengine.llm.GreedyTruth, "_run", lambda self, r: computed.append(r) or [1, 2])
+    monkeypatch.setattr(reference_cache, "_entries", OrderedDict())  # forgotten here, held by the folder
+    again = _scripted_llm(reference_adapter(), facts).config.speculative.drafter.truth
+    assert again(req) == own(req) and not computed  # the reference engine's drafter: the same truth
+    other = Request("r0", [5, 6, 7], SamplingParams(max_tokens=5), 0)
+    assert again(other) == [1, 2] and computed == [other]  # other parameters: computed
+    # Not served: the mutants of the model's mixers (which the truth engine shares), and other adapters.
+    mixer_mutant = MutantAdapter(MAMBA2_MUTANTS[0])
+    for adapter in (mixer_mutant, type("Sub", (RefEngineAdapter,), {})("async", "none")):
+        assert isinstance(_scripted_llm(adapter, facts).config.speculative.drafter.truth,
+                          refengine.llm.GreedyTruth)
+    assert not isinstance(_scripted_llm(MutantAdapter(get_mutant("stale-accepted-counts")), facts)
+                          .config.speculative.drafter.truth, refengine.llm.GreedyTruth)

@@ -60,8 +60,8 @@ def verify_outcomes(records) -> dict:
 
 
 def compare(ckpt, items, *, k, drafter="scripted", pattern="hash", graph_mode="none", **kw):
-    def make(engine, records, **extra):
-        d = ScriptedDrafter(k, 256, pattern) if (k and drafter == "scripted") else "mtp"
+    def make(engine, records, truth=None, **extra):
+        d = ScriptedDrafter(k, 256, pattern, truth) if (k and drafter == "scripted") else "mtp"
         return LLM(
             model=ckpt,
             engine=engine,
@@ -73,8 +73,12 @@ def compare(ckpt, items, *, k, drafter="scripted", pattern="hash", graph_mode="n
         )
 
     ref_records, async_records = [], []
-    ref = drive(make("reference", ref_records), items)
-    llm = make("async", async_records, graph_mode=graph_mode)
+    ref_llm = make("reference", ref_records)
+    ref = drive(ref_llm, items)
+    # The async engine's drafts come from the truth the reference run computed (each request's greedy
+    # output on the same weights: a function of the request alone), not from a second truth engine.
+    truth = ref_llm.config.speculative.drafter.truth if (k and drafter == "scripted") else None
+    llm = make("async", async_records, truth, graph_mode=graph_mode)
     got = drive(llm, items)
     for rid, o in ref.items():
         assert got[rid].token_ids == o.token_ids, (

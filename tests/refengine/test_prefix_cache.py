@@ -12,6 +12,7 @@ import torch
 
 from refengine import LLM, SamplingParams
 from refengine.config import CacheConfig, ConfigError, EngineConfig
+from refengine.drafters import ScriptedDrafter
 from refengine.prefix_cache import BlockPool, CheckpointPool, PrefixCache, geometry
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -165,6 +166,17 @@ def run(ckpt, waves, *, cache_mode=None, max_tokens=12, block_size=BS, **kw):
     return outs, records, llm
 
 
+def truth_of(llm, kw: dict) -> dict:
+    """``kw`` with a scripted drafter (``drafter="scripted"``) drafting from ``llm``'s truth, the truth an
+    earlier run on the same weights computed (a request's greedy output is a function of the request),
+    instead of a second truth engine computing it again."""
+    if kw.get("drafter") != "scripted":
+        return kw
+    truth = llm.config.speculative.drafter.truth
+    return {**kw, "drafter": ScriptedDrafter(kw["num_speculative_tokens"], llm.model_config.vocab_size,
+                                             truth=truth)}
+
+
 def digests(records):
     """(request index in submission order, last position of the row) -> verify logits digest."""
     out = {}
@@ -218,8 +230,8 @@ def test_cache_on_equals_cache_off_at_the_ceiling(ckpt, mode, k, drafter):
     ]
     waves = [[first], second, lambda outs: [first + outs[0].token_ids + prompts(random.Random(1), 2)]]
     kw = {"num_speculative_tokens": k, "drafter": drafter}
-    off, off_rec, _ = run(ckpt, waves, **kw)
-    on, on_rec, llm = run(ckpt, waves, cache_mode=mode, **kw)
+    off, off_rec, off_llm = run(ckpt, waves, **kw)
+    on, on_rec, llm = run(ckpt, waves, cache_mode=mode, **truth_of(off_llm, kw))
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert [o.acceptance for o in on] == [o.acceptance for o in off]
     d_on, d_off = digests(on_rec), digests(off_rec)
@@ -244,8 +256,9 @@ def test_hit_leaving_fewer_than_one_plus_k_tokens(ckpt):
     rng = random.Random(3)
     base = prompts(rng, 4 * BS)
     waves = [[base], [base[: 3 * BS + 1], base[: 3 * BS + 2]]]
-    off, _, _ = run(ckpt, waves, num_speculative_tokens=k, drafter="scripted")
-    on, rec, _ = run(ckpt, waves, cache_mode="all", num_speculative_tokens=k, drafter="scripted")
+    kw = {"num_speculative_tokens": k, "drafter": "scripted"}
+    off, _, off_llm = run(ckpt, waves, **kw)
+    on, rec, _ = run(ckpt, waves, cache_mode="all", **truth_of(off_llm, kw))
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert [o.num_cached_tokens for o in on[1:]] == [3 * BS, 3 * BS]
     short = [r for s in rec for r in s.rows if r.num_computed_tokens == 3 * BS and r.query_len < 1 + k]
@@ -277,8 +290,8 @@ def test_preempting_a_request_whose_blocks_are_shared(ckpt):
         "num_speculative_tokens": 2,
         "drafter": "scripted",
     }
-    off, _, _ = run(ckpt, waves, max_tokens=30, **kw)
-    on, _rec, _ = run(ckpt, waves, max_tokens=30, cache_mode="align", **kw)
+    off, _, off_llm = run(ckpt, waves, max_tokens=30, **kw)
+    on, _rec, _ = run(ckpt, waves, max_tokens=30, cache_mode="align", **truth_of(off_llm, kw))
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert sum(o.num_preemptions for o in on[1:]) > 0, "nothing was preempted: the test proves nothing"
     assert all(o.num_cached_tokens == 4 * BS for o in on[1:])

@@ -18,7 +18,7 @@ import torch
 
 from refengine import LLM, SamplingParams
 from tests.refengine.test_faults import InjectedFault, fail_once
-from tests.refengine.test_prefix_cache import BS, digests, prompts, run
+from tests.refengine.test_prefix_cache import BS, digests, prompts, run, truth_of
 
 GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
 SPECULATION = ((0, "mtp"), (1, "mtp"), (3, "mtp"), (1, "scripted"), (3, "scripted"))
@@ -54,8 +54,9 @@ def reference(ckpt):
     def get(mode, k, drafter):
         if (mode, k, drafter) not in runs:
             kw = {"num_speculative_tokens": k, "drafter": drafter}
-            runs[mode, k, drafter] = (run(ckpt, ceiling_waves(), **kw),
-                                      run(ckpt, ceiling_waves(), cache_mode=mode, **kw))
+            off = run(ckpt, ceiling_waves(), **kw)
+            on = run(ckpt, ceiling_waves(), cache_mode=mode, **truth_of(off[2], kw))
+            runs[mode, k, drafter] = (off, on)
         return runs[mode, k, drafter]
 
     return get
@@ -84,9 +85,9 @@ def assert_same_published(got, want) -> None:
 
 def check_async(ckpt, reference, mode, k, drafter, graph_mode, checked):
     (off, off_rec, _), (ref_on, _, ref_llm) = reference(mode, k, drafter)
+    kw = truth_of(ref_llm, {"num_speculative_tokens": k, "drafter": drafter})  # the reference run's truth
     on, on_rec, llm = run(ckpt, ceiling_waves(), cache_mode=mode, engine="async", graph_mode=graph_mode,
-                          num_speculative_tokens=k, drafter=drafter, delay_copies=checked,
-                          hazard_check=checked)
+                          delay_copies=checked, hazard_check=checked, **kw)
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert [o.acceptance for o in on] == [o.acceptance for o in off]
     assert digests(on_rec).items() <= digests(off_rec).items(), "a restored state changed a logit"
