@@ -1,4 +1,6 @@
-"""Gated full attention: q/k RMSNorm, partial NeoX RoPE, paged attention, sigmoid output gate."""
+"""Full attention over the paged KV cache: ``paged_attend`` (every attention mixer's cache step),
+``PagedGQA`` (plain grouped-query attention, with RoPE and per-head q/k norms where a model has them) and
+``GatedAttention`` (q/k RMSNorm, partial NeoX RoPE, sigmoid output gate)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,46 @@ def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Forward
     return kernels.paged_attention(
         q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_table, scale=scale
     )
+
+
+class PagedGQA(nn.Module):
+    """Grouped-query attention: q/k/v projections (no bias) from ``in_width`` inputs, optional per-head q/k
+    RMSNorm, optional RoPE (``rotary(q, k, positions)``), paged attention at scale D^-0.5, ``o_proj`` back
+    to ``hidden``. Parameter names are the checkpoints' (``q_proj`` ... ``o_proj``, ``q_norm``, ``k_norm``).
+
+    Cache: ``ctx.kv_caches[cache_key] = (k_cache, v_cache)``, each [blocks, block_size, Hkv, D].
+    """
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
+                 in_width: int | None = None, rotary: nn.Module | None = None,
+                 qk_norm_eps: float | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim  # Hq, Hkv, D
+        self.scale = head_dim**-0.5
+        d, width = head_dim, hidden if in_width is None else in_width
+        self.q_proj = Linear(width, num_heads * d)  # [Hq*D, in]
+        self.k_proj = Linear(width, num_kv_heads * d)  # [Hkv*D, in]
+        self.v_proj = Linear(width, num_kv_heads * d)  # [Hkv*D, in]
+        self.o_proj = Linear(num_heads * d, hidden)  # [H, Hq*D]
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(d, qk_norm_eps, zero_centered=False)  # weight [D]
+            self.k_norm = RMSNorm(d, qk_norm_eps, zero_centered=False)  # weight [D]
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                cache_key: int | str) -> torch.Tensor:  # x [T, in], positions [T] int64 -> [T, H]
+        num_tokens, d = x.shape[0], self.head_dim
+        q = self.q_proj(x).view(num_tokens, self.num_heads, d)  # [T, Hq, D]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, positions)
+        o = paged_attend(q.contiguous(), k.contiguous(), v.contiguous(), ctx, cache_key, self.scale)
+        return self.o_proj(o.reshape(num_tokens, self.num_heads * d))  # o [T, Hq, D]
 
 
 class GatedAttention(nn.Module):

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
-from refengine.model.attention import paged_attend
+from refengine.model.attention import PagedGQA
 from refengine.model.cache_specs import PagedKV
 from refengine.model.eagle.config import EAGLE3, EagleHeadConfig
 from refengine.model.layers import MLP, Linear, PartialRotary, RMSNorm
@@ -40,31 +40,6 @@ def head_cache_specs(cfg: EagleHeadConfig) -> dict[str, PagedKV]:
             for i in range(cfg.num_hidden_layers)}
 
 
-class LlamaAttention(nn.Module):
-    """GQA with full NeoX RoPE over the paged KV cache; q/k/v read ``in_width`` inputs (2H in EAGLE-3)."""
-
-    def __init__(self, cfg: EagleHeadConfig, in_width: int) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.head_dim = d
-        self.scale = d**-0.5
-        self.q_proj = Linear(in_width, self.num_heads * d)  # [Hq*D, in]
-        self.k_proj = Linear(in_width, self.num_kv_heads * d)  # [Hkv*D, in]
-        self.v_proj = Linear(in_width, self.num_kv_heads * d)  # [Hkv*D, in]
-        self.o_proj = Linear(self.num_heads * d, cfg.hidden_size)  # [H, Hq*D]
-        self.rotary = PartialRotary(d, cfg.rope_theta)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                key: str) -> torch.Tensor:  # x [T, in], positions [T] int64 -> [T, H]
-        t, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(t, self.num_heads, d)  # [T, Hq, D]
-        k = self.k_proj(x).view(t, self.num_kv_heads, d)  # [T, Hkv, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, d).contiguous()  # [T, Hkv, D]
-        q, k = self.rotary(q, k, positions)
-        o = paged_attend(q.contiguous(), k.contiguous(), v, ctx, key, self.scale)  # [T, Hq, D]
-        return self.o_proj(o.reshape(t, self.num_heads * d))
-
-
 class EagleLayer(nn.Module):
     """A Llama decoder layer; ``input_layernorm`` is None in EAGLE-1's first layer (vLLM's identity)."""
 
@@ -73,7 +48,9 @@ class EagleLayer(nn.Module):
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps, zero_centered=False) if input_norm else None  # weight [H]
         self.hidden_norm = RMSNorm(h, eps, zero_centered=False) if hidden_norm else None  # weight [H]
-        self.self_attn = LlamaAttention(cfg, in_width)
+        # GQA with full NeoX RoPE; q/k/v read ``in_width`` inputs (2H in EAGLE-3)
+        self.self_attn = PagedGQA(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                  in_width=in_width, rotary=PartialRotary(cfg.head_dim, cfg.rope_theta))
         self.post_attention_layernorm = RMSNorm(h, eps, zero_centered=False)  # weight [H]
         self.mlp = MLP(h, cfg.intermediate_size)
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from refengine.forward_context import ForwardContext
-from refengine.model.attention import paged_attend
+from refengine.model.attention import PagedGQA
 from refengine.model.cache_specs import PagedKV
 from refengine.model.layers import MLP, Linear, PartialRotary, RMSNorm
 from refengine.model.llama.config import Llama3Scaling, LlamaConfig
@@ -57,45 +57,17 @@ class Rotary(PartialRotary):
         return emb.cos(), emb.sin()
 
 
-class Attention(nn.Module):
-    """GQA with RoPE (and Qwen3's q/k norms) over the paged KV cache.
-
-    Cache: ``ctx.kv_caches[cache_key] = (k_cache, v_cache)``, each [blocks, block_size, Hkv, D].
-    """
+class Attention(PagedGQA):
+    """GQA with RoPE (llama3-scaled where the config says) and Qwen3's per-head q/k norms."""
 
     @staticmethod
     def cache_spec(cfg: LlamaConfig, num_speculative_tokens: int) -> PagedKV:
         return PagedKV(cfg.num_key_value_heads, cfg.head_dim)
 
     def __init__(self, cfg: LlamaConfig) -> None:
-        super().__init__()
-        self.num_heads = cfg.num_attention_heads  # Hq
-        self.num_kv_heads = cfg.num_key_value_heads  # Hkv
-        self.head_dim = d = cfg.head_dim  # D
-        self.scale = d**-0.5
-        hidden = cfg.hidden_size
-        self.q_proj = Linear(hidden, self.num_heads * d)  # [Hq*D, H]
-        self.k_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
-        self.v_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
-        self.o_proj = Linear(self.num_heads * d, hidden)  # [H, Hq*D]
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, zero_centered=False)  # weight [D]
-            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, zero_centered=False)  # weight [D]
-        else:
-            self.q_norm = self.k_norm = None
-        self.rotary = Rotary(d, cfg.rope_theta, cfg.rope_scaling)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                cache_key: int | str) -> torch.Tensor:  # x [T, H] (normed), positions [T] int64 -> [T, H]
-        num_tokens, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(num_tokens, self.num_heads, d)  # [T, Hq, D]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, k, positions)
-        o = paged_attend(q.contiguous(), k.contiguous(), v.contiguous(), ctx, cache_key, self.scale)
-        return self.o_proj(o.reshape(num_tokens, self.num_heads * d))  # o [T, Hq, D]
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                         rotary=Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+                         qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None)
 
 
 class DecoderLayer(nn.Module):

@@ -17,43 +17,22 @@ from torch import nn
 
 import kernels
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
-from refengine.model.attention import paged_attend
+from refengine.model.attention import PagedGQA
 from refengine.model.cache_specs import MTP_CACHE_KEY, PagedKV
 from refengine.model.layers import Linear, RMSNorm
 from refengine.model.nemotron_h.config import ATTENTION, MAMBA, MLP, MOE, NemotronHConfig
 from refengine.model.nemotron_h.mamba2 import Mamba2Mixer
 
 
-class Attention(nn.Module):
-    """Plain GQA over the paged KV cache: no positional encoding, scale D^-0.5.
-
-    Cache: ``ctx.kv_caches[cache_key] = (k_cache, v_cache)``, each [blocks, block_size, Hkv, D].
-    """
+class Attention(PagedGQA):
+    """Plain GQA over the paged KV cache: no positional encoding, scale D^-0.5."""
 
     @staticmethod
     def cache_spec(cfg: NemotronHConfig, num_speculative_tokens: int) -> PagedKV:
         return PagedKV(cfg.num_key_value_heads, cfg.head_dim)
 
     def __init__(self, cfg: NemotronHConfig) -> None:
-        super().__init__()
-        self.num_heads = cfg.num_attention_heads  # Hq
-        self.num_kv_heads = cfg.num_key_value_heads  # Hkv
-        self.head_dim = d = cfg.head_dim  # D
-        self.scale = d**-0.5
-        hidden = cfg.hidden_size
-        self.q_proj = Linear(hidden, self.num_heads * d)  # [Hq*D, H]
-        self.k_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
-        self.v_proj = Linear(hidden, self.num_kv_heads * d)  # [Hkv*D, H]
-        self.o_proj = Linear(self.num_heads * d, hidden)  # [H, Hq*D]
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                cache_key: int | str) -> torch.Tensor:  # x [T, H] -> [T, H]; positions are not used
-        num_tokens, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(num_tokens, self.num_heads, d).contiguous()  # [T, Hq, D]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d).contiguous()  # [T, Hkv, D]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, d).contiguous()  # [T, Hkv, D]
-        o = paged_attend(q, k, v, ctx, cache_key, self.scale)  # [T, Hq, D]
-        return self.o_proj(o.reshape(num_tokens, self.num_heads * d))
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
 
 
 class ReluSquaredMLP(nn.Module):
