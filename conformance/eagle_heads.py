@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -24,6 +23,7 @@ def head_for(model: str | None, method: str) -> str:
     from refengine.llm import default_model_path
     from refengine.model.loader import read_config, resolve_model_path
     from refengine.tools import eagle_head
+    from refengine.tools.folders import write_once
 
     path = Path(resolve_model_path(model) if model is not None else default_model_path())
     digest = hashlib.sha256(method.encode())
@@ -33,18 +33,8 @@ def head_for(model: str | None, method: str) -> str:
     digest.update(Path(eagle_head.__file__).read_bytes())
     name = f"conformance-{method}-head-{digest.hexdigest()[:12]}-uid{os.getuid()}"
     root = Path(tempfile.gettempdir()) / name
-    if (root / "config.json").is_file():
-        return str(root)
     vocab = read_config(path).vocab_size
-    work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
-    try:
-        draft_vocab = max(int(vocab * DRAFT_VOCAB_FRACTION), 1) if method == "eagle3" else None
-        eagle_head.add_eagle_head(path, work / "out", method, draft_vocab_size=draft_vocab, seed=SEED)
-        try:
-            os.rename(work / "out", root)
-        except OSError:  # another process finished first: use its copy
-            if not (root / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    draft_vocab = max(int(vocab * DRAFT_VOCAB_FRACTION), 1) if method == "eagle3" else None
+    write_once(root, lambda work: eagle_head.add_eagle_head(path, work / "out", method,
+                                                            draft_vocab_size=draft_vocab, seed=SEED))
     return str(root)

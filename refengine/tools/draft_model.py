@@ -23,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from refengine.model.loader import CONFIG_NAME, INDEX_NAME, SINGLE_NAME, CheckpointError
+from refengine.tools.folders import write_once
 
 LAYER_RE = re.compile(r"(^|\.)layers\.(\d+)\.")
 PER_LAYER_LISTS = ("layer_types", "layers_block_type")
@@ -121,16 +122,5 @@ def cut_draft_model(src: str | Path, layers: str) -> str:
             stamp.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns};".encode())
     stamp.update(f"{src}|{layers}".encode())
     root = Path(tempfile.gettempdir()) / f"refengine-draft-{stamp.hexdigest()}-uid{os.getuid()}"
-    if (root / CONFIG_NAME).is_file():
-        return str(root)
-    work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
-    try:
-        make_draft_model(src, work / "out", layers)
-        try:
-            os.rename(work / "out", root)
-        except OSError:  # another process finished first: use its copy
-            if not (root / CONFIG_NAME).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    write_once(root, lambda work: make_draft_model(src, work / "out", layers))
     return str(root)

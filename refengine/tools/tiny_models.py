@@ -29,11 +29,14 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from refengine.model.family import ModelFamily
+
+from refengine.tools.folders import write_once
 
 TINY_PREFIX = "tiny:"
 
@@ -73,19 +76,10 @@ def tiny_model_path(name: str) -> str:
         raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(tiny_names())}")
     version = _preset_version() if preset in head_presets() else _version(preset)
     root = Path(tempfile.gettempdir()) / f"conformance-tiny-{preset}-{version}-uid{os.getuid()}"
-    if (root / "config.json").is_file():
+    make = head_presets()[preset] if preset in head_presets() else partial(_make, preset)
+    if not write_once(root, make):
         _announce(name, root, "reused")
         return str(root)
-    work = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
-    try:
-        head_presets()[preset](work) if preset in head_presets() else _make(preset, work)
-        try:
-            os.rename(work / "out", root)
-        except OSError:  # another process finished first: use its copy
-            if not (root / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     _announce(name, root, "written now")
     return str(root)
 
