@@ -153,6 +153,37 @@ class Drafter(Protocol):
     def device_proposer(self, ctx: DeviceDraftContext) -> DeviceProposer: ...
 
 
+@dataclass
+class FirstPass:
+    """A head drafter's first pass on the host (MTP, EAGLE): every position a committed step kept that knows
+    its next token, paired with that token."""
+
+    ids: list[int]  # the committed token after each such position
+    hidden_rows: list[int]  # each position's row in the step's hidden states
+    attn_rows: list[tuple[list[int], list[int], int]]  # per step row: (blocks, positions, seq_len)
+    proposals: list[Proposal]  # one per step row, drafts None, input ids the row's ``ids``
+
+    @property
+    def positions(self) -> list[int]:
+        return [p for _, pos, _ in self.attn_rows for p in pos]
+
+
+def first_pass(outcomes: list, result: Any) -> FirstPass:
+    """The first pass of a committed step (``outcomes``, the reference runner's ``StepResult``). A request
+    that finished too takes part (its head KV completes its last blocks); one that stopped inside the step
+    knows the next token of the positions before its last token only."""
+    out = FirstPass([], [], [], [])
+    for i, o in enumerate(outcomes):
+        req, nc = o.request, result.num_computed_before[i]
+        kept = min(nc + o.num_kept, req.num_tokens - 1) - nc  # positions nc .. nc+kept-1, committed
+        nxt = req.all_token_ids[nc + 1: nc + kept + 1]
+        out.ids += nxt
+        out.hidden_rows += range(result.query_start[i], result.query_start[i] + kept)
+        out.attn_rows.append((result.block_ids[i], list(range(nc, nc + kept)), nc + kept))
+        out.proposals.append(Proposal(None, list(nxt)))
+    return out
+
+
 def drafter_cache_specs(drafter, target_cfg, num_speculative_tokens: int) -> dict:
     """The caches a drafter keeps of its own, beyond the target family's (``"mtp"``): string key ->
     ``PagedKV`` | ``RecurrentState``, allocated in the engine's ``ModelCaches`` beside the target's (a

@@ -30,6 +30,7 @@ from refengine.drafters.base import (
     HostDraftContext,
     Proposal,
     attn_shapes,
+    first_pass,
 )
 from refengine.drafters.mtp import MTPDeviceProposer
 from refengine.forward_context import AttnMetadata
@@ -91,24 +92,16 @@ class EagleHostProposer:
     def propose(self, outcomes: list, result) -> list[Proposal]:
         ctx, head, dev = self.ctx, self.head, self.ctx.device
         kv = ctx.caches.kv
-        ids, hid_rows, attn_rows = [], [], []
-        proposals = []
-        for i, o in enumerate(outcomes):  # a request that finished too: its KV completes its last blocks
-            req, nc = o.request, result.num_computed_before[i]
-            kept = min(nc + o.num_kept, req.num_tokens - 1) - nc  # positions that know their next token
-            nxt = req.all_token_ids[nc + 1: nc + kept + 1]
-            ids += nxt
-            hid_rows += range(result.query_start[i], result.query_start[i] + kept)
-            attn_rows.append((result.block_ids[i], list(range(nc, nc + kept)), nc + kept))
-            proposals.append(Proposal(None, list(nxt)))
+        fp = first_pass(outcomes, result)
+        proposals, attn_rows = fp.proposals, fp.attn_rows
         if not outcomes:
             return proposals
-        positions = torch.tensor([p for _, pos, _ in attn_rows for p in pos], dtype=torch.int64, device=dev)
-        rows = torch.tensor(hid_rows, dtype=torch.int64, device=dev)
+        positions = torch.tensor(fp.positions, dtype=torch.int64, device=dev)
+        rows = torch.tensor(fp.hidden_rows, dtype=torch.int64, device=dev)
         aux = None if result.aux_hidden is None else result.aux_hidden[rows]
         hidden_in = head.first_hidden(result.hidden[rows], aux)
-        for_logits, for_chain = head(torch.tensor(ids, dtype=torch.int64, device=dev), hidden_in, positions,
-                                     ctx.attn_metadata(attn_rows), kv)
+        ids = torch.tensor(fp.ids, dtype=torch.int64, device=dev)
+        for_logits, for_chain = head(ids, hidden_in, positions, ctx.attn_metadata(attn_rows), kv)
         ends = torch.tensor([len(pos) for _, pos, _ in attn_rows], device=dev).cumsum(0) - 1
         sampling = [i for i, o in enumerate(outcomes) if o.tokens is not None and not o.request.is_finished]
         if not sampling:

@@ -21,6 +21,7 @@ from refengine.drafters.base import (
     HostDraftContext,
     Proposal,
     attn_shapes,
+    first_pass,
 )
 from refengine.forward_context import AttnMetadata
 from refengine.model import MTP_CACHE_KEY
@@ -53,23 +54,14 @@ class MTPHostProposer:
     def propose(self, outcomes: list, result) -> list[Proposal]:
         ctx, model = self.ctx, self.ctx.model
         dev, kv = ctx.device, ctx.caches.kv[MTP_CACHE_KEY]
-        ids, hid_rows, attn_rows = [], [], []
-        proposals = []
-        for i, o in enumerate(outcomes):  # a request that finished too: its KV completes its last blocks
-            req, nc = o.request, result.num_computed_before[i]
-            # positions nc .. nc+kept-1 are now committed; a request that stopped inside the step knows the
-            # next token of those before its last token only
-            kept = min(nc + o.num_kept, req.num_tokens - 1) - nc
-            nxt = req.all_token_ids[nc + 1: nc + kept + 1]  # the token after each kept position
-            ids += nxt
-            hid_rows += range(result.query_start[i], result.query_start[i] + kept)
-            attn_rows.append((result.block_ids[i], list(range(nc, nc + kept)), nc + kept))
-            proposals.append(Proposal(None, list(nxt)))
+        fp = first_pass(outcomes, result)
+        proposals, attn_rows = fp.proposals, fp.attn_rows
         if not outcomes:
             return proposals
-        positions = torch.tensor([p for _, pos, _ in attn_rows for p in pos], dtype=torch.int64, device=dev)
-        mtp_hidden = model.mtp(torch.tensor(ids, dtype=torch.int64, device=dev), result.hidden[hid_rows],
-                               positions, ctx.attn_metadata(attn_rows), kv)
+        positions = torch.tensor(fp.positions, dtype=torch.int64, device=dev)
+        ids = torch.tensor(fp.ids, dtype=torch.int64, device=dev)
+        hidden = result.hidden[fp.hidden_rows]
+        mtp_hidden = model.mtp(ids, hidden, positions, ctx.attn_metadata(attn_rows), kv)
         ends = torch.tensor([len(pos) for _, pos, _ in attn_rows], device=dev).cumsum(0) - 1
         sampling = [i for i, o in enumerate(outcomes) if o.tokens is not None and not o.request.is_finished]
         if not sampling:
