@@ -27,12 +27,6 @@ if not torch.cuda.is_available() or os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_configure(config):
-    # `pytest -n auto` hands out whole modules (xdist's loadscope) unless --dist is given: a module's
-    # module-scoped fixtures (its reference runs, loaded models, written checkpoints) are then built by one
-    # worker instead of each (the default tier: 403 s of test time against 425.6 s with xdist's "load").
-    if getattr(config.option, "dist", "no") == "load" and not any(
-            a == "-d" or a.startswith("--dist") for a in config.invocation_params.args):
-        config.option.dist = "loadscope"
     # Many tests run the same reference workloads (each mutant, CLI test and scenario test runs the oracle,
     # plain, cached and bare runs of its scenarios): the deterministic reference engine's traces are shared
     # in this process. A test that swaps the reference side is not served from it (the cache applies to
