@@ -50,6 +50,16 @@ def pytest_unconfigure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def pytest_collection_finish(session):
+    # Everything alive after collection (torch, transformers, the test modules) lives as long as the
+    # session: moved out of the collector's reach, the full collections the tests trigger scan only
+    # what the tests make (summed over the default tier's workers, 38 s of collection before, 13 s after).
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
