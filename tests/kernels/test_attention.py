@@ -200,6 +200,24 @@ def test_reference_batch_invariance(block_size):
         assert torch.equal(alone, full[start : start + qlen]), f"row {i} differs alone vs batched"
 
 
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("rows, block_size, hq, hkv, d",
+                         params([*REFERENCE_CASES, ([(0, 65), (7, 1), (21, 40)], 3, 4, 1, 20)]))
+def test_reference_gives_the_same_bits_tile_by_tile_and_all_tiles_at_once(rows, block_size, hq, hkv, d,
+                                                                          monkeypatch):
+    """The reference computes every tile at once for decode-like calls and tile by tile for prefills
+    (kernels/attention/naive.py): both orders of the work must give the same bits on any call."""
+    from kernels.attention import naive
+
+    batch = Batch(rows, block_size, hq, hkv, d, pad_tokens=2)
+    outs = []
+    for at_once in (True, False):
+        monkeypatch.setattr(naive, "all_tiles_at_once", lambda seen, elements, at_once=at_once: at_once)
+        outs.append(naive_paged_attention(*batch.args(), scale=batch.scale))
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+    assert not outs[0].isnan().any()
+
+
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_reference_chunking_invariance(block_size):
     batch = Batch([(0, 65), (7, 1), (21, 40)], block_size, 4, 1, 20)
