@@ -80,9 +80,12 @@ def naive_paged_attention(
 
 
 def all_tiles_at_once(seen: list[int], elements_per_tile: int) -> bool:
-    """Whether to compute every tile at once: most (token, tile) pairs are seen and the P@V product
-    (``elements_per_tile`` x tiles) stays under ``_AT_ONCE_ELEMENTS``."""
-    return 2 * sum(seen) >= seen[0] * len(seen) and elements_per_tile * len(seen) <= _AT_ONCE_ELEMENTS
+    """Whether to compute every tile at once: three tiles or more (below, the loop costs as little),
+    most (token, tile) pairs seen, and the P@V product (``elements_per_tile`` x tiles) under
+    ``_AT_ONCE_ELEMENTS``."""
+    num_tiles = len(seen)
+    return num_tiles >= 3 and 2 * sum(seen) >= seen[0] * num_tiles and \
+        elements_per_tile * num_tiles <= _AT_ONCE_ELEMENTS
 
 
 def _each_tile(q32, cache, pos_sorted, rows_sorted, block_table, seen, scale):
