@@ -77,15 +77,21 @@ def naive_recurrent_gated_delta_rule(
         # Gather every initial state before anything is written.
         state = gather_initial_states(ssm_state, slots, keep)  # [R, Hv, Dk, Dv]
         cols = state_indices[rows].tolist() if spec else None  # [R][K+1], rows in the order of `state`
-        for t in range(lens[rows[0]]):
+        # Token t of every row gathered once, time-major ([L, R, ...]: step t reads contiguous rows; a
+        # row shorter than L repeats its first token there, never read).
+        length = lens[rows[0]]
+        steps = torch.tensor([[starts[i] + (t if t < lens[i] else 0) for i in rows] for t in range(length)],
+                             dtype=torch.long, device=v.device)  # [L, R]
+        decays, keys, queries = decay[steps], kn[steps], qn[steps]
+        values, betas = vf[steps], bf[steps]
+        for t in range(length):
             n = sum(1 for i in rows if lens[i] > t)
-            tok = torch.tensor([starts[i] + t for i in rows[:n]], dtype=torch.long, device=v.device)
             s = state[:n]
-            s.mul_(decay[tok][:, :, None, None])
-            k_t = kn[tok][:, :, :, None]                                   # [n, Hv, Dk, 1]
-            delta = (vf[tok] - (k_t * s).sum(dim=-2)) * bf[tok][:, :, None]  # [n, Hv, Dv]
+            s.mul_(decays[t, :n, :, None, None])
+            k_t = keys[t, :n, :, :, None]                                         # [n, Hv, Dk, 1]
+            delta = (values[t, :n] - (k_t * s).sum(dim=-2)) * betas[t, :n, :, None]  # [n, Hv, Dv]
             s.add_(k_t * delta[:, :, None, :])
-            o[tok] = (qn[tok][:, :, :, None] * s).sum(dim=-2)
+            o[steps[t, :n]] = (queries[t, :n, :, :, None] * s).sum(dim=-2)
             if spec:
                 write_token_states(ssm_state, s, cols, t)
         if not spec:
