@@ -15,6 +15,7 @@ pay nothing.
 
 from __future__ import annotations
 
+import functools
 from typing import NoReturn
 
 import torch
@@ -60,6 +61,12 @@ def _kind(dtypes: tuple[torch.dtype, ...]) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} tensor"
 
 
+@functools.cache
+def _dim_names(shape: str) -> tuple[str, ...]:
+    """``"T, Hv"`` -> ``("T", "Hv")``."""
+    return tuple(shape.split(", "))
+
+
 class Contract:
     """The checks of one call of one op. Every failure raises :class:`KernelInputError` naming ``op``.
 
@@ -87,17 +94,26 @@ class Contract:
         if not isinstance(x, torch.Tensor) or x.dtype not in dtypes:
             either = "None or " if optional else ""
             self.refuse(arg, f"{either}{_kind(dtypes)} of shape {self._shapes_text(shapes)}", describe(x))
+        # Plain loops, not generators: every kernel call runs this for each of its tensors.
+        sizes, dims = self.sizes, x.shape
         for shape in shapes:
-            names = shape.split(", ")
-            if x.dim() == len(names) and all(self.sizes.get(n, s) == s for n, s in zip(names, x.shape)):
-                for n, s in zip(names, x.shape):
-                    self.sizes.setdefault(n, s)
+            names = _dim_names(shape)
+            if len(names) != len(dims):
+                continue
+            for n, s in zip(names, dims):
+                bound = sizes.get(n)
+                if bound is not None and bound != s:
+                    break
+            else:
+                for n, s in zip(names, dims):
+                    sizes.setdefault(n, s)
                 break
         else:
             self.refuse(arg, f"{_kind(dtypes)} of shape {self._shapes_text(shapes)}", describe(x))
+        device = x.device
         if self.device is None:
-            self.device = x.device
-        elif x.device != self.device:
+            self.device = device
+        elif device != self.device:
             self.refuse(arg, f"on the device of the other inputs ({self.device})", describe(x))
         return x
 

@@ -19,9 +19,14 @@ def resolve_backend(backend: str | None, *tensors: torch.Tensor) -> str:
     choice = backend if backend is not None else os.environ.get("KERNELS_BACKEND", "auto")
     if choice not in _VALID:
         raise ValueError(f"kernel backend must be one of {_VALID}, got {choice!r}")
+    on_cuda = False
+    for t in tensors:  # a loop, not any(generator): this runs on every kernel call
+        if t.is_cuda:
+            on_cuda = True
+            break
     if choice == "auto":
-        return "triton" if any(t.is_cuda for t in tensors) else "torch"
-    if choice == "triton" and not any(t.is_cuda for t in tensors):
+        return "triton" if on_cuda else "torch"
+    if choice == "triton" and not on_cuda:
         ensure_interpreter()
     return choice
 
