@@ -104,12 +104,13 @@ def _without_source_constants():
         providers.HypothesisProvider._maybe_draw_constant = original
 
 
-def explore(strategy, judge: Callable[[Scenario], tuple[tuple[str, ...], object, str | None]], *, seed: int,
-            max_examples: int, budget_seconds: float | None = None, shrink: bool = True,
+def explore(strategy, judge: Callable[[Scenario, str | None], tuple[tuple[str, ...], object, str | None]], *,
+            seed: int, max_examples: int, budget_seconds: float | None = None, shrink: bool = True,
             shrink_seconds: float = 300.0, progress: Callable[[Example], None] | None = None) -> Search:
-    """Draw up to ``max_examples`` workloads from ``strategy``; ``judge(scenario)`` runs one and returns
-    (failing checks, payload, skip reason). The first failing check becomes the target; shrinking keeps
-    only workloads on which that check fails."""
+    """Draw up to ``max_examples`` workloads from ``strategy``; ``judge(scenario, target)`` runs one and
+    returns (failing checks, payload, skip reason). The first failing check becomes the target; shrinking
+    keeps only workloads on which that check fails (``target``: that check while shrinking, else None: a
+    judge may then judge that check alone)."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as fixed_seed
 
@@ -126,7 +127,7 @@ def explore(strategy, judge: Callable[[Scenario], tuple[tuple[str, ...], object,
             search.stopped = "shrink time"
             raise _BudgetSpent
         t0 = time.perf_counter()
-        failing, payload, skipped = judge(scenario)
+        failing, payload, skipped = judge(scenario, search.check)
         search.examples += 1
         search.skipped += skipped is not None
         if failing and failing[0] == KNOWN:
@@ -245,8 +246,11 @@ def fuzz(
         name=name,
     )
 
-    def judge(scenario: Scenario):
-        result, _ = run_scenario(scenario, case)
+    def judge(scenario: Scenario, target: str | None):
+        # While shrinking, only the target check is judged: the plain, cached and bare runs are made only
+        # when it reads them.
+        only = target if target not in (None, ERROR_CHECK, KNOWN) else None
+        result, _ = run_scenario(scenario, case, only=only)
         failing = tuple(c.check for c in result.failures if not _params_changed_nothing(c))
         failing = failing or ((ERROR_CHECK,) if result.error else ())
         if failing and known is not None and known(result):

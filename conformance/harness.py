@@ -299,7 +299,7 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
 
 
 def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None = None, *,
-                 fail_fast: bool = False) -> tuple[ScenarioResult, dict[str, Trace]]:
+                 fail_fast: bool = False, only: str | None = None) -> tuple[ScenarioResult, dict[str, Trace]]:
     """Run one scenario (an id of the corpus, or a materialised Scenario); returns its result and the
     traces ("reference", "test", "plain" when the scenario speculates or aborts, "cached" when it caches).
 
@@ -311,6 +311,9 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
     ``fail_fast``: stop at the first failing check. The checks that read only the reference and the
     engine under test run first, the plain and cached runs only when none of those failed; the result
     then holds the checks up to the failing one.
+
+    ``only``: the result holds that check alone (a fuzz shrink asks one check); when it reads neither of
+    the later runs, they are not made.
     """
     start = time.perf_counter()
     if isinstance(scenario, str):
@@ -330,14 +333,19 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
     )
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)
+    if only is not None and checks.declaration(only) is None:
+        raise ValueError(f"no check is named {only!r}")
+    early_only = only is not None and not checks.declaration(only).late
     if result.skipped is None:
         try:
-            traces = run_traces(scenario, case, fail_fast=fail_fast)
+            traces = run_traces(scenario, case, fail_fast=fail_fast or early_only)
         except AbortsUnsupported as e:
             result.skipped = f"aborts cannot run: {e}"
     if result.skipped is None:
         if _infrastructure_error(result, traces):
             pass
+        elif only is not None:
+            result.checks = evaluate(scenario, traces, case, scenario_file, early=early_only, only=only)
         elif fail_fast:
             result.checks = evaluate(scenario, traces, case, scenario_file, fail_fast=True, early=True)
             if not any(c.failed for c in result.checks):
@@ -427,9 +435,10 @@ def _differs(plain: Trace, test: Trace, aborted) -> bool:
 
 def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
              scenario_file: str | None = None, fail_fast: bool = False, early: bool = False,
-             ) -> list[CheckResult]:
+             only: str | None = None) -> list[CheckResult]:
     """Every check over ``traces``. ``fail_fast``: up to the first failing one; ``early``: only the checks
-    that read neither the "plain" nor the "cached" run (a check's declaration says whether it is late)."""
+    that read neither the "plain" nor the "cached" run (a check's declaration says whether it is late);
+    ``only``: that check alone."""
     inputs = checks.CheckInputs(
         scenario,
         traces["reference"],
@@ -445,7 +454,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
     test = inputs.test
     results = []
     for c in checks.declared():
-        if early and c.late:
+        if (early and c.late) or (only is not None and c.name != only):
             continue
         if test.error is not None and not c.runs_when_test_broke:
             results.append(CheckResult(c.name, NA, "the engine under test did not finish the workload"))

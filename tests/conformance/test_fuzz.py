@@ -31,7 +31,7 @@ NIGHTLY_BUDGET = 300
 def _generated(seed: int, n: int, **kw) -> list:
     seen = []
 
-    def judge(sc):
+    def judge(sc, target):
         seen.append(sc)
         return (), None, None
 
@@ -70,8 +70,8 @@ def test_generation_does_not_depend_on_what_the_process_imported():
     code = (
         "import json; from conformance.fuzz import explore; "
         "from conformance.workloads.generate import scenarios; seen = []; "
-        "explore(scenarios(260), lambda sc: (seen.append(sc.to_dict()), ((), None, None))[1], seed=5, "
-        "max_examples=60); print(json.dumps(seen))"
+        "explore(scenarios(260), lambda sc, target: (seen.append(sc.to_dict()), ((), None, None))[1], "
+        "seed=5, max_examples=60); print(json.dumps(seen))"
     )
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(child) == json.loads(json.dumps([sc.to_dict() for sc in _generated(5, 60)]))
