@@ -7,8 +7,6 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
-
 from refengine.async_engine import AsyncEngine
 from refengine.config import (
     DTYPES,
@@ -26,6 +24,7 @@ from refengine.model.loader import load_model, read_config, resolve_dtype, resol
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.reference import ReferenceEngine
 from refengine.request import Request
+from refengine.sampling import seed_torch
 from refengine.sampling_params import SamplingParams
 from refengine.tokenizer import load_tokenizer
 
@@ -104,7 +103,7 @@ class LLM:
         if self.config.scheduler.max_model_len > positions:
             raise ConfigError(f"max_model_len={max_model_len!r} exceeds the model's max_position_embeddings "
                               f"({positions})")
-        torch.manual_seed(seed)
+        seed_torch(seed)
         net, model_config = load_model(path, dtype=DTYPES[self.config.dtype], device=self.config.device,
                                        allow_non_finite=allow_non_finite_weights)
         self.tokenizer = load_tokenizer(path)

@@ -68,6 +68,15 @@ def uniform(seed: torch.Tensor, position: torch.Tensor, salt: int, token: torch.
     return (_srl(h, 11).to(torch.float64) + 0.5) * 2.0 ** -53
 
 
+def seed_torch(seed: int) -> None:
+    """``torch.manual_seed(seed)``, less its CUDA part where there is no CUDA device: that part waits for a
+    CUDA initialisation that never comes, and records the caller's whole stack on every call."""
+    if torch.cuda.is_available():
+        torch.manual_seed(seed)
+    else:
+        torch.random.default_generator.manual_seed(seed)
+
+
 def draw_seed(engine_seed: int, request_id: str) -> int:
     """The seed a request without one gets at admission: a function of the engine's seed and the request's
     id, reported in its output (so the run can be replayed request by request). Not of the order requests

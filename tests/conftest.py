@@ -11,6 +11,8 @@ import tempfile
 import pytest
 import torch
 
+from refengine.sampling import seed_torch
+
 # pytester: the suite's pytest runs in the test's own process (tests/conformance/test_plugin.py run_suite)
 pytest_plugins = ["pytester"]
 
@@ -71,5 +73,5 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _seed():
-    torch.manual_seed(0)
+    seed_torch(0)
     yield
