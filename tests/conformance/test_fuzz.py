@@ -316,3 +316,18 @@ def test_with_model_drafters_the_generator_draws_each_of_them():
     assert {m for d, m in drawn if d == "draft_model"} in ({"cut:1"}, {"cut:all"}, {"cut:1", "cut:all"})
     assert all(sc.k for sc in seen if sc.settings.drafter in ("eagle3", "eagle", "draft_model"))
     assert not any(sc.settings.drafter in ("eagle3", "eagle", "draft_model") for sc in _generated(0, 60))
+
+
+def test_a_shrink_judges_its_one_check_and_makes_the_later_runs_only_when_it_reads_them():
+    """A fuzz shrink asks one check (run_scenario(only=...)): an early one is judged on the reference and
+    test runs alone, a late one still gets the runs it reads."""
+    from conformance.harness import run_scenario
+
+    case = Selection(engine=PLANTED).open_case()
+    result, traces = run_scenario("mtp-k3", case, only="tokens")
+    assert [c.check for c in result.checks] == ["tokens"] and result.checks[0].failed
+    assert set(traces) == {"reference", "test"}
+    result, traces = run_scenario("mtp-k3", case, only="spec-lossless")
+    assert [c.check for c in result.checks] == ["spec-lossless"] and "plain" in traces
+    with pytest.raises(ValueError, match="no check is named 'token'"):
+        run_scenario("mtp-k3", case, only="token")
