@@ -30,6 +30,7 @@ import hashlib
 import os
 import pickle
 import tempfile
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -39,6 +40,7 @@ DIR_ENV = "CONFORMANCE_REFERENCE_CACHE_DIR"
 
 _enabled = False
 _entries: OrderedDict[tuple, tuple] = OrderedDict()
+_digests: dict[tuple, str] = {}  # (folder, its files' names, sizes and mtimes) -> checkpoint digest
 stats = {"hits": 0, "misses": 0}  # stored runs handed back, and runs made under the cache
 
 
@@ -79,15 +81,27 @@ def _stock_reference(adapter) -> bool:
 
 
 def _checkpoint_digest(path: str | None) -> str | None:
-    """The sha256 of every file under the checkpoint folder (names and bytes); None: not a folder."""
+    """The sha256 of every file under the checkpoint folder (names and bytes); None: not a folder.
+
+    Every run asks for it: a folder whose files were last written over a second ago is read once, then
+    known by its files' names, sizes and modification times (a later write moves a time past the one
+    known; within the clock's tick of a write it might not, so a recent folder is read every time)."""
     if path is None or not Path(path).is_dir():
         return None
-    h = hashlib.sha256()
     root = Path(path)
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    stats = [f.stat() for f in files]
+    stamp = (str(root.resolve()), tuple((str(f.relative_to(root)), st.st_size, st.st_mtime_ns)
+                                        for f, st in zip(files, stats)))
+    if stamp in _digests:
+        return _digests[stamp]
+    h = hashlib.sha256()
+    for f in files:
         h.update(str(f.relative_to(root)).encode() + b"\0")
         h.update(f.read_bytes())
         h.update(b"\0")
+    if all(st.st_mtime_ns < time.time_ns() - 1_000_000_000 for st in stats):
+        _digests[stamp] = h.hexdigest()
     return h.hexdigest()
 
 

@@ -92,6 +92,22 @@ def test_everything_the_run_depends_on_is_in_the_key(facts, monkeypatch):
     assert _key(ref, scenario, facts) != k
 
 
+def test_a_checkpoint_rewritten_at_the_same_size_is_read_again(facts):
+    """The checkpoint's digest is kept by its files' names, sizes and times once they are a second old:
+    bytes rewritten in place at the same size still change the key."""
+    ref, scenario = reference_adapter(), _scenario()
+    config = Path(facts.path) / "config.json"
+    old = config.stat().st_mtime_ns - 5_000_000_000
+    for f in Path(facts.path).iterdir():
+        os.utime(f, ns=(old, old))
+    k = _key(ref, scenario, facts)
+    assert _key(ref, scenario, facts) == k  # known now, by the files' stamps
+    text = config.read_text()
+    config.write_text(text[:-1] + ("\n" if text[-1] != "\n" else " "))  # one byte changed, same size
+    assert config.stat().st_size == len(text.encode()) and config.read_text() != text
+    assert _key(ref, scenario, facts) != k
+
+
 def test_a_swapped_reference_side_is_never_served(facts, monkeypatch):
     scenario = _scenario()
 
