@@ -64,7 +64,7 @@ def run_workload(
     ...) that has not returned after ``step_timeout`` seconds: the engine is abandoned on its thread
     (conformance.watchdog) and the error names the call and the engine step.
     """
-    from refengine.sampling import seed_torch
+    import torch
 
     cache_key = reference_cache.key(adapter, scenario, facts, label, settings, device, dtype)
     if (stored := reference_cache.get(cache_key)) is not None:
@@ -72,7 +72,7 @@ def run_workload(
     settings = settings or scenario.settings
     recorder = Recorder(label, scenario.id)
     watch = Watch(step_timeout)
-    seed_torch(seed_of(scenario.id) % (1 << 31))
+    torch.manual_seed(seed_of(scenario.id) % (1 << 31))
     pending = sorted(scenario.requests, key=lambda r: (r.arrival_step, r.request_id))
     aborts = sorted((r.abort_step, r.request_id) for r in scenario.requests if r.abort_step is not None)
     turns = 1 + sum(r.extends is not None for r in scenario.requests)  # a next turn holds earlier turns
