@@ -152,7 +152,7 @@ class LLM:
             batch.append((rid, self.engine.validate(rid, self._tokenize(prompt), p), p))
         self._next_id += len(batch)
         for rid, ids, p in batch:
-            self.engine.add_request(rid, ids, p)
+            self._add(rid, ids, p)
         wanted = {rid for rid, _, _ in batch}
         done: dict[str, RequestOutput] = {}
         while wanted - done.keys():
@@ -162,7 +162,13 @@ class LLM:
 
     # Lower-level API.
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
-        self.engine.add_request(request_id, self._tokenize(prompt), params or SamplingParams())
+        self._add(request_id, self._tokenize(prompt), params or SamplingParams())
+
+    def _add(self, request_id: str, ids: list[int], params: SamplingParams) -> None:
+        req = self.engine.add_request(request_id, ids, params)
+        expect = getattr(getattr(self.config.speculative.drafter, "truth", None), "expect", None)
+        if req is not None and callable(expect):
+            expect(req)  # a scripted drafter's truth source runs the requests it will be asked for together
 
     def step(self) -> list[RequestOutput]:
         return self.engine.step()
@@ -204,6 +210,9 @@ class GreedyTruth:
     sampled request's truth is its greedy continuation, what the drafts of a greedy drafter are)."""
 
     def __init__(self, config: EngineConfig, net, model_config, tokenizer=None):
+        # The requests added since the last run whose truth is not known yet: the next truth asked for
+        # runs them all at once (the reference engine is batch-invariant, so each gets what it would alone).
+        self._expected: list[Request] = []
         self._config = EngineConfig(
             model=config.model,
             engine="reference",
@@ -221,27 +230,43 @@ class GreedyTruth:
         # for by both proposers is not run again; its greedy output is a function of these alone.
         self._known: dict[tuple[tuple[int, ...], str], list[int]] = {}
 
-    def __call__(self, req: Request) -> list[int]:
-        known = (tuple(req.prompt_token_ids), repr(req.params))
-        if known not in self._known:
-            self._known[known] = self._run(req)
-        return list(self._known[known])
+    @staticmethod
+    def _key(req: Request) -> tuple[tuple[int, ...], str]:
+        return tuple(req.prompt_token_ids), repr(req.params)
 
-    def _run(self, req: Request) -> list[int]:
+    def expect(self, req: Request) -> None:
+        """``req`` was added to the engine: its truth will be asked for."""
+        if self._key(req) not in self._known:
+            self._expected.append(req)
+
+    def __call__(self, req: Request) -> list[int]:
+        if self._key(req) not in self._known:
+            self._run([req, *(r for r in self._expected if r is not req)])
+        return list(self._known[self._key(req)])
+
+    def _run(self, reqs: list[Request]) -> None:
+        """Run every request of ``reqs`` whose truth is not known (each distinct one once), together."""
         if self._engine is None:
             self._engine = ReferenceEngine(self._config, self._net, self._model_config, self._tokenizer)
-        p = req.params
-        self._engine.add_request(
-            "truth",
-            req.prompt_token_ids,
-            dataclasses.replace(p, max_tokens=p.max_tokens + self._num_speculative_tokens, stop=None,
-                                include_stop_str_in_output=False, logprobs=None, prompt_logprobs=None,
-                                temperature=0.0),
-        )
-        out = []
+        todo = {}
+        for req in reqs:
+            todo.setdefault(self._key(req), req)
+        todo = {k: r for k, r in todo.items() if k not in self._known}
+        self._expected = []
+        for i, req in enumerate(todo.values()):
+            p = req.params
+            self._engine.add_request(
+                f"truth-{i}",
+                req.prompt_token_ids,
+                dataclasses.replace(p, max_tokens=p.max_tokens + self._num_speculative_tokens, stop=None,
+                                    include_stop_str_in_output=False, logprobs=None, prompt_logprobs=None,
+                                    temperature=0.0),
+            )
+        outputs = {}
         while self._engine.has_unfinished():
-            out += self._engine.step()
-        return out[0].token_ids
+            outputs.update((out.request_id, out.token_ids) for out in self._engine.step())
+        for i, k in enumerate(todo):
+            self._known[k] = outputs[f"truth-{i}"]
 
 
 def default_model_path() -> str:

@@ -161,7 +161,11 @@ def test_the_scripted_truth_is_shared_and_a_mutant_of_the_model_computes_its_own
     assert not isinstance(truth, refengine.llm.GreedyTruth)  # served through the cache
     assert truth(req) == own(req) and len(own(req)) == 4 + 2
     computed = []
-    monkeypatch.setattr(refengine.llm.GreedyTruth, "_run", lambda self, r: computed.append(r) or [1, 2])
+    def run(self, reqs):  # the truth engine's run of the requests asked for and expected
+        computed.extend(reqs)
+        self._known.update({self._key(r): [1, 2] for r in reqs})
+
+    monkeypatch.setattr(refengine.llm.GreedyTruth, "_run", run)
     monkeypatch.setattr(reference_cache, "_entries", OrderedDict())  # forgotten here, held by the folder
     again = _scripted_llm(reference_adapter(), facts).config.speculative.drafter.truth
     assert again(req) == own(req) and not computed  # the reference engine's drafter: the same truth

@@ -87,6 +87,31 @@ def test_scripted_drafter_is_lossless_and_reaches_every_count(checkpoints, k):
     assert seen == set(range(k + 1)), f"accepted counts seen: {sorted(seen)}"
 
 
+def test_the_scripted_truth_runs_the_added_requests_together_each_as_it_would_run_alone(monkeypatch):
+    """The scripted drafter's truth source (refengine.llm.GreedyTruth) runs every request added before
+    the first truth is asked for in one reference-engine run; each gets the greedy output it gets alone."""
+    import refengine.llm
+    from refengine.request import Request
+
+    runs = []
+    run = refengine.llm.GreedyTruth._run
+    monkeypatch.setattr(refengine.llm.GreedyTruth, "_run",
+                        lambda self, reqs: runs.append(len(reqs)) or run(self, reqs))
+    prompts = [[5, 6, 7], [9, 10], [5, 6, 7], [40, 41, 42, 43, 44]]
+    params = [SamplingParams(max_tokens=6), SamplingParams(max_tokens=9, min_tokens=9),
+              SamplingParams(max_tokens=6),
+              SamplingParams(max_tokens=5, bad_words=["ab"], logit_bias={3: 4.0})]
+    llm = LLM(engine="async", num_speculative_tokens=2, drafter="scripted")
+    llm.generate(prompts, params)
+    assert runs == [4]  # one run for the four requests (the repeated one made once)
+    truth = llm.config.speculative.drafter.truth
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        alone = refengine.llm.GreedyTruth(llm.config, llm.engine.model, llm.model_config, llm.tokenizer)
+        req = Request(f"r{i}", prompt, p, 0)
+        assert truth(req) == alone(req) and len(alone(req)) >= p.max_tokens
+    assert runs == [4, 1, 1, 1, 1]  # each alone; nothing run again for the batch
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_chunked_prefill_tails_equal_unchunked(checkpoints, k):
     """Budgets that leave prompt tails of 1..K+1 tokens give the unchunked tokens."""
