@@ -268,6 +268,9 @@ def _run_module_help(module: str) -> tuple[object, str, str]:
     rewriting = [hook for hook in sys.meta_path if type(hook).__name__ == "AssertionRewritingHook"]
     for hook in rewriting:
         sys.meta_path.remove(hook)
+    # an earlier import's spec (runpy reads it from sys.modules) may name such a hook as its loader: set
+    # the module aside while runpy finds it afresh
+    imported = sys.modules.pop(module, None)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             # the module may be imported already (by another test): runpy then says so, harmlessly
@@ -279,7 +282,23 @@ def _run_module_help(module: str) -> tuple[object, str, str]:
     finally:
         sys.argv = argv
         sys.meta_path[:0] = rewriting
+        if imported is not None:
+            sys.modules[module] = imported
     return code, out.getvalue(), err.getvalue()
+
+
+def test_a_module_imported_through_a_loader_without_get_code_still_answers_help(monkeypatch):
+    """In one process running the whole tier (``-n 0``), a module may have been imported by an earlier
+    in-process pytest session whose rewriting hook, without ``get_code``, became its spec's loader."""
+    import importlib.machinery
+
+    import kernels.compile_check as module
+
+    hookless = importlib.machinery.ModuleSpec(module.__name__, loader=object(), origin=module.__file__)
+    monkeypatch.setattr(module, "__spec__", hookless)
+    code, stdout, _ = _run_module_help(module.__name__)
+    assert code == 0 and "--targets" in stdout
+    assert sys.modules[module.__name__] is module
 
 
 def _check_python(cmd: Command, args: list[str], help_texts) -> None:
