@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -58,27 +59,38 @@ def _assert_clean_130(code: int, out: str, err: str, what: str) -> None:
 
 def _interrupt_at_random(commands: dict[str, list[str]], times: int, seed: int, tmp_path,
                          longest: float) -> None:
-    """``times`` rounds: start every command at once, then interrupt each at a random moment after its
-    first line (a command that prints nothing before its result: after its start)."""
+    """``times`` rounds: start every command at once, then interrupt each at its own random moment after
+    its first line (a command that prints nothing before its result: after its start). The commands are
+    watched side by side, so each gets its signal when its own delay is up, not after the ones before it
+    have finished."""
     rng = random.Random(seed)
     for round_ in range(times):
-        procs = []
+        runs = []
         for name, argv in commands.items():
             cwd = tmp_path / f"{name}-{round_}"
             cwd.mkdir()
-            procs.append((name, _start(argv, cwd), rng.uniform(0.0, longest), cwd))
-        for name, proc, delay, cwd in procs:
-            first = proc.stdout.readline() if name in HEADED else ""
-            time.sleep(delay)
-            if proc.poll() is not None and name not in HEADED:  # done before the interrupt: nothing to test
-                _finish(proc)
+            runs.append((name, _start(argv, cwd), rng.uniform(0.0, longest), cwd))
+        with ThreadPoolExecutor(len(runs)) as pool:
+            ended = list(pool.map(lambda run: _interrupt_after(*run[:3]), runs))
+        for (name, _, delay, cwd), result in zip(runs, ended):
+            if result is None:  # done before the interrupt: nothing to test
                 continue
-            proc.send_signal(signal.SIGINT)
-            code, out, err = _finish(proc, first)
-            _assert_clean_130(code, out, err, f"{name} interrupted {delay:.2f} s after its first line "
+            _assert_clean_130(*result, f"{name} interrupted {delay:.2f} s after its first line "
                               f"(seed {seed}, round {round_})")
             if name == "run":
                 _assert_reports_say_interrupted(cwd)
+
+
+def _interrupt_after(name: str, proc: subprocess.Popen, delay: float) -> tuple[int, str, str] | None:
+    """Ctrl-C ``delay`` s after the command's first line (its start, for one that prints nothing first);
+    its exit status and output, or None when it ended before the interrupt."""
+    first = proc.stdout.readline() if name in HEADED else ""
+    time.sleep(delay)
+    if proc.poll() is not None and name not in HEADED:
+        _finish(proc)
+        return None
+    proc.send_signal(signal.SIGINT)
+    return _finish(proc, first)
 
 
 def _assert_reports_say_interrupted(cwd) -> None:
