@@ -20,7 +20,7 @@ from refengine.config import (
 )
 from refengine.core import EngineError, Occupancy
 from refengine.drafters import ScriptedDrafter
-from refengine.model.loader import load_model, read_config, resolve_dtype, resolve_model_path
+from refengine.model.loader import load_model, read_config_file, resolve_dtype, resolve_model_path
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.reference import ReferenceEngine
 from refengine.request import Request
@@ -69,7 +69,8 @@ class LLM:
         path = resolve_model_path(model) if model is not None else default_model_path()
         if isinstance(draft_model, str | os.PathLike) and drafter not in ("eagle", "eagle3"):
             draft_model = resolve_model_path(draft_model)  # an EAGLE head is a folder (or tiny:eagle3's head)
-        positions = read_config(Path(path)).max_position_embeddings
+        config_file = read_config_file(Path(path))  # read once: the model is built from it below
+        positions = config_file.view.max_position_embeddings
         if dtype == "auto":
             dtype = resolve_dtype(dtype, path)  # the checkpoint's own dtype
         self.config = EngineConfig(
@@ -105,7 +106,7 @@ class LLM:
                               f"({positions})")
         seed_torch(seed)
         net, model_config = load_model(path, dtype=DTYPES[self.config.dtype], device=self.config.device,
-                                       allow_non_finite=allow_non_finite_weights)
+                                       allow_non_finite=allow_non_finite_weights, config=config_file)
         self.tokenizer = load_tokenizer(path)
         spec = self.config.speculative
         if isinstance(spec.drafter, ScriptedDrafter) and spec.drafter.truth is None:

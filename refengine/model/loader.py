@@ -11,6 +11,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -96,10 +97,11 @@ def _first_float_dtype(root: Path) -> str | None:
 
 def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    allow_non_finite: bool = False,
+    allow_non_finite: bool = False, config: ConfigFile | None = None,
 ) -> tuple[torch.nn.Module, object]:
     """Build the model of ``path/config.json``'s family from its safetensors weights (single file or
-    sharded). Returns (model, config view).
+    sharded). Returns (model, config view). ``config``: that file as ``read_config_file`` read it, when
+    the caller has already read it.
 
     Every error names tensors as the file does (a Qwen3.5 wrapper's ``model.language_model.`` or a
     Nemotron-H ``backbone.`` prefix included) and the weights are checked for NaN/Inf as read, before
@@ -108,8 +110,7 @@ def load_model(
     from refengine.model.registry import family_for
 
     root = Path(path)
-    raw = read_config_json(root)
-    cfg = parse_config(raw, root / CONFIG_NAME)
+    raw, cfg = config or read_config_file(root)
     weights = family_for(cfg.model_type).weights
     tensors, file_names = _read_tensors(root, weights.model_name)
     weights.prepare(cfg, tensors)
@@ -134,10 +135,24 @@ def load_model(
     return model.eval(), cfg
 
 
+class ConfigFile(NamedTuple):
+    """A checkpoint's config.json: as parsed JSON (``raw``) and as its family's config view."""
+
+    raw: dict
+    view: Any
+
+
+def read_config_file(root: Path) -> ConfigFile:
+    """``config.json`` as JSON and as its family's config view; CheckpointError names the folder or file
+    when it is unusable."""
+    raw = read_config_json(root)
+    return ConfigFile(raw, parse_config(raw, root / CONFIG_NAME))
+
+
 def read_config(root: Path):
     """Parse ``config.json`` into its family's config view; CheckpointError names the folder or file
     when it is unusable."""
-    return parse_config(read_config_json(root), root / CONFIG_NAME)
+    return read_config_file(root).view
 
 
 def read_config_json(root: Path) -> dict:

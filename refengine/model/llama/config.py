@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from refengine.model.hf_config import transformers_config
+
 LLAMA = "llama"
 QWEN3 = "qwen3"
 MODEL_TYPES = (LLAMA, QWEN3)
@@ -100,10 +102,7 @@ class LlamaConfig:
         from transformers import CONFIG_MAPPING
 
         config_class = CONFIG_MAPPING[model_type]
-        try:
-            hf = config_class.from_dict(dict(d))
-        except Exception as exc:  # ValueError, TypeError, KeyError, or huggingface_hub's strict checks
-            raise ValueError(f"transformers' {config_class.__name__} refused it: {exc}") from exc
+        hf = transformers_config(config_class, dict(d))
         return cls.from_transformers(hf)
 
     @classmethod

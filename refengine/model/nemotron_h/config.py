@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from refengine.model.hf_config import transformers_config
+
 MODEL_TYPE = "nemotron_h"
 MAMBA = "mamba"
 ATTENTION = "attention"
@@ -169,10 +171,7 @@ class NemotronHConfig:
         from transformers import CONFIG_MAPPING
 
         config_class = CONFIG_MAPPING[MODEL_TYPE]
-        try:
-            hf = config_class.from_dict(_decode_floats(dict(d)))
-        except Exception as exc:  # ValueError, TypeError, or huggingface_hub's strict-dataclass errors
-            raise ValueError(f"transformers' {config_class.__name__} refused it: {exc}") from exc
+        hf = transformers_config(config_class, _decode_floats(dict(d)))
         return cls.from_transformers(hf)
 
     @classmethod

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from refengine.model.hf_config import transformers_config
+
 LINEAR = "linear_attention"
 FULL = "full_attention"
 LAYER_TYPES = (LINEAR, FULL)
@@ -175,10 +177,7 @@ class Qwen3NextConfig:
         if model_type not in GDN_LAYOUTS:
             raise ValueError(f"model_type: unsupported {model_type!r}, expected one of {sorted(GDN_LAYOUTS)}")
         config_class = _transformers_config_classes()[model_type]
-        try:
-            hf = config_class.from_dict(dict(d))
-        except Exception as exc:  # ValueError, TypeError, or huggingface_hub's strict-dataclass errors
-            raise ValueError(f"transformers' {config_class.__name__} refused it: {exc}") from exc
+        hf = transformers_config(config_class, dict(d))
         return cls.from_transformers(hf)
 
     @classmethod
