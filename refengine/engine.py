@@ -12,6 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+import torch
+
 from refengine.core import EngineCore, Occupancy
 from refengine.outputs import RequestOutput, StepRecord
 from refengine.request import Request
@@ -53,6 +55,14 @@ class Engine(ABC):
         """The prompt's token ids if the request would be accepted; ``EngineError`` naming the problem."""
         return self.core.validate(request_id, prompt_token_ids, params)
 
+    def _inference_mode(self) -> torch.inference_mode:
+        """The mode a step runs in. On CPU, inference mode: a step there is bound by the cost of
+        dispatching many small ops, and inference mode drops autograd's part of it (nothing an engine
+        computes is differentiated). The tensors a step creates are then inference tensors, which only
+        code in that mode may write in place: adding and aborting requests write host state only. On CUDA
+        nothing changes (CUDA graphs carry the per-op cost there)."""
+        return torch.inference_mode(torch.device(self.core.config.device).type == "cpu")
+
     def add_request(self, request_id: str, prompt_token_ids, params: SamplingParams) -> Request:
         return self.core.add_request(request_id, prompt_token_ids, params)
 
@@ -63,17 +73,19 @@ class Engine(ABC):
         self.core.observers.append(fn)
 
     def step(self) -> list[RequestOutput]:
-        core = self.core
-        core.check_usable()
-        try:
-            progressed = self._step()
-        except BaseException as fault:
-            # The step may have written state slots and KV entries it did not commit: start over.
-            core.recover(fault, reset=self._reset)
-            raise
-        if not progressed and core.scheduler.has_unfinished():
-            raise NoProgressError("scheduler made no progress: the KV pool cannot hold any waiting request")
-        return core.deliver()
+        with self._inference_mode():
+            core = self.core
+            core.check_usable()
+            try:
+                progressed = self._step()
+            except BaseException as fault:
+                # The step may have written state slots and KV entries it did not commit: start over.
+                core.recover(fault, reset=self._reset)
+                raise
+            if not progressed and core.scheduler.has_unfinished():
+                raise NoProgressError(
+                    "scheduler made no progress: the KV pool cannot hold any waiting request")
+            return core.deliver()
 
     def has_unfinished(self) -> bool:
         return self.core.scheduler.has_unfinished() or self._in_flight() or self.core.has_undelivered

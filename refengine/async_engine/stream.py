@@ -163,23 +163,24 @@ class Stream:
 
     # ---- the CPU worker -------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._closed and not (self._queue and self._queue[0][0] <= self._released_seq):
-                    self._cv.wait()
-                if self._closed and not self._queue:
-                    return
-                seq, fn = self._queue.popleft()
-            start = time.perf_counter()
-            try:
-                if self._error is None and seq > self._discarded_through:
-                    fn()
-            except BaseException as e:  # noqa: BLE001 - surfaced on the host at the next wait or submit
-                self._error = e
-            self._busy_seconds += time.perf_counter() - start
-            with self._cv:
-                self._done_seq = seq
-                self._cv.notify_all()
+        with torch.inference_mode():  # CPU device work runs in the mode of the steps (Engine._inference_mode)
+            while True:
+                with self._cv:
+                    while not self._closed and not (self._queue and self._queue[0][0] <= self._released_seq):
+                        self._cv.wait()
+                    if self._closed and not self._queue:
+                        return
+                    seq, fn = self._queue.popleft()
+                start = time.perf_counter()
+                try:
+                    if self._error is None and seq > self._discarded_through:
+                        fn()
+                except BaseException as e:  # noqa: BLE001 - surfaced on the host at the next wait or submit
+                    self._error = e
+                self._busy_seconds += time.perf_counter() - start
+                with self._cv:
+                    self._done_seq = seq
+                    self._cv.notify_all()
 
     def _wait_for(self, seq: int) -> None:
         with self._cv:

@@ -359,7 +359,9 @@ def record_reference(prompts: list, fc: FakeCuda, *, max_tokens: int = 8,
         kind = reference_kind(sched)
         if kind not in seen:  # one step of each kind: the device work of a kind does not depend on values
             seen.add(kind)
-            with fc, _patched(kernels, "greedy_verify", verify_then_placeholder):
+            # The CPU engine steps in inference mode and a CUDA engine does not (Engine._inference_mode):
+            # the twin runs as a CUDA engine would.
+            with torch.inference_mode(False), fc, _patched(kernels, "greedy_verify", verify_then_placeholder):
                 results.append(twin.runner.execute(sched, False))
         return result
 
@@ -368,7 +370,7 @@ def record_reference(prompts: list, fc: FakeCuda, *, max_tokens: int = 8,
 
         def both(*args):
             real(*args)
-            with fc:
+            with torch.inference_mode(False), fc:
                 getattr(twin.caches, name)(*args)
             results.append(name)
 

@@ -73,7 +73,8 @@ def _captured_step(k: int, drafter: str, mode: str, want=lambda shape, rows: Tru
     )
     assert seen, f"the workload ran no {mode} step"
     shape, table = seen[-1]
-    return runner, shape, runner.graphs.pad(shape, table, runner._inert)
+    with torch.inference_mode():  # the mode a CPU engine's steps run in (refengine.engine.Engine)
+        return runner, shape, runner.graphs.pad(shape, table, runner._inert)
 
 
 def _run_without_data(monkeypatch, runner, shape, table):
@@ -82,7 +83,7 @@ def _run_without_data(monkeypatch, runner, shape, table):
         monkeypatch.setattr(kernels, name, fn)
     for name, fn in stand_ins["runner"].items():
         monkeypatch.setattr(runner_module, name, fn)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with torch.inference_mode(), FakeTensorMode(allow_non_fake_inputs=True):
         return runner.program(shape, StepRows.view(table))
 
 
