@@ -73,7 +73,7 @@ class Driver:
                              recurrent_prefill_chunked=chunked)
         return ctx, torch.tensor(positions, dtype=torch.int64, device=dev)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(
         self, prompts: list[list[int]], chunked: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
@@ -86,7 +86,7 @@ class Driver:
             self.lengths[r] += len(p)
         return hidden, self.model.compute_logits(hidden), ctx
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def decode(self, tokens: list[int]) -> torch.Tensor:
         """One token per sequence. Returns logits [N, V]."""
         rows = list(range(len(tokens)))
