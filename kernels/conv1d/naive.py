@@ -96,21 +96,37 @@ def naive_causal_conv1d_update(x, weight, conv_state, query_start_loc, state_ind
             f"row {i}: num_valid {accepted[i]} does not fit a conv state of {state_len} columns")
         assert width - 2 + length <= state_len, f"row {i}: {length} tokens do not fit the conv state"
     dev = x.device
-    slots = torch.tensor([col0[i] for i in rows], dtype=torch.long, device=dev)
+    slot_list = [col0[i] for i in rows]
+    slots = torch.tensor(slot_list, dtype=torch.long, device=dev)
     # Window columns a-1 .. a-1+W-2 of each row's slot, read before anything is written.
-    first = torch.tensor([accepted[i] - 1 for i in rows], device=dev)
-    win_cols = first[:, None, None] + torch.arange(width - 1, device=dev)[None, None, :]       # [R, 1, W-1]
-    window = conv_state[slots[:, None, None], torch.arange(channels, device=dev)[None, :, None], win_cols]
+    picked = conv_state.index_select(0, slots)                                        # [R, C, state_len]
+    firsts = [accepted[i] - 1 for i in rows]
+    if len(set(firsts)) == 1:  # every row starts at the same column (always so for decodes)
+        window = picked[:, :, firsts[0]:firsts[0] + width - 1]
+    else:
+        first = torch.tensor(firsts, device=dev)
+        win_cols = first[:, None, None] + torch.arange(width - 1, device=dev)[None, None, :]  # [R, 1, W-1]
+        window = torch.gather(picked, 2, win_cols.expand(len(rows), channels, width - 1))
     # Tokens of each row, padded to the longest row with a valid index whose results are dropped.
     offs = torch.arange(longest, device=dev)
-    valid = offs[None, :] < torch.tensor(lens, device=dev)[:, None]               # [R, Lmax]
-    tok = torch.tensor([cu[i] for i in rows], device=dev)[:, None] + offs[None, :]
-    tok = torch.where(valid, tok, 0)
-    xs = torch.where(valid[:, :, None], x[tok].float(), 0.0)                       # [R, Lmax, C]
+    tok = torch.tensor([cu[i] for i in rows], device=dev)[:, None] + offs[None, :]   # [R, Lmax]
+    uniform = min(lens) == longest
+    if uniform:
+        xs = x[tok].float()                                                          # [R, Lmax, C]
+    else:
+        valid = offs[None, :] < torch.tensor(lens, device=dev)[:, None]           # [R, Lmax]
+        tok = torch.where(valid, tok, 0)
+        xs = torch.where(valid[:, :, None], x[tok].float(), 0.0)
     full = torch.cat([window.float(), xs.transpose(1, 2)], dim=2)                   # [R, C, W-1+Lmax]
     b32 = None if bias is None else bias.float()
     res = conv_window(full, weight.float(), activation, b32).transpose(1, 2)            # [R, Lmax, C]
-    out[tok[valid]] = res[valid].to(x.dtype)
-    for r, (slot, length) in enumerate(zip(slots.tolist(), lens)):
-        conv_state[slot, :, 0:width - 2 + length] = full[r, :, 1:width - 1 + length].to(conv_state.dtype)
+    if uniform:
+        out[tok.reshape(-1)] = res.reshape(-1, channels).to(x.dtype)
+    else:
+        out[tok[valid]] = res[valid].to(x.dtype)
+    if uniform and len(set(slot_list)) == len(slot_list):  # one write for all rows (distinct slots)
+        conv_state[slots, :, 0:width - 2 + longest] = full[:, :, 1:width - 1 + longest].to(conv_state.dtype)
+    else:  # row by row, in row order (a repeated slot keeps the later row's state)
+        for r, (slot, length) in enumerate(zip(slot_list, lens)):
+            conv_state[slot, :, 0:width - 2 + length] = full[r, :, 1:width - 1 + length].to(conv_state.dtype)
     return out
