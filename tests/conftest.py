@@ -9,26 +9,37 @@ import shutil
 import tempfile
 
 import pytest
-import torch
-
-from refengine.sampling import seed_torch
 
 # pytester: the suite's pytest runs in the test's own process (tests/conformance/test_plugin.py run_suite)
 pytest_plugins = ["pytester"]
 
-if not torch.cuda.is_available():
-    # Read when a Triton kernel is decorated, so it must be set before any kernel module loads.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 # Every child interpreter a test starts (CLIs, child pytest runs) inherits this and writes no
 # __pycache__ into the checkout (tests/test_checkout_untouched.py).
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
-if not torch.cuda.is_available() or os.environ.get("PYTEST_XDIST_WORKER"):
-    # The models under test are tiny: intra-op threads only contend with the other xdist workers
-    # (with `-n auto` there is one worker per core, several of them sharing each GPU).
-    torch.set_num_threads(1)
+
+
+def _runs_tests(config) -> bool:
+    """False in an xdist controller, which only hands tests to its workers: it needs no torch, and
+    importing it there (about 2 s) would delay every worker's start."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) or not getattr(config.option, "numprocesses", None)
+
+
+def _set_up_torch() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        # Read when a Triton kernel is decorated, so it must be set before any kernel module loads
+        # (the test modules import them when they are collected, after this).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if not torch.cuda.is_available() or os.environ.get("PYTEST_XDIST_WORKER"):
+        # The models under test are tiny: intra-op threads only contend with the other xdist workers
+        # (with `-n auto` there is one worker per core, several of them sharing each GPU).
+        torch.set_num_threads(1)
 
 
 def pytest_configure(config):
+    if _runs_tests(config):
+        _set_up_torch()
     # Many tests run the same reference workloads (each mutant, CLI test and scenario test runs the oracle,
     # plain, cached and bare runs of its scenarios): the deterministic reference engine's traces are shared
     # in this process. A test that swaps the reference side is not served from it (the cache applies to
@@ -66,6 +77,8 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(config, items):
+    import torch
+
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
@@ -76,5 +89,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _seed():
+    from refengine.sampling import seed_torch
+
     seed_torch(0)
     yield
