@@ -13,9 +13,12 @@ import pytest
 # pytester: the suite's pytest runs in the test's own process (tests/conformance/test_plugin.py run_suite)
 pytest_plugins = ["pytester"]
 
-# Every child interpreter a test starts (CLIs, child pytest runs) inherits this and writes no
-# __pycache__ into the checkout (tests/test_checkout_untouched.py).
+# The test processes write no __pycache__ into the checkout (tests/test_checkout_untouched.py); the child
+# interpreters the tests start keep theirs in one folder of the run instead (_share_bytecode).
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+# The run's bytecode folder, named by its first process for its xdist workers. Not PYTHONPYCACHEPREFIX
+# itself: a worker started with it would compile torch and everything else it imports into the empty folder.
+BYTECODE_ENV = "REFENGINE_TEST_BYTECODE_DIR"
 
 
 def _runs_tests(config) -> bool:
@@ -37,9 +40,22 @@ def _set_up_torch() -> None:
         torch.set_num_threads(1)
 
 
+def _share_bytecode(config) -> None:
+    """The interpreters this process's tests start (CLIs, child pytest runs: a few dozen in the default
+    tier) read and write their bytecode in the run's folder, outside the checkout: each of them would
+    otherwise compile every module it imports from source (about 0.8 s of a child that imports the
+    engines; the first child fills the folder)."""
+    if not os.environ.get(BYTECODE_ENV):
+        config._bytecode_dir = os.environ[BYTECODE_ENV] = tempfile.mkdtemp(prefix="bytecode-")
+    if _runs_tests(config):
+        os.environ["PYTHONPYCACHEPREFIX"] = os.environ[BYTECODE_ENV]
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
 def pytest_configure(config):
     if _runs_tests(config):
         _set_up_torch()
+    _share_bytecode(config)
     # Many tests run the same reference workloads (each mutant, CLI test and scenario test runs the oracle,
     # plain, cached and bare runs of its scenarios): the deterministic reference engine's traces are shared
     # in this process. A test that swaps the reference side is not served from it (the cache applies to
@@ -61,6 +77,10 @@ def pytest_unconfigure(config):
 
         os.environ.pop(reference_cache.DIR_ENV, None)
         shutil.rmtree(folder, ignore_errors=True)
+    bytecode = getattr(config, "_bytecode_dir", None)
+    if bytecode is not None:
+        os.environ.pop(BYTECODE_ENV, None)
+        shutil.rmtree(bytecode, ignore_errors=True)
 
 
 def pytest_collection_finish(session):

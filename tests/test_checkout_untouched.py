@@ -38,7 +38,7 @@ def _files(root: Path) -> set[str]:
 def test_a_child_process_writes_nothing_into_the_checkout(env, tmp_path):
     """``own-environment``: the child as test_workloads.py starts it; ``test-session-environment``: a
     child that inherits the test session's environment, as the CLI, docs and child-pytest tests start
-    theirs (tests/conftest.py sets PYTHONDONTWRITEBYTECODE there)."""
+    theirs (tests/conftest.py sends their bytecode to a folder of the run, PYTHONPYCACHEPREFIX)."""
     base = quiet_env() if env == "quiet" else dict(os.environ)
     checkout = _copy_packages(tmp_path / "checkout")
     before = _files(checkout)
@@ -46,6 +46,7 @@ def test_a_child_process_writes_nothing_into_the_checkout(env, tmp_path):
     assert prompts, "the child built no workloads"
     assert sorted(_files(checkout) - before) == []
 
-    assert prompts_in_child({**base, "PYTHONDONTWRITEBYTECODE": ""}, checkout) == prompts  # the control
+    control = {**base, "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": ""}  # bytecode next to the code
+    assert prompts_in_child(control, checkout) == prompts
     written = _files(checkout) - before
     assert any(name.endswith(".pyc") for name in written), "the control child wrote no bytecode into the copy"
