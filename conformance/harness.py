@@ -333,9 +333,10 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
     )
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)
-    if only is not None and checks.declaration(only) is None:
+    only_check = None if only is None else checks.declaration(only)
+    if only is not None and only_check is None:
         raise ValueError(f"no check is named {only!r}")
-    early_only = only is not None and not checks.declaration(only).late
+    early_only = only_check is not None and not only_check.late
     if result.skipped is None:
         try:
             traces = run_traces(scenario, case, fail_fast=fail_fast or early_only)

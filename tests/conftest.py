@@ -45,11 +45,19 @@ def _share_bytecode(config) -> None:
     tier) read and write their bytecode in the run's folder, outside the checkout: each of them would
     otherwise compile every module it imports from source (about 0.8 s of a child that imports the
     engines; the first child fills the folder)."""
-    if not os.environ.get(BYTECODE_ENV):
-        config._bytecode_dir = os.environ[BYTECODE_ENV] = tempfile.mkdtemp(prefix="bytecode-")
+    folder = _run_folder(config, BYTECODE_ENV, "bytecode-")
     if _runs_tests(config):
-        os.environ["PYTHONPYCACHEPREFIX"] = os.environ[BYTECODE_ENV]
+        os.environ["PYTHONPYCACHEPREFIX"] = folder
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+def _run_folder(config, env: str, prefix: str) -> str:
+    """The folder ``env`` names for this test run: made by the run's first process (which removes it at
+    the end), inherited by its xdist workers and the interpreters its tests start."""
+    if not os.environ.get(env):
+        os.environ[env] = tempfile.mkdtemp(prefix=prefix)
+        config._run_folders = [*getattr(config, "_run_folders", []), (env, os.environ[env])]
+    return os.environ[env]
 
 
 def pytest_configure(config):
@@ -65,22 +73,13 @@ def pytest_configure(config):
     from conformance import reference_cache
 
     reference_cache.enable()
-    if not os.environ.get(reference_cache.DIR_ENV):
-        config._reference_traces = os.environ[reference_cache.DIR_ENV] = tempfile.mkdtemp(
-            prefix="reference-traces-")
+    _run_folder(config, reference_cache.DIR_ENV, "reference-traces-")
 
 
 def pytest_unconfigure(config):
-    folder = getattr(config, "_reference_traces", None)
-    if folder is not None:
-        from conformance import reference_cache
-
-        os.environ.pop(reference_cache.DIR_ENV, None)
+    for env, folder in getattr(config, "_run_folders", []):
+        os.environ.pop(env, None)
         shutil.rmtree(folder, ignore_errors=True)
-    bytecode = getattr(config, "_bytecode_dir", None)
-    if bytecode is not None:
-        os.environ.pop(BYTECODE_ENV, None)
-        shutil.rmtree(bytecode, ignore_errors=True)
 
 
 def pytest_collection_finish(session):
