@@ -128,9 +128,14 @@ def select_scenarios(tier: str, wanted: list[str], files: list[str]) -> list[str
         raise UnknownScenario(
             f"scenario {unknown[0]!r} is not in tier {tier!r}; `conformance list` shows the ids"
         )
+    from conformance.checks.triggers import unknown_trigger
+
     for f in files:
         try:
-            read_scenario_file(f, None, tier)  # the format; the vocabulary is checked once the model is known
+            scenario = read_scenario_file(f, None, tier)  # the format; the vocabulary once the model is known
         except OSError as e:
             raise ScenarioFileError(f"cannot read scenario file {f}: {e.strerror or e}") from None
+        unknown = unknown_trigger(scenario.triggers)
+        if unknown:
+            raise ScenarioFileError(f"{f}: triggers: {unknown}")
     return [*(wanted or ([] if files else known)), *files]

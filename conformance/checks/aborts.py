@@ -28,7 +28,7 @@ from conformance.checks.compare import first_difference, token_window
 from conformance.checks.registry import CheckInputs, check
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
-from conformance.workloads import Scenario
+from conformance.workloads.scenario import Scenario
 
 
 def check_aborts(scenario: Scenario, reference: Trace, test: Trace, plain: Trace | None) -> CheckResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from conformance.trace import RequestTrace, Trace
-from conformance.workloads import Scenario
+from conformance.workloads.scenario import Scenario
 
 PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from conformance.trace import Trace
-from conformance.workloads import Scenario
+from conformance.workloads.scenario import Scenario
 
 
 def _constrained(sc: Scenario) -> set[str]:

@@ -10,6 +10,7 @@ scenario's caching (the "cached" trace); the others on the oracle's run without 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -21,7 +22,7 @@ from conformance.checks.sampling_triggers import SAMPLING_TRIGGERS
 from conformance.checks.structured_triggers import STRUCTURED_TRIGGERS
 from conformance.results import CheckResult, failed, not_applicable, passed
 from conformance.trace import Trace
-from conformance.workloads import Scenario
+from conformance.workloads.scenario import Scenario
 
 
 def _new_short_prompt(sc: Scenario, t: Trace) -> bool:
@@ -393,6 +394,17 @@ CACHE_TRIGGERS = frozenset(
 )
 
 
+def unknown_trigger(names) -> str | None:
+    """The first of ``names`` that is no trigger, as one line with the nearest known name, or None. A
+    scenario file's triggers are checked with it where the run is put together (``select_scenarios``):
+    the workloads do not import the checks."""
+    unknown = [t for t in names if t not in TRIGGERS]
+    if not unknown:
+        return None
+    near = difflib.get_close_matches(str(unknown[0]), list(TRIGGERS), n=1)
+    return f"unknown trigger {unknown[0]!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+
+
 def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, cached: Trace | None = None,
                    ) -> CheckResult:
     """Did the reference run hit the scenario's triggers? This judges the workload, not the engine.
@@ -408,9 +420,9 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
     name = "workload-triggers"
     if not scenario.triggers:
         return not_applicable(name, "the scenario names no triggers")
-    unknown = [t for t in scenario.triggers if t not in TRIGGERS]
+    unknown = unknown_trigger(scenario.triggers)
     if unknown:
-        return failed(name, f"unknown trigger(s) {unknown}; known: {sorted(TRIGGERS)}")
+        return failed(name, unknown)
     missed = [t for t in scenario.triggers if not _hit(t, scenario, reference, cached)]
     if missed and not strict:
         what = "; ".join(f"{t} ({TRIGGERS[t][0]})" for t in missed)
