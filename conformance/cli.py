@@ -34,13 +34,8 @@ import argparse
 import sys
 
 from conformance import session
-from conformance.engines import (
-    BUILTIN_ENGINES,
-    REQUIRABLE_FEATURES,
-    UnknownEngine,
-    describe_engine,
-    missing_features,
-)
+from conformance.adapters import BUILTIN_ENGINES, describe_engine
+from conformance.api import REQUIRABLE_FEATURES, UnknownEngine, missing_features
 from conformance.expectations import ExpectationError
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, file_scenario, scenario_defs
@@ -311,7 +306,7 @@ def _ended_before_the_run(args, facts, code: int, message: str, name: str = "gat
 
 def _features(adapter) -> dict[str, bool]:
     """The adapter's answers for every feature, for the run's header."""
-    from conformance.engines import FEATURES
+    from conformance.api import FEATURES
 
     return {f: bool(adapter.supports(f)) for f in FEATURES}
 

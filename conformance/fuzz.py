@@ -185,7 +185,8 @@ def _params_changed_nothing(c) -> bool:
 
 def can_abort(case: Case) -> bool:
     """Whether both engines can abort requests (probed on one throwaway instance of each)."""
-    from conformance.engines import RunSpec, reference_adapter
+    from conformance.adapters.refengine import reference_adapter
+    from conformance.api import RunSpec
     from conformance.workloads import EngineSettings
 
     spec = RunSpec(case.facts.path, EngineSettings(), case.facts.vocab_size, lambda record: None, case.device,

@@ -8,15 +8,9 @@ import traceback
 from dataclasses import dataclass, replace
 
 from conformance import checks, reference_cache
-from conformance.engines import (
-    DRAFTER_FEATURES,
-    EngineAdapter,
-    RequestParams,
-    RunSpec,
-    cached_reference_adapter,
-    load_engine,
-    reference_adapter,
-)
+from conformance.adapters import load_engine
+from conformance.adapters.refengine import cached_reference_adapter, reference_adapter
+from conformance.api import DRAFTER_FEATURES, EngineAdapter, RequestParams, RunSpec
 from conformance.model import ModelFacts
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
@@ -48,6 +42,7 @@ def run_workload(
     device: str = "cpu",
     dtype: str = "float32",
     step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
+    tensor_parallel_size: int = 1,
 ) -> Trace:
     """Feed the scenario's requests at their arrival steps and record everything the engine reports.
 
@@ -81,9 +76,10 @@ def run_workload(
     added: set[str] = set()
     call = watch.call
     try:
-        engine = run_watched(lambda: call("start()", adapter.start, RunSpec(
-            facts.path, settings, facts.vocab_size, watch.guard(recorder.on_step), device, dtype=dtype)),
-            watch, label)
+        spec = RunSpec(facts.path, settings, facts.vocab_size, watch.guard(recorder.on_step), device,
+                       dtype=dtype, tensor_parallel_size=tensor_parallel_size)
+        engine = run_watched(lambda: call("start()", adapter.start, spec), watch, label)
+        reference_cache.after_start(adapter, engine, spec)
     except EngineHang as e:
         recorder.trace.error = f"{label}: {e}"
         return recorder.finish(settings.k > 0)
@@ -145,9 +141,25 @@ def run_workload(
     except EngineHang as e:  # the abandoned engine's thread can no longer touch the recorder
         recorder.trace.error = f"{label}: {e}"
         recorder.trace.num_engine_steps = progress["step"]
+    else:
+        _close(engine, recorder, watch, label)
     trace = recorder.finish(settings.k > 0)
     reference_cache.put(cache_key, trace)
     return trace
+
+
+def _close(engine, recorder: Recorder, watch: Watch, label: str) -> None:
+    """Release the engine through its optional ``close()`` (an outside engine holds threads, processes and
+    memory); a close that fails or hangs is the engine's error, recorded like any other."""
+    close = getattr(engine, "close", None)
+    if not callable(close):
+        return
+    try:
+        run_watched(lambda: watch.call("close()", close), watch, label)
+    except EngineHang as e:
+        recorder.trace.error = recorder.trace.error or f"{label}: {e}"
+    except Exception:  # noqa: BLE001 - as for the engine's other calls
+        recorder.trace.error = recorder.trace.error or traceback.format_exc()
 
 
 def _ready(r: RequestSpec, trace: Trace) -> bool:
@@ -196,8 +208,11 @@ class Case:
     # run then misses is a warning, as with ``allow_unexercised``.
     drafter: str | None = None
     draft_model: str | None = None
+    tensor_parallel_size: int = 1  # the engine under test's ranks (``--tensor-parallel-size``); the oracle: 1
 
     def __post_init__(self):
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor parallel size must be >= 1, got {self.tensor_parallel_size}")
         if self.step_timeout is not None and self.step_timeout <= 0:
             raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
@@ -244,6 +259,8 @@ class Case:
             cmd += ["--drafter", self.drafter]
         if self.draft_model is not None:
             cmd += ["--draft-model", self.draft_model]
+        if self.tensor_parallel_size != 1:
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         return shlex.join(cmd)
 
     def adapter_for(self, scenario: Scenario) -> EngineAdapter:
@@ -261,7 +278,7 @@ class Case:
 
 def needed_features(scenario: Scenario) -> list[str]:
     """What the scenario needs of the engine under test beyond plain greedy decoding: the adapter
-    features (conformance.engines.FEATURES) of its drafter and its prefix caching, and "abort" (the
+    features (conformance.api.FEATURES) of its drafter and its prefix caching, and "abort" (the
     instance's optional ``abort``) when it aborts requests."""
     s, need = scenario.settings, []
     if s.k:
@@ -393,7 +410,8 @@ def run_traces(scenario: Scenario, case: Case, fail_fast: bool = False) -> dict[
     if traces["reference"].error is not None:
         return traces
     label = "reference (under test)" if case.engine == "reference" else case.engine
-    traces["test"] = run_workload(case.adapter_for(scenario), scenario, case.facts, label=label, **where)
+    traces["test"] = run_workload(case.adapter_for(scenario), scenario, case.facts, label=label, **where,
+                                  tensor_parallel_size=case.tensor_parallel_size)
     if not fail_fast:
         traces.update(late_traces(scenario, case, traces))
     return traces
@@ -412,7 +430,7 @@ def late_traces(scenario: Scenario, case: Case, traces: dict[str, Trace]) -> dic
         # spec-lossless fails: the engine under test without speculation says whether speculation is why
         traces["test-plain"] = traces["plain"] if case.engine == "reference" else run_workload(
             case.adapter_for(scenario), scenario.without_aborts(), case.facts, label=f"{label} with K=0",
-            settings=scenario.settings.plain(), **where)
+            settings=scenario.settings.plain(), **where, tensor_parallel_size=case.tensor_parallel_size)
     if scenario.caching:
         traces["cached"] = traces["test"] if case.engine == "reference" else run_workload(
             cached_reference_adapter(), scenario, case.facts, label=CACHED_LABEL, **where)

@@ -463,7 +463,7 @@ def conformance_case(pytestconfig, conformance_selection):
     """The engine adapter and the checkpoint's facts, opened once. An engine that cannot be loaded, or
     a checkpoint or device that cannot be used, ends the whole run here: one line, no traceback, no
     error per scenario."""
-    from conformance.engines import UnknownEngine
+    from conformance.api import UnknownEngine
     from conformance.model import UnusableSetup
 
     if conformance_selection.device == "cpu":
@@ -679,7 +679,7 @@ class ResultCollector:
 
             r0 = self.results[0]
             tr.section("conformance summary")
-            from conformance.engines import describe_engine
+            from conformance.adapters import describe_engine
 
             tr.write_line(f"engine under test {describe_engine(r0.engine)}, model {r0.model}, tier {r0.tier}")
             tr.write_line(format_summary(self.results, sum(r.duration_s for r in self.results)))

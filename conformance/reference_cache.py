@@ -35,6 +35,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 _MAX_ENTRIES = 512
+_ADAPTERS = "conformance.adapters.refengine"
 _ENV = ("KERNELS_BACKEND", "TRITON_INTERPRET")
 DIR_ENV = "CONFORMANCE_REFERENCE_CACHE_DIR"
 
@@ -65,14 +66,14 @@ def _file(k: tuple) -> Path | None:
 def _stock_reference(adapter) -> bool:
     import refengine
     import refengine.llm
-    from conformance.engines import LLMInstance, RefEngineAdapter
+    from conformance.adapters.refengine import LLMInstance, RefEngineAdapter
 
     if type(adapter) is not RefEngineAdapter or adapter.engine != "reference" or adapter.graph_mode != "none":
         return False
     stock = (
-        (RefEngineAdapter.build, "conformance.engines", "RefEngineAdapter.build"),
-        (RefEngineAdapter.start, "conformance.engines", "RefEngineAdapter.start"),
-        (LLMInstance, "conformance.engines", "LLMInstance"),
+        (RefEngineAdapter.build, _ADAPTERS, "RefEngineAdapter.build"),
+        (RefEngineAdapter.start, _ADAPTERS, "RefEngineAdapter.start"),
+        (LLMInstance, _ADAPTERS, "LLMInstance"),
         (refengine.LLM, "refengine.llm", "LLM"),
         (refengine.llm.LLM, "refengine.llm", "LLM"),
     )
@@ -146,6 +147,16 @@ def put(k: tuple | None, trace) -> None:
     _store(k, (copy.deepcopy(trace), torch.get_rng_state()))
 
 
+def after_start(adapter, instance, spec) -> None:
+    """Called by the harness once ``adapter.start(spec)`` gave ``instance``, before any request: a refengine
+    instance (``LLMInstance``) then has its scripted drafter's truth served from the cache (``share_truth``).
+    The adapters know nothing of this cache; it looks at what they built."""
+    from conformance.adapters.refengine import LLMInstance
+
+    if enabled() and isinstance(instance, LLMInstance):
+        share_truth(adapter, instance.llm, spec)
+
+
 def share_truth(adapter, llm, spec) -> None:
     """Serve ``llm``'s scripted drafter's truth from the cache, when it applies (see the module's doc): a
     request's truth is a function of the checkpoint's bytes, the truth engine's configuration, K, the
@@ -184,7 +195,7 @@ def share_truth(adapter, llm, spec) -> None:
 
 def _stock_truth(adapter, truth) -> bool:
     import refengine.llm
-    from conformance.engines import RefEngineAdapter
+    from conformance.adapters.refengine import RefEngineAdapter
 
     if type(truth) is not refengine.llm.GreedyTruth or getattr(refengine.llm.ReferenceEngine, "__module__",
                                                                 None) != "refengine.reference.engine":

@@ -223,7 +223,7 @@ class RunPrinter:
 
     def pytest_collection_finish(self, session):
         self.total = len(session.items)
-        from conformance.engines import describe_engine
+        from conformance.adapters import describe_engine
 
         self._print(
             f"conformance: engine under test {describe_engine(self.sel.engine)}, reference engine as oracle, "
@@ -310,7 +310,7 @@ class RunPrinter:
             self._print("\n" + LEGEND)
         results = list(self._results.values())
         collector = self.config.pluginmanager.get_plugin("conformance-results")
-        from conformance.engines import describe_engine
+        from conformance.adapters import describe_engine
 
         summary = (f"engine under test {describe_engine(self.sel.engine)}\n"
                    + format_summary(results, time.perf_counter() - self.start))

@@ -16,7 +16,7 @@ from conformance.workloads import TIERS, UnknownScenario, scenario_ids
 from conformance.workloads.scenario import EAGLE_DRAFTERS, MAMBA_CACHE_MODES
 
 if TYPE_CHECKING:
-    from conformance.engines import EngineAdapter
+    from conformance.api import EngineAdapter
     from conformance.harness import Case
 
 DEFAULT_ENGINE = "async"  # the engine under test unless --engine / CONFORMANCE_ENGINE says otherwise
@@ -30,7 +30,8 @@ DEFAULT_DTYPE = "float32"  # both engines' dtype unless --dtype / CONFORMANCE_DT
 def resolve_engine(name: str) -> EngineAdapter:
     """Any engine name: those ``load_engine`` knows, and ``mutant:<id>`` (the async engine with one
     seed bug re-created, see ``conformance.mutants``)."""
-    from conformance.engines import UnknownEngine, load_engine
+    from conformance.adapters import load_engine
+    from conformance.api import UnknownEngine
 
     if name.startswith("mutant:"):
         from conformance.mutants import MutantAdapter, get_mutant

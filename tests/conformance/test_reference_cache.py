@@ -142,10 +142,15 @@ def test_a_swapped_reference_side_is_never_served(facts, monkeypatch):
 
 
 def _scripted_llm(adapter, facts):
-    from conformance.engines import RunSpec
+    """The adapter's LLM as the harness has it once started (the cache looks at what was built)."""
+    from conformance.adapters.refengine import LLMInstance
+    from conformance.api import RunSpec
 
     settings = EngineSettings(num_speculative_tokens=2, drafter="scripted")
-    return adapter.build(RunSpec(facts.path, settings, facts.vocab_size, lambda rec: None))
+    spec = RunSpec(facts.path, settings, facts.vocab_size, lambda rec: None)
+    llm = adapter.build(spec)
+    reference_cache.after_start(adapter, LLMInstance(llm), spec)
+    return llm
 
 
 def test_the_scripted_truth_is_shared_and_a_mutant_of_the_model_computes_its_own(facts, monkeypatch):
