@@ -33,6 +33,8 @@ gets two bounds; equal bounds pin its count exactly:
   have been evicted before it was admitted: the scenario sets ``num_kv_blocks``, and the blocks every
   other request can have allocated by then fit in it (``no_eviction_before``; an engine keeps a state
   checkpoint for every cached block). Otherwise, and for aborted requests, the lower bound is 0.
+  A request asking for prompt logprobs reads no cached prefix (vLLM's rule: its entries need the whole
+  prompt computed): both bounds are 0, and the engine's lookup counters leave it out.
 
 A count above the upper bound claims tokens the cache cannot hold; below the lower bound, the cache
 missed a prefix it must hold, so a cache that silently never hits fails.
@@ -235,12 +237,20 @@ def bounds(
     prompt = tuple(trace.requests[rid].prompt_token_ids)
     upper = ceiling(prompt, upper_sources(rid, trace, timeline, g), g)
     aborted = set(scenario.aborted)
+    if rid in skips_lookup(scenario):
+        return Bounds(0, 0, "it asks for prompt logprobs, so it reads no cached prefix (vLLM's rule)")
     if rid in aborted:
         return Bounds(0, upper, "aborted, so it may never have been admitted")
     if not assume_no_eviction and not no_eviction_before(rid, scenario, trace, timeline):
         return Bounds(0, upper, "the KV pool may have evicted blocks before it was admitted")
     sources = lower_sources(rid, trace, aborted, g)
     return Bounds(ceiling(prompt, sources, g), upper, f"{len(sources)} request(s) finished before it arrived")
+
+
+def skips_lookup(scenario) -> set[str]:
+    """The requests admitted without a prefix-cache lookup: those asking for prompt logprobs (vLLM computes
+    them over the whole prompt, so it reads no cached prefix, and its counters leave the request out)."""
+    return {r.request_id for r in scenario.requests if r.sampling.get("prompt_logprobs") is not None}
 
 
 def check_cached_tokens(scenario, test: Trace) -> CheckResult:
@@ -309,13 +319,15 @@ def _out_of_bounds(name: str, scenario, test: Trace, rid: str, got: int, b: Boun
 
 def _counter_problem(scenario, test: Trace) -> str | None:
     """The engine's prefix-cache counters against the counts: equal with no preemption and no aborts
-    (one lookup per request), at least the counts otherwise (a resumed request is looked up again)."""
+    (one lookup per request, none for a request that skips it: ``skips_lookup``), at least the counts
+    otherwise (a resumed request is looked up again)."""
     occ = test.occupancy or {}
     if not all(c in occ for c in COUNTERS):
         return None
     hits = sum(r.num_cached_tokens or 0 for r in test.requests.values())
     aborted = set(scenario.aborted)  # an aborted request may never have been looked up
-    queried = sum(len(r.prompt_token_ids) for rid, r in test.requests.items() if rid not in aborted)
+    unlooked = aborted | skips_lookup(scenario)
+    queried = sum(len(r.prompt_token_ids) for rid, r in test.requests.items() if rid not in unlooked)
     exact = not aborted and not any(r.num_preemptions for r in test.requests.values()) \
         and not any(s.preempted for s in test.steps)
     for counter, want in (("prefix_cache_hits", hits), ("prefix_cache_queries", queried)):
