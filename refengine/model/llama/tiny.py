@@ -32,7 +32,9 @@ SEED = 0
 STRESS, NORMS = 6.0, (0.5, 1.5)
 
 
-def _write(out: Path, config_name: str, model_name: str, config: dict) -> None:
+def write_seeded(out: Path, config_name: str, model_name: str, config: dict) -> None:
+    """transformers' ``save_pretrained`` of ``model_name(config_name(**config))``, seeded and stressed:
+    matrices x STRESS, one-dimensional parameters drawn from NORMS, a tied lm_head left alone."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -54,9 +56,9 @@ def _write(out: Path, config_name: str, model_name: str, config: dict) -> None:
 
 def write_tiny_llama(out: Path) -> None:
     """transformers' ``save_pretrained`` of tiny:llama into ``out`` (config.json and weights)."""
-    _write(out, "LlamaConfig", "LlamaForCausalLM", LLAMA_CONFIG)
+    write_seeded(out, "LlamaConfig", "LlamaForCausalLM", LLAMA_CONFIG)
 
 
 def write_tiny_qwen3(out: Path) -> None:
     """transformers' ``save_pretrained`` of tiny:qwen3 into ``out`` (config.json and weights)."""
-    _write(out, "Qwen3Config", "Qwen3ForCausalLM", QWEN3_CONFIG)
+    write_seeded(out, "Qwen3Config", "Qwen3ForCausalLM", QWEN3_CONFIG)

@@ -23,12 +23,13 @@ SEED = 0
 STRESS = 4.0  # matrix scale: wider logit margins than transformers' default init
 
 
-def write_tiny_checkpoint(out: Path) -> None:
-    """transformers' ``save_pretrained`` of the tiny model into ``out`` (config.json and weights)."""
+def write_tiny_checkpoint(out: Path, config: dict | None = None) -> None:
+    """transformers' ``save_pretrained`` of the tiny model into ``out`` (config.json and weights);
+    ``config``: other NemotronHConfig fields than ``TINY_CONFIG`` (another geometry, seeded alike)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    config = transformers.NemotronHConfig(**TINY_CONFIG)
+    config = transformers.NemotronHConfig(**(TINY_CONFIG if config is None else config))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = transformers.NemotronHForCausalLM(config).float().eval()
