@@ -8,6 +8,8 @@ batch rows: the device keys its state by request slot, so a row move copies noth
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from refengine.request import Request
 
 DECODE, SHORT_EXTEND, LONG_EXTEND, PREFILL = 0, 1, 2, 3
@@ -62,6 +64,8 @@ class PersistentBatch:
     def reorder(self) -> None:
         """Selection by swaps into category order (stable enough; every swap is a real row move)."""
         keys = [row_category(r, self.num_speculative_tokens) for r in self.rows]
+        if all(a <= b for a, b in pairwise(keys)):  # in order already (most steps): no swap below
+            return
         for i in range(len(self.rows)):
             j = min(range(i, len(self.rows)), key=lambda t: (keys[t], t))
             if j != i and keys[j] < keys[i]:

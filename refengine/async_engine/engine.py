@@ -58,10 +58,6 @@ class AsyncStats:
     def syncs_per_step(self, waits: int) -> float:
         return waits / self.steps if self.steps else 0.0
 
-    def host_seconds_per_step(self, waited: float) -> float:
-        """Host time per step not spent blocked on the device (``waited``: the stream's wait total)."""
-        return (self.elapsed - waited) / self.steps if self.steps else 0.0
-
     def count_acceptance(self, drafted: int, accepted: int) -> None:
         while len(self.drafted_per_position) < drafted:
             self.drafted_per_position.append(0)
@@ -107,6 +103,7 @@ class AsyncEngine(Engine):
             c.graph_mode, c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens, k
         )
         self.builder = MetadataBuilder(self.state, k, device)
+        max_rows = max(self.graphs.request_sizes + [c.scheduler.max_num_seqs])  # a step's most padded rows
         proposer = None if self.drafter is None else self.drafter.device_proposer(DeviceDraftContext(
             model, self.caches, self.state, k, c.cache.block_size, model_config.vocab_size, device,
             check_inputs=hazard_check))
@@ -116,14 +113,14 @@ class AsyncEngine(Engine):
                                   vocab_size=model_config.vocab_size, check_inputs=hazard_check,
                                   sink_checkpoint=sink_checkpoint,
                                   num_checkpoint_columns=c.num_checkpoint_columns if caching else 0,
-                                  max_rows=max(self.graphs.request_sizes + [c.scheduler.max_num_seqs]))
+                                  max_rows=max_rows)
         self.stats = AsyncStats()
         self.grammars = GrammarSlots(self.core, c.scheduler.max_num_seqs, k, model_config.vocab_size,
                                      self.stream)
         self.planner = StepPlanner(
             slots=self.slots, batch=self.batch, graphs=self.graphs, state=self.state, stream=self.stream,
             prefix=self.prefix, proposer=proposer, stats=self.stats, num_speculative_tokens=k,
-            observed=lambda: bool(self.core.observers), grammars=self.grammars)
+            observed=lambda: bool(self.core.observers), grammars=self.grammars, max_rows=max_rows)
         self._inflight: StepFuture | None = None
 
     def _on_release(self, req: AsyncRequest) -> None:

@@ -94,27 +94,35 @@ class GraphDispatcher:
 class StepGraphs:
     """FULL steps as one captured program per padded request count.
 
-    ``pad`` gives a FULL step the static row table of its graph (the real rows, then padding rows);
-    ``run`` runs the step program: on CUDA a FULL step's first run for a padded size captures the
-    program on an all-padding table (so the capture writes no cache entry, state slot or request
-    row) and every run replays it; everything else runs eagerly, on CPU FULL steps included (on
-    the same static tables and padding).
+    Every step's row table lands in the first rows of one device buffer (``table(rows)``: its view, the
+    same tensor for the same rows), so a FULL step's graph reads its Np rows at a fixed address; the host
+    copies a FULL step's real rows and its padding rows there in one transfer. ``run`` runs the step
+    program: on CUDA a FULL step's first run for a padded size captures the program on an all-padding
+    table (so the capture writes no cache entry, state slot or request row) and every run replays it;
+    everything else runs eagerly, on CPU FULL steps included (on the same tables and padding).
     """
 
-    def __init__(self, device):
+    def __init__(self, device, max_rows: int = 0, width: int = 0):
         self.device = device
-        self._tables: dict[int, torch.Tensor] = {}  # padded requests -> static row table [Np, F] int64
+        self._buffer = torch.empty(max_rows, width, dtype=torch.int64, device=device)  # [R, F] row tables
+        self._tables: dict[int, torch.Tensor] = {}  # rows -> the buffer's first rows [rows, F]
         self._graphs: dict[tuple, tuple] = {}  # StepShape.graph_key -> (graph, outputs)
 
+    def table(self, rows: int) -> torch.Tensor:
+        """[rows, F] the device row table of a step of ``rows`` padded rows."""
+        view = self._tables.get(rows)
+        if view is None:
+            view = self._tables[rows] = self._buffer[:rows]
+        return view
+
     def pad(self, shape: StepShape, table: torch.Tensor, inert: torch.Tensor) -> torch.Tensor:
-        """``table`` [n, F] padded to [Np, F] with ``inert`` [F] rows (the same tensor when Np == n)."""
+        """A row table built elsewhere, ``table`` [n, F], padded to the step's device table [Np, F] with
+        ``inert`` [F] rows (the same tensor when the step is not FULL: only FULL steps pad)."""
         n, n_pad = shape.num_reqs, shape.num_reqs_padded
         if shape.mode is not GraphMode.FULL:
             assert n == n_pad, "only FULL steps pad requests"
             return table
-        static = self._tables.get(n_pad)
-        if static is None:
-            static = self._tables[n_pad] = inert.expand(n_pad, -1).clone()
+        static = self.table(n_pad)
         static[:n] = table
         static[n:] = inert
         return static

@@ -6,8 +6,9 @@ everything else. ``StepRows`` is a table of int64 columns ``[N, F]`` in a ``Host
 copy the device reads it through the record's named views, never through column numbers.
 
 ``StagedWrites`` is everything else a step writes into persistent state before its program
-(admissions, block-table rows, prefix-cache restores): named int64 pieces packed into one host
-tensor, copied to the device in one transfer and read back as named views.
+(admissions, block-table rows, prefix-cache restores): named pieces of any dtype, their bytes packed
+into one host tensor (each piece starting on an 8-byte word), copied to the device in one transfer and
+read back as named views in their own dtypes (views only: no conversion runs on the device).
 """
 
 from __future__ import annotations
@@ -71,22 +72,40 @@ class StepRows(RowTable):
     # none); P = 0 without caching
     checkpoint_slots: torch.Tensor
 
-    @classmethod
-    def inert_row(cls, num_speculative_tokens: int, device, sink_checkpoints: list[int] = ()) -> torch.Tensor:
-        """[F] a padding row: no request slot, zero tokens, samples nothing, holds no checkpoint (the sink
+    @staticmethod
+    def inert_values(num_speculative_tokens: int, sink_checkpoints: list[int] = ()) -> dict:
+        """A padding row: no request slot, zero tokens, samples nothing, holds no checkpoint (the sink
         slot, ``sink_checkpoints`` [P]). It carries K draft positions so a FULL step's logits count (1 +
         draft positions per row) depends on its padded size only."""
-        values = {"idx": -1, "query_len": 0, "is_decode": 1, "has_initial_state": 1, "is_sampling": 0,
-                  "num_draft_positions": num_speculative_tokens, "backup_token": 0,
-                  "checkpoint_slots": list(sink_checkpoints)}
+        return {"idx": -1, "query_len": 0, "is_decode": 1, "has_initial_state": 1, "is_sampling": 0,
+                "num_draft_positions": num_speculative_tokens, "backup_token": 0,
+                "checkpoint_slots": list(sink_checkpoints)}
+
+    @classmethod
+    def inert_row(cls, num_speculative_tokens: int, device, sink_checkpoints: list[int] = ()) -> torch.Tensor:
+        """[F] the padding row (``inert_values``) on ``device``."""
+        values = cls.inert_values(num_speculative_tokens, sink_checkpoints)
         return torch.tensor(cls.pack([values])[0], dtype=torch.int64, device=device)
 
 
-class StagedWrites:
-    """A step's writes to persistent state, staged on the host: named pieces, each any integer tensor."""
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
-    def __init__(self):
+
+def _words(t: torch.Tensor) -> int:
+    """The 8-byte words piece ``t`` takes in the packed tensor."""
+    return -(-_nbytes(t) // 8)
+
+
+class StagedWrites:
+    """A step's writes to persistent state, staged on the host: named pieces, each any tensor.
+
+    ``host``: the host buffer ``packed`` packs into (a step's staging buffer, reused two steps later); none:
+    ``packed`` returns a new tensor."""
+
+    def __init__(self, host=None):
         self.pieces: dict[str, torch.Tensor] = {}  # name -> host tensor, in the order added
+        self.host = host  # a HostBuffer, or None
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if name in self.pieces:
@@ -103,17 +122,32 @@ class StagedWrites:
         return bool(self.pieces)
 
     def packed(self) -> torch.Tensor:
-        """[sum of sizes] int64: every piece flattened, in order."""
-        parts = [t.reshape(-1).to(torch.int64) for t in self.pieces.values()]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        """[W] int64: every piece's bytes, in order, each from an 8-byte word on (zero bytes between)."""
+        parts, zeros = [], None
+        for t in self.pieces.values():
+            parts.append(t.reshape(-1).view(torch.uint8))
+            pad = -_nbytes(t) % 8
+            if pad:
+                zeros = torch.zeros(8, dtype=torch.uint8) if zeros is None else zeros
+                parts.append(zeros[:pad])
+        words = sum(_words(t) for t in self.pieces.values())
+        if self.host is None:
+            out = torch.empty(words, dtype=torch.int64)
+        else:
+            out = self.host.at_least(words)[:words]
+        if parts:
+            torch.cat(parts, out=out.view(torch.uint8))
+        return out
 
     def unpack(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The pieces as views of ``flat`` (``packed()`` copied to the device), each in its own shape and
         dtype."""
-        out, at = {}, 0
+        out, at, as_bytes = {}, 0, None
         for name, t in self.pieces.items():
-            n = t.numel()
-            piece = flat[at: at + n].view(t.shape)
-            out[name] = piece if t.dtype == torch.int64 else piece.to(t.dtype)
-            at += n
+            if t.dtype == torch.int64:
+                out[name] = flat[at: at + t.numel()].view(t.shape)
+            else:
+                as_bytes = flat.view(torch.uint8) if as_bytes is None else as_bytes
+                out[name] = as_bytes[8 * at: 8 * at + _nbytes(t)].view(t.dtype).view(t.shape)
+            at += _words(t)
         return out

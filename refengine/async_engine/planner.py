@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from refengine.async_engine.batch import PersistentBatch
@@ -20,7 +21,7 @@ from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.optimistic import AsyncRequest, assume_accepted
 from refengine.async_engine.processing import ProcessorState
 from refengine.async_engine.state import DeviceState, RequestSlots
-from refengine.async_engine.stream import HostBuffer, Stream
+from refengine.async_engine.stream import HostBuffer, HostRing, Stream
 from refengine.logits_process import prompt_logprob_span
 from refengine.request import Request
 from refengine.scheduler import ScheduledRow, SchedulerOutput
@@ -36,8 +37,9 @@ class StepPlan:
     shape: StepShape
     num_decode: int  # real decode rows (the first ``num_decode`` of ``rows``)
     qsl: list[int]  # [n+1] host query_start_loc of the real rows
-    inputs: HostBuffer  # StepRows table [n, F]
-    slots: list[list[int]]  # per row: the request's recurrent slots s_0..s_K (snapshot, for records)
+    inputs: HostBuffer  # StepRows table: [n, F] the rows (enqueue adds a FULL step's padding rows [n:Np])
+    # per row: the request's recurrent slots s_0..s_K (a snapshot, for records and prefix caching; else empty)
+    slots: list[list[int]]
     preempted: list[str] = field(default_factory=list)  # for records: preempted when this step was scheduled
     resumed: list[str] = field(default_factory=list)  # for records: readmitted after a preemption
     record: bool = False  # observers want this step's payload
@@ -71,9 +73,10 @@ class StepPlanner:
 
     def __init__(self, *, slots: RequestSlots, batch: PersistentBatch, graphs: GraphDispatcher,
                  state: DeviceState, stream: Stream, prefix, proposer, stats, num_speculative_tokens: int,
-                 observed: Callable[[], bool], grammars=None):
+                 observed: Callable[[], bool], grammars=None, max_rows: int = 0):
         """``prefix``: the ``AsyncPrefixCache`` or None; ``proposer``: the drafter's device proposer or None;
-        ``observed``: whether observers want the step's payload; ``grammars``: the ``GrammarSlots``."""
+        ``observed``: whether observers want the step's payload; ``grammars``: the ``GrammarSlots``;
+        ``max_rows``: the most padded rows of a step (the row table's buffers hold that many)."""
         self.slots = slots
         self.batch = batch
         self.graphs = graphs
@@ -86,6 +89,10 @@ class StepPlanner:
         self.observed = observed
         self.grammars = grammars
         self.num_plans = 0
+        width = StepRows.width(prefix.num_columns if prefix is not None else 0)
+        # the row tables [R, F] and the staged writes' packed bytes (grown as needed), taken in turn
+        self._tables = HostRing("step-inputs", stream, (max(max_rows, 1), width), torch.int64)
+        self._writes_buffers = HostRing("staged-writes", stream, (256,), torch.int64)
 
     def place(self, sched: SchedulerOutput) -> tuple[list[ScheduledRow], int, list[AsyncRequest]]:
         """Place the scheduled rows in the persistent batch: (rows, decode rows, admitted requests).
@@ -112,38 +119,36 @@ class StepPlanner:
         """Place the scheduled rows and stage the step's host inputs: the row table and the writes to
         persistent state (admissions, block-table growth, restores)."""
         rows, num_decode, admitted = self.place(sched)
-        qsl = [0]
-        for row in rows:
-            qsl.append(qsl[-1] + row.num_tokens)
-        shape = self.graphs.dispatch([r.num_tokens for r in rows], [i < num_decode for i in range(len(rows))],
-                                     [len(r.draft_token_ids) for r in rows])
+        # one pass over the rows: the row table's rows, the dispatcher's lists, the step's flags
+        table, query_lens, is_decode, drafts, idx, qsl = [], [], [], [], [], [0]
+        processors = logprobs = sampling = grammar = False
+        for i, r in enumerate(rows):
+            req, q, d = r.request, r.num_tokens, len(r.draft_token_ids)
+            decode = i < num_decode
+            table.append([req.idx, q, decode, req.has_initial_state, r.samples, d, backup_token(req, q)])
+            query_lens.append(q)
+            is_decode.append(decode)
+            drafts.append(d)
+            idx.append(req.idx)
+            qsl.append(qsl[-1] + q)
+            processors = processors or req.processors.active
+            logprobs = logprobs or req.params.logprobs is not None
+            sampling = sampling or req.params.samples
+            grammar = grammar or req.compiled_grammar is not None
+        shape = self.graphs.dispatch(query_lens, is_decode, drafts)
         # the program processes logits and computes logprob tables only for steps whose rows need them
-        shape = replace(shape, processors=any(r.request.processors.active for r in rows),
-                        logprobs=any(r.request.params.logprobs is not None for r in rows),
-                        sampling=any(r.request.params.samples for r in rows),
-                        grammar=any(r.request.compiled_grammar is not None for r in rows))
+        if processors or logprobs or sampling or grammar:
+            shape = replace(shape, processors=processors, logprobs=logprobs, sampling=sampling,
+                            grammar=grammar)
         # before the optimistic assumptions below: prefix caching holds slots for what each row may reach
         prefix_rows = self.prefix.stage(self.num_plans, rows) if self.prefix is not None else []
-        width = self.prefix.num_columns if self.prefix is not None else 0
-        inputs = HostBuffer("step-inputs", self.stream, (len(rows), StepRows.width(width)), torch.int64)
-        inputs.write(
-            StepRows.pack(
-                [
-                    {
-                        "idx": r.request.idx,
-                        "query_len": r.num_tokens,
-                        "is_decode": i < num_decode,
-                        "has_initial_state": r.request.has_initial_state,
-                        "is_sampling": r.samples,
-                        "num_draft_positions": len(r.draft_token_ids),
-                        "backup_token": backup_token(r.request, r.num_tokens),
-                        "checkpoint_slots": prefix_rows[i].held if prefix_rows else [],
-                    }
-                    for i, r in enumerate(rows)
-                ]
-            )
-        )
+        for row, st in zip(table, prefix_rows):
+            row += st.held
+        inputs = self._tables.take(self.num_plans)
+        if table:
+            inputs.array[: len(table)] = table
         proposer = self.proposer
+        record = self.observed()
         plan = StepPlan(
             self.num_plans,
             rows,
@@ -151,16 +156,16 @@ class StepPlanner:
             num_decode,
             qsl,
             inputs,
-            [list(r.request.state_slots) for r in rows],
+            [list(r.request.state_slots) for r in rows] if record or self.prefix is not None else [],
             list(sched.preempted),
             list(sched.resumed),
-            record=self.observed(),
+            record=record,
             writes=self._writes(sched, rows, admitted),
             drafter_admission=proposer.stage(admitted) if proposer is not None and admitted else None,
             prefix_rows=prefix_rows,
             logprobs=shape.logprobs,
+            slots_idx=idx,
         )
-        plan.slots_idx = [r.request.idx for r in rows]
         self._prompt_logprobs(plan)
         self.num_plans += 1
         for row in rows:
@@ -190,16 +195,15 @@ class StepPlanner:
     def _writes(self, sched: SchedulerOutput, rows: list[ScheduledRow],
                 admitted: list[AsyncRequest]) -> StagedWrites:
         """The step's writes to persistent state: admitted rows, grown block-table rows, restores of hits."""
-        w = StagedWrites()
+        w = StagedWrites(self._writes_buffers.take(self.num_plans))
         if admitted:
-            width = self.state.token_ids.shape[1]
-            tokens = torch.full((len(admitted), width), -1, dtype=torch.int64)
+            tokens = np.full((len(admitted), self.state.token_ids.shape[1]), -1, dtype=np.int64)
             for i, req in enumerate(admitted):
                 ids = req.prompt_token_ids + req.output_token_ids
-                tokens[i, : len(ids)] = torch.tensor(ids)
+                tokens[i, : len(ids)] = ids
             i32 = {"dtype": torch.int32}
             w.add("admit.idx", torch.tensor([r.idx for r in admitted]))  # [n] request slots
-            w.add("admit.token_rows", tokens)  # [n, L] committed tokens, then -1
+            w.add("admit.token_rows", torch.from_numpy(tokens))  # [n, L] committed tokens, then -1
             w.add("admit.num_tokens", torch.tensor([r.num_tokens for r in admitted], **i32))  # [n]
             w.add("admit.num_prompt", torch.tensor([len(r.prompt_token_ids) for r in admitted], **i32))  # [n]
             w.add("admit.slots", torch.tensor([r.state_slots for r in admitted], **i32))  # [n, K+1]
@@ -209,13 +213,13 @@ class StepPlanner:
             self.state.sampling.staged_writes(w, admitted)  # every admitted slot, always (greedy ones too)
         grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if grown:
-            table = torch.full((len(grown), self.state.block_table.shape[1]), self.state.sink_block,
-                               dtype=torch.int32)
+            width = self.state.block_table.shape[1]
+            table = np.full((len(grown), width), self.state.sink_block, dtype=np.int32)
             for i, req in enumerate(grown):
-                table[i, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
+                table[i, : len(req.block_ids)] = req.block_ids
                 req.num_staged_blocks = len(req.block_ids)
             w.add("blocks.idx", torch.tensor([r.idx for r in grown]))  # [m] request slots
-            w.add("blocks.rows", table)  # [m, B] block ids, the sink block past the request's own
+            w.add("blocks.rows", torch.from_numpy(table))  # [m, B] block ids, the sink block past its own
         if sched.restores:  # [h, 2] (checkpoint slot, s_0) per request admitted on a hit
             w.add("restores", torch.tensor([(r.checkpoint, r.slot) for r in sched.restores]))
         return w

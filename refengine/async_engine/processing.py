@@ -64,10 +64,10 @@ class ProcessorState:
         w.add("proc.restricted", torch.tensor([p.allowed_token_ids is not None for p in processors]))  # [n]
         w.add("proc.allowed", torch.tensor(allowed, dtype=torch.int64).reshape(-1, 2))  # [a, 2] (row, id)
         w.add("proc.bias.at", torch.tensor([(i, t) for i, t, _ in bias], dtype=torch.int64).reshape(-1, 2))
-        w.add("proc.bias", torch.tensor([b for _, _, b in bias], dtype=torch.float32).view(torch.int32))
+        w.add("proc.bias", torch.tensor([b for _, _, b in bias], dtype=torch.float32))  # [b]
         w.add("proc.stop", torch.tensor(stop, dtype=torch.int64).reshape(-1, 2))  # [s, 2] (row, id)
         w.add("proc.min_tokens", torch.tensor([p.min_tokens for p in processors]))  # [n]
-        w.add("proc.factors", factors.view(torch.int32))  # [n, 3] float32 bits
+        w.add("proc.factors", factors)  # [n, 3] float32
         w.add("proc.bad_prefix", prefix)  # [n, W, L-1]
         w.add("proc.bad_prefix_len", prefix_len)  # [n, W]
         w.add("proc.bad_last", last)  # [n, W]
@@ -82,12 +82,12 @@ class ProcessorState:
         self.allowed[idx[a[:, 0]], a[:, 1]] = True
         self.bias[idx] = 0.0
         at = w["proc.bias.at"]
-        self.bias[idx[at[:, 0]], at[:, 1]] = w["proc.bias"].to(torch.int32).view(torch.float32)
+        self.bias[idx[at[:, 0]], at[:, 1]] = w["proc.bias"]
         self.stop_mask[idx] = False
         s = w["proc.stop"]
         self.stop_mask[idx[s[:, 0]], s[:, 1]] = True
         self.min_tokens[idx] = w["proc.min_tokens"]
-        self.factors[idx] = w["proc.factors"].to(torch.int32).view(torch.float32)
+        self.factors[idx] = w["proc.factors"]
         self.bad_prefix[idx] = w["proc.bad_prefix"]
         self.bad_prefix_len[idx] = w["proc.bad_prefix_len"]
         self.bad_last[idx] = w["proc.bad_last"]

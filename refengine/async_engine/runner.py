@@ -51,7 +51,7 @@ from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.planner import StepPlan
 from refengine.async_engine.processing import logprob_tables
 from refengine.async_engine.state import DeviceState
-from refengine.async_engine.stream import Event, HostBuffer, Stream
+from refengine.async_engine.stream import Event, HostBuffer, HostRing, Stream
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 from refengine.grammar import apply_bitmask
@@ -101,6 +101,9 @@ class StepOutputs:
     next_drafts: torch.Tensor  # [Np, K] int64, the drafts proposed for the next step
     next_num_drafts: torch.Tensor  # [Np] int32, how many of them were proposed
     hidden: torch.Tensor | None = None  # [Tp, H] the target's hidden states (prompt logprobs read them)
+    # [Np, K+3] int64 what the host reads of every step, in one copy: the kept tokens then -1 (K+1), how many
+    # were kept, how many drafts the row verified
+    results: torch.Tensor | None = None
 
 
 @dataclass
@@ -149,6 +152,9 @@ class StepPayload:
 class StepFuture:
     plan: StepPlan
     event: Event | None
+    # [Np, K+3] int64 host, ``StepOutputs.results`` copied back (in a buffer of the runner's, reused two
+    # steps later); the three below are views of its first n rows
+    results: torch.Tensor
     sampled: torch.Tensor  # [n, K+1] host, kept tokens then -1
     num_valid: torch.Tensor  # [n] host
     num_drafts: torch.Tensor  # [n] host, drafts each row verified (the device's count)
@@ -164,6 +170,7 @@ class StepFuture:
     # debug mode: host copies of the drafter's first-pass ids [T], qsl [n+1], slots [n], positions [T], and
     # the vocabulary size, checked once the step is done (a check inside the step would wait for it)
     drafter_ids: tuple | None = None
+    buffer: HostBuffer | None = None  # the host buffer ``results`` is a view of
 
     def row_prompt_logprobs(self, i: int) -> tuple[int, list] | None:
         """Row ``i``'s (first prompt index, (top values, top ids, the prompt token's logprob) per position),
@@ -186,8 +193,8 @@ class StepFuture:
         self.event.wait()
         if self.drafter_ids is not None:
             check_vocab_ids(*self.drafter_ids)
-        tokens, counts = self.sampled.tolist(), self.num_valid.tolist()
-        return [t[:c] for t, c in zip(tokens, counts)], self.num_drafts.tolist()
+        rows, k1 = self.results[: self.num_valid.shape[0]].tolist(), self.sampled.shape[1]
+        return [r[: r[k1]] for r in rows], [r[k1 + 1] for r in rows]
 
 
 class AsyncRunner:
@@ -209,7 +216,9 @@ class AsyncRunner:
         self.num_speculative_tokens = num_speculative_tokens
         self.recurrent_prefill_chunked = recurrent_prefill_chunked
         self.device = stream.device
-        self.graphs = StepGraphs(self.device)  # FULL steps: one captured program per padded request count
+        width = StepRows.width(num_checkpoint_columns)
+        # the steps' device row tables; FULL steps: one captured program per padded request count
+        self.graphs = StepGraphs(self.device, max_rows, width)
         self.check_inputs = check_inputs  # debug mode: read drafter ids back and refuse bad ones
         self.vocab_size = vocab_size
         self.sink_checkpoint = sink_checkpoint
@@ -217,6 +226,12 @@ class AsyncRunner:
         # [F] a padding row: it holds the sink slot for each of its P boundaries
         self._inert = StepRows.inert_row(num_speculative_tokens, self.device,
                                          [sink_checkpoint] * num_checkpoint_columns)
+        sinks = [sink_checkpoint] * num_checkpoint_columns
+        self._inert_row = StepRows.pack([StepRows.inert_values(num_speculative_tokens, sinks)])[0]  # [F] host
+        # [R, K+3] int64 host: the steps' results copied back, taken in turn (``new_future``)
+        self._results = HostRing("step-results", stream, (max(max_rows, 1), num_speculative_tokens + 3),
+                                 torch.int64)
+        self._staging = torch.empty(0, dtype=torch.int64, device=self.device)  # [W] the staged writes' copy
         # [block_size, P] the column holding a verify row's p-th boundary, by its start % block_size
         self.checkpoint_columns = torch.tensor(geometry.column_table(block_size, num_checkpoint_columns),
                                                dtype=torch.int64, device=self.device).reshape(block_size, -1)
@@ -225,31 +240,42 @@ class AsyncRunner:
                                        dtype=torch.int32, device=self.device)
 
     def enqueue(self, plan: StepPlan) -> StepFuture:
-        n = plan.shape.num_reqs
-        width = StepRows.width(self.num_checkpoint_columns)
-        table = torch.empty(n, width, dtype=torch.int64, device=self.device)
-        self.stream.copy(table, plan.inputs.tensor[:n], host=plan.inputs)
+        """The step's row table (a FULL step's padding rows added on the host) copied into the device's
+        table in one transfer, and the step submitted."""
+        shape = plan.shape
+        n, n_pad = shape.num_reqs, shape.num_reqs_padded
+        if n_pad > n:
+            plan.inputs.array[n:n_pad] = self._inert_row
+        table = self.graphs.table(n_pad)
+        self.stream.copy(table, plan.inputs.tensor[:n_pad])
         fut = self.new_future(plan)
-        if plan.shape.grammar:
+        if shape.grammar:
             self.stream.submit(lambda: self._forward(plan, table, fut))  # ``complete`` enqueues the rest
+            self._pending(plan, fut, self.stream.record_event())
             return fut
         self.stream.submit(lambda: self._execute(plan, table, fut))
         fut.event = self.stream.record_event()
+        self._pending(plan, fut, fut.event)
         return fut
+
+    def _pending(self, plan: StepPlan, fut: StepFuture, event: Event) -> None:
+        """The step's host buffers are in use until ``event`` (the step's, or its first part's)."""
+        plan.inputs.pending = event
+        if plan.writes.host is not None:
+            plan.writes.host.pending = event
+        fut.buffer.pending = event
 
     def new_future(self, plan: StepPlan) -> StepFuture:
         """The host tensors a step's results are copied into. On CUDA they are pinned: a copy into pageable
         memory would block the host until the step is done, the wait asynchronous scheduling exists to
         avoid (tests/fakecuda/test_host_copies.py holds every copy back to the host to that)."""
         n, k = plan.shape.num_reqs, self.num_speculative_tokens
+        buffer = self._results.take(plan.index)
+        results = buffer.tensor[: plan.shape.num_reqs_padded]
+        real = results[:n]
+        fut = StepFuture(plan, None, results, real[:, : k + 1], real[:, k + 1], real[:, k + 2])
+        fut.buffer = buffer
         pin = self.device.type == "cuda"
-        fut = StepFuture(
-            plan,
-            None,
-            torch.full((n, k + 1), -1, dtype=torch.int64, pin_memory=pin),
-            torch.ones(n, dtype=torch.int64, pin_memory=pin),
-            torch.zeros(n, dtype=torch.int64, pin_memory=pin),
-        )
         if plan.logprobs:
             top = min(MAX_LOGPROBS, self.vocab_size)
             fut.logprobs = (torch.zeros(n, k + 1, top, pin_memory=pin),
@@ -271,12 +297,13 @@ class AsyncRunner:
         self.stream.copy(self.grammar_mask[:n_pad], bitmask.tensor, host=bitmask)
         self.stream.submit(lambda: self._finish(fut.plan, fut))
         fut.event = self.stream.record_event()
+        fut.buffer.pending = fut.event
 
-    def _forward(self, plan: StepPlan, table: torch.Tensor, fut: StepFuture) -> None:
-        """Device timeline, first part: staging and the model; ``finish`` reads what it leaves."""
+    def _forward(self, plan: StepPlan, padded: torch.Tensor, fut: StepFuture) -> None:
+        """Device timeline, first part: staging and the model; ``finish`` reads what it leaves. ``padded``
+        [Np, F]: the step's row table on the device."""
         shape = plan.shape
         self.stage(plan)
-        padded = self.graphs.pad(shape, table, self._inert)
         rows = StepRows.view(padded)
 
         def finish_over(staged):  # a FULL graph's second part, captured with the first
@@ -292,11 +319,10 @@ class AsyncRunner:
                               lambda: self.finish(shape, StepRows.view(padded), step, hidden), part=2)
         self._outputs(plan, padded, fut, out)
 
-    def _execute(self, plan: StepPlan, table: torch.Tensor, fut: StepFuture) -> None:
-        """Device timeline: ``table`` [n, F] is the step's row table, copied from the host."""
+    def _execute(self, plan: StepPlan, padded: torch.Tensor, fut: StepFuture) -> None:
+        """Device timeline: ``padded`` [Np, F] is the step's row table, copied from the host."""
         shape = plan.shape
         self.stage(plan)
-        padded = self.graphs.pad(shape, table, self._inert)
         out = self.graphs.run(shape, padded, self._inert, lambda: self.program(shape, StepRows.view(padded)))
         self._outputs(plan, padded, fut, out)
 
@@ -308,9 +334,7 @@ class AsyncRunner:
             fut.drafter_ids = (to_host(out.drafts.first_pass_ids[:t]), to_host(out.step.qsl[: n + 1]),
                                to_host(StepRows.view(padded).idx[:n]), to_host(out.step.positions[:t]),
                                self.vocab_size)
-        fut.sampled.copy_(out.verified.sampled[:n], non_blocking=True)
-        fut.num_valid.copy_(out.verified.num_valid[:n], non_blocking=True)
-        fut.num_drafts.copy_(out.step.num_drafts[:n], non_blocking=True)
+        fut.results.copy_(out.results, non_blocking=True)
         if fut.next_drafts is not None:
             fut.next_drafts.copy_(out.next_drafts[:n], non_blocking=True)
             fut.next_num_drafts.copy_(out.next_num_drafts[:n], non_blocking=True)
@@ -346,8 +370,10 @@ class AsyncRunner:
         if self.num_checkpoint_columns:  # after the drafter: a draft model's first pass writes its states
             self.checkpoint(rows, step, verified)
         st = self.state
+        results = torch.cat([verified.sampled, verified.num_valid[:, None].long(), step.num_drafts[:, None]],
+                            1)
         return StepOutputs(step, verified, kept, drafts, st.draft_tokens[rows.idx], st.num_drafts[rows.idx],
-                           hidden)
+                           hidden, results)
 
     def prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor):
         """The raw logprobs of the plan's prompt positions (never processed): (top values [P, N], top ids
@@ -364,7 +390,7 @@ class AsyncRunner:
         the drafter's), block-table rows, then the hits' restores (so a hit's first chunk reads them)."""
         if not plan.writes:
             return
-        w = plan.writes.unpack(to_device(plan.writes.packed(), self.device))
+        w = plan.writes.unpack(self._staged(plan.writes.packed()))
         if "admit.idx" in w:
             self.state.admit(w["admit.idx"], w["admit.token_rows"], w["admit.num_tokens"],
                              w["admit.num_prompt"], w["admit.slots"], w["admit.num_computed"])
@@ -377,6 +403,18 @@ class AsyncRunner:
             self.state.block_table[w["blocks.idx"]] = w["blocks.rows"]
         if "restores" in w:
             self.caches.restore_checkpoints(w["restores"][:, 0], w["restores"][:, 1])
+
+    def _staged(self, packed: torch.Tensor) -> torch.Tensor:
+        """``packed`` [W] (the staged writes, on the host) in the device's staging buffer: one copy, into a
+        buffer kept across steps (grown when a step stages more). On CPU the host tensor itself."""
+        if packed.device == self.device:
+            return packed
+        if packed.shape[0] > self._staging.shape[0]:
+            self._staging = torch.empty(max(packed.shape[0], 2 * self._staging.shape[0]), dtype=torch.int64,
+                                        device=self.device)
+        flat = self._staging[: packed.shape[0]]
+        flat.copy_(packed, non_blocking=True)
+        return flat
 
     def prepare(self, shape: StepShape, rows: StepRows, num_computed: torch.Tensor) -> PreparedStep:
         """``num_computed`` [R]: where positions come from, the device's authoritative counts (contract 4).

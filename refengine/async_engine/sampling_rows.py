@@ -29,14 +29,14 @@ class SamplingRows:
         """Add the admitted requests' rows to the staged writes ``w`` (host, in admission order)."""
         floats = torch.tensor([[r.params.temperature, r.params.top_p, r.params.min_p] for r in requests],
                               dtype=torch.float32)
-        w.add("sampling.floats", floats.view(torch.int32))  # [n, 3] temperature, top_p, min_p (float32 bits)
+        w.add("sampling.floats", floats)  # [n, 3] temperature, top_p, min_p
         w.add("sampling.top_k", torch.tensor([max(r.params.top_k, 0) for r in requests]))  # [n] 0: off
         w.add("sampling.seed", torch.tensor([r.seed for r in requests], dtype=torch.int64))  # [n]
 
     def admit(self, idx: torch.Tensor, w: dict) -> None:
         """Rewrite the admitted slots' rows (device timeline; ``w`` the unpacked staged writes)."""
         idx = idx.long()
-        floats = w["sampling.floats"].to(torch.int32).view(torch.float32)
+        floats = w["sampling.floats"]
         self.temperature[idx], self.top_p[idx], self.min_p[idx] = floats.unbind(1)
         self.top_k[idx] = w["sampling.top_k"]
         self.seed[idx] = w["sampling.seed"]

@@ -125,14 +125,16 @@ class Stream:
         self.submit(lambda: None)
         return Event(self, self._seq)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, host: HostBuffer | None = None) -> Event:
-        """Asynchronous copy ``src -> dst``; ``host`` is the host-side buffer, pending until the event."""
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, host: HostBuffer | None = None) -> Event | None:
+        """Asynchronous copy ``src -> dst``; ``host`` is the host-side buffer, pending until the event (the
+        copy's own; without ``host`` none is recorded: the caller marks its buffer pending until a later
+        event, such as its step's)."""
         if self._cuda_stream is not None:
             with torch.cuda.stream(self._cuda_stream):
                 if self.delay:
                     torch.cuda._sleep(CUDA_COPY_DELAY_CYCLES)  # the copy lands late, deterministically
                 dst.copy_(src, non_blocking=True)
-            event = self.record_event()
+            event = self.record_event() if host is not None else None
         else:
             self.submit(lambda: dst.copy_(src))
             event = Event(self, self._seq)
@@ -208,6 +210,7 @@ class HostBuffer:
         self.stream = stream
         self.tensor = torch.empty(shape, dtype=dtype, pin_memory=stream.device.type == "cuda")
         self.pending: Event | None = None
+        self._array = None  # numpy view of ``tensor``, made at first use
 
     def _check(self, action: str) -> None:
         if self.pending is not None and not self.pending.query():
@@ -231,4 +234,49 @@ class HostBuffer:
     def read(self) -> torch.Tensor:
         self._check("read")
         return self.tensor
+
+    def reuse(self) -> None:
+        """Take the buffer for another step: its earlier copy must be done (the host waited on that step
+        already; with hazard checking a pending one raises, else it is waited for)."""
+        if self.pending is not None and not self.pending.query():
+            if self.stream.hazard_check:
+                raise HazardError(f"host buffer {self.name!r} reused while its asynchronous copy is pending")
+            self.pending.wait()
+        self.pending = None
+
+    def at_least(self, numel: int) -> torch.Tensor:
+        """The buffer, grown first to hold ``numel`` elements if it is smaller (a new allocation only then;
+        a 1-D buffer)."""
+        if numel > self.tensor.numel():
+            pin = self.stream.device.type == "cuda"
+            numel = max(numel, 2 * self.tensor.numel())
+            self.tensor = torch.empty(numel, dtype=self.tensor.dtype, pin_memory=pin)
+            self._array = None
+        return self.tensor
+
+    @property
+    def array(self):
+        """A numpy view of the buffer (host writes without a torch op each)."""
+        if self._array is None:
+            self._array = self.tensor.numpy()
+        return self._array
+
+
+class HostRing:
+    """Host staging buffers a step takes in turn (``take(step index)``), so none is allocated per step.
+
+    Two suffice: step N's buffer is taken again by step N + 2, planned after the host waited on step N
+    (processing step N comes before planning step N + 2), so its copies are done by then."""
+
+    def __init__(self, name: str, stream: Stream, shape, dtype: torch.dtype, size: int = 2):
+        self.name, self.stream, self.shape, self.dtype = name, stream, shape, dtype
+        self._buffers: list[HostBuffer | None] = [None] * size  # allocated at first use
+
+    def take(self, index: int) -> HostBuffer:
+        i = index % len(self._buffers)
+        buf = self._buffers[i]
+        if buf is None:
+            buf = self._buffers[i] = HostBuffer(f"{self.name}-{i}", self.stream, self.shape, self.dtype)
+        buf.reuse()
+        return buf
 

@@ -7,6 +7,8 @@ a Chrome trace (open it in Perfetto, ui.perfetto.dev) with a named range per sta
 (STAGE_RANGES) on threads named for what they do (the host's scheduling thread, the CPU device
 timeline's worker): how the host's stages overlap the device's programs. The aten ops under the ranges
 (a hundred times the events: ~75 MB for one run of the default workload) are kept with ``--profile-ops``.
+``--fake-cuda`` measures the async engine's host cost per step instead, by stage, with every launch a
+GPU would see counted by name, on a machine without one (``refengine.tools.host_bench``).
 """
 
 from __future__ import annotations
@@ -183,19 +185,23 @@ def run(model: str | None, k: int, graph_mode: str, repeat: int, copies: int, ma
 
 
 def measure(ref, fast, repeat: int, copies: int) -> dict:
+    import torch
+
     device = fast.config.device
     prompts, params = _workload(ref, copies, seed=0)
-    for llm in (ref, fast):  # warm-up
-        llm.generate(prompts[:2], params)
+    for llm in (ref, fast):  # warm-up; on CUDA the whole workload, so every graph is captured before timing
+        llm.generate(prompts if torch.device(device).type == "cuda" else prompts[:2], params)
     times = {"reference": [], "async": []}
     host_busy = []  # per async run: the share of wall time the host was not blocked on the device
     device_busy = []  # per async run: device time of the step programs over wall time
     step_us = []  # per async run: wall microseconds per step
+    host_us = []  # per async run: host microseconds per step not spent blocked on the device
     outputs = {}
     stream, stats = fast.engine.stream, fast.engine.stats
     for _ in range(repeat):
         for name, llm in (("reference", ref), ("async", fast)):
             waited, busy, steps = stream.host_wait_seconds, stream.busy_seconds(), stats.steps
+            elapsed = stats.elapsed
             _sync(device)
             dt, outs = _timed(llm, prompts, params)
             _sync(device)
@@ -205,6 +211,8 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
                 host_busy.append(1.0 - (stream.host_wait_seconds - waited) / dt)
                 device_busy.append((stream.busy_seconds() - busy) / dt)
                 step_us.append(1e6 * dt / max(stats.steps - steps, 1))
+                host = (stats.elapsed - elapsed) - (stream.host_wait_seconds - waited)
+                host_us.append(1e6 * host / max(stats.steps - steps, 1))
     if outputs["reference"] != outputs["async"]:
         raise SystemExit("bench: the engines disagree on the workload's tokens; fix that first")
     steps_before = stats.steps
@@ -220,7 +228,7 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
         "async_wasted_tokens": stats.wasted_tokens, "async_graph_steps": dict(stats.graph_steps),
         "async_row_moves": stats.row_moves, "async_host_busy": statistics.median(host_busy),
         "async_device_busy": statistics.median(device_busy), "async_us_per_step": statistics.median(step_us),
-        "async_host_us_per_step": 1e6 * stats.host_seconds_per_step(stream.host_wait_seconds),
+        "async_host_us_per_step": statistics.median(host_us),
         "async_launches_per_step": launches_per_step,
     }
 
@@ -245,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{', '.join(name for name, _, _ in STAGE_RANGES)}")
     p.add_argument("--profile-ops", action="store_true", help="with --profile: keep every aten op under the "
                    "ranges in the trace too (about a hundred times the events)")
+    p.add_argument("--fake-cuda", action="store_true", help="measure the async engine's host cost per step "
+                   "instead, by stage, on fake CUDA (no GPU, no kernel time), with its launches by name")
+    p.add_argument("--json", action="store_true", help="with --fake-cuda: the figures as one JSON line")
     add_dtype_flag(p, "both engines")
     return p
 
@@ -256,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     from refengine.tools.errors import SETUP_ERRORS, report
 
     torch.set_num_threads(args.threads)
+    if args.fake_cuda:
+        if args.device != "cpu" or args.profile is not None:
+            return report("refengine bench", ValueError("--fake-cuda runs on the CPU alone, without --device "
+                                                        "or --profile"))
+        from refengine.tools import host_bench
+
+        return host_bench.main(args)
     if args.profile is not None and Path(args.profile).exists() and not Path(args.profile).is_dir():
         return report("refengine bench", ValueError(f"--profile {args.profile} is a file; name a folder"))
     try:
