@@ -329,6 +329,7 @@ class VllmInstance:
         self.block_size = int(self.engine.vllm_config.cache_config.block_size)
         self._tokenizer = getattr(self.engine, "tokenizer", None)
         self._closed = False
+        self._prompts: dict[str, list[int]] = {}  # request id -> its prompt ids (what an abort hands back)
 
     def _same_threads(self) -> None:
         import torch
@@ -338,7 +339,12 @@ class VllmInstance:
 
     def add_request(self, request_id: str, prompt, params: RequestParams) -> None:
         self._same_threads()
-        inputs = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+        if isinstance(prompt, str):
+            inputs = {"prompt": prompt}
+            self._prompts[request_id] = list(self._tokenizer.encode(prompt)) if self._tokenizer else []
+        else:
+            inputs = {"prompt_token_ids": list(prompt)}
+            self._prompts[request_id] = list(prompt)
         self.engine.add_request(request_id, inputs, sampling_params(params))
 
     def step(self) -> list[VllmOutput]:
@@ -351,7 +357,7 @@ class VllmInstance:
     def abort(self, request_id: str):
         self._same_threads()
         self.engine.abort_request([request_id])
-        return _Aborted(request_id)
+        return _Aborted(request_id, self._prompts.get(request_id, []))
 
     def pools_empty(self) -> bool | None:
         return None
@@ -402,7 +408,8 @@ class VllmInstance:
 
 @dataclass
 class _Aborted:
-    """What ``abort`` hands back: vLLM emits no output for an aborted request."""
+    """What ``abort`` hands back: vLLM emits no output for an aborted request, so its tokens so far are not
+    known here (none are reported: an empty output is a prefix of any continuation, as the check asks)."""
 
     request_id: str
     prompt_token_ids: list[int] = field(default_factory=list)

@@ -41,10 +41,11 @@ def _qwen3(out: Path) -> None:
 def _nemotron_h(out: Path) -> None:
     from refengine.model.nemotron_h import tiny
 
-    # MLP blocks where the preset has MoE (relu2 experts: CUDA only in vLLM); the MTP head without MoE
+    # MLP blocks where the preset has MoE (relu2 experts: CUDA only in vLLM); an MTP head of one attention
+    # block (vLLM's Nemotron-H MTP takes attention and MoE blocks only)
     tiny.write_tiny_checkpoint(out, {**tiny.TINY_CONFIG, "head_dim": 32,
                                      "layers_block_type": ["mamba", "attention", "mamba", "mlp"],
-                                     "mtp_layers_block_type": ["attention", "mlp"]})
+                                     "mtp_layers_block_type": ["attention"]})
 
 
 def _qwen3_next(out: Path) -> None:
