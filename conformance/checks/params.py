@@ -238,12 +238,41 @@ def _stop_semantics(c: CheckInputs) -> CheckResult:
     return check_stop_semantics(c.scenario, c.ref, c.test, c.aborted)
 
 
+def must_change(spec, bare: RequestTrace) -> str | None:
+    """Why request ``spec``'s parameters must change the output its run without them gave (``bare``), on
+    any model, or None where that is the model's to say (a penalty or a bias moves an argmax only where the
+    logits are close enough). From the run without them alone: an output id outside ``allowed_token_ids``
+    cannot come back; a stop on an id before ``min_tokens`` is held back; a stop string in the text ends
+    it (without ``min_tokens``, which holds stop strings back too)."""
+    p, tokens = spec.sampling, bare.token_ids
+    allowed = p.get("allowed_token_ids")
+    if allowed is not None:
+        outside = [(i, t) for i, t in enumerate(tokens) if t not in set(allowed)]
+        if outside:
+            return f"its output without them has id {outside[0][1]} at position {outside[0][0]}, outside " \
+                   "allowed_token_ids"
+    m = p.get("min_tokens", 0)
+    if m and bare.finish_reason == "stop" and not isinstance(bare.stop_reason, str) and len(tokens) <= m:
+        return f"without them it stops on an id after {len(tokens)} tokens, which min_tokens={m} holds back"
+    text = bare.text
+    for stop in () if m or text is None else p.get("stop") or ():
+        at = text.find(stop)
+        if at != -1 and (at + len(stop) < len(text) or bare.finish_reason == "length"):
+            return f"its text without them holds its stop string {stop!r}"
+    return None
+
+
 def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
-                               skip=frozenset()) -> CheckResult:
+                               skip=frozenset(), require_exercised: bool = False) -> CheckResult:
     """Every request whose parameters can change its tokens has another output (tokens, finish reason or
     text) than the same request without them; every request without such parameters has the same one.
-    Sampled requests are held as a whole: a draw may come out greedy by chance, so one of them at least
-    must differ (a temperature both engines ignore fails)."""
+
+    A request whose parameters changed nothing fails where they must have changed it on any model
+    (``must_change``: a parameter was ignored); elsewhere the model decides (a penalty that moves no argmax
+    on this checkpoint), and the request is "not exercised": a warning naming it, the check passes on the
+    others, and ``require_exercised`` (a gate asking for every one) makes it fail. Sampled requests are
+    held as a whole: a draw may come out greedy by chance, so one of them at least must differ (a
+    temperature both engines ignore fails)."""
     name = "params-change-output"
     if bare is None:
         return not_applicable(name, "no request carries a parameter that changes its tokens")
@@ -252,6 +281,7 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
     changed = same = 0
     sampled: list[str] = []
     sampled_changed = 0
+    unproven: list[str] = []
     for r in scenario.requests:
         rid = r.request_id
         if rid in skip or rid not in reference.requests or rid not in bare.requests:
@@ -263,11 +293,18 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
             sampled_changed += differs
             continue
         if r.restricted and not differs:
+            why = must_change(r, b)
+            if why is None and not require_exercised:
+                unproven.append(rid)
+                continue
             return failed(
-                name, f"request {rid}: its parameters changed nothing",
+                name, f"request {rid}: its parameters were ignored: {why}" if why else
+                f"request {rid}: its parameters changed nothing, and the run asks that each one matter",
                 f"request {rid} with {r.sampling} gives the reference's output without them too "
-                f"({len(a.token_ids)} tokens, finish {a.finish_reason!r}): a parameter both engines ignored "
-                "would pass the comparison, so the scenario must make each one matter",
+                f"({len(a.token_ids)} tokens, finish {a.finish_reason!r}): "
+                + (f"{why}, so on any model they must change it" if why else
+                   "a parameter both engines ignored would pass the comparison, so the scenario must make "
+                   "each one matter"),
                 request_id=rid)
         if not r.restricted and differs:
             pos = first_difference(a.token_ids, b.token_ids)
@@ -284,8 +321,37 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
                       "(temperature > 0), yet each gives the reference's output without parameters: a "
                       "temperature both engines ignored would pass the comparison", request_id=sampled[0])
     tail = f", {sampled_changed} of {len(sampled)} sampled requests differ from greedy" if sampled else ""
-    return passed(name, f"{changed} requests changed by their parameters, {same} without parameters "
-                  f"unchanged{tail}")
+    result = passed(name, f"{changed} requests changed by their parameters, {same} without parameters "
+                    f"unchanged{tail}")
+    if unproven:
+        listed = "; ".join(f"{rid} ({_unproven(_spec(scenario, rid))})" for rid in unproven)
+        result = not_applicable(name, f"not exercised on this model: the parameters of {', '.join(unproven)} "
+                                f"changed nothing ({result.summary})")
+        result.details.update(not_exercised=unproven, warning=(
+            f"scenario {scenario.id}: the parameters of request(s) {listed} changed nothing on this model, "
+            "which it may do, so the run does not show that they are applied"))
+    return result
+
+
+def _spec(scenario, rid: str):
+    return next(r for r in scenario.requests if r.request_id == rid)
+
+
+# Why a parameter may change nothing on a checkpoint, where ``must_change`` did not show that it must.
+_MAY_NOT_MATTER = (
+    (("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"),
+     "a penalty or a bias moves an argmax only where the logits are close"),
+    (("allowed_token_ids",), "every id of its output was allowed anyway"),
+    (("min_tokens",), "it stopped no sooner than min_tokens anyway"),
+    (("stop",), "its text never held a stop string"),
+    (("bad_words",), "its text never held a bad word"),
+    (("structured_outputs",), "its output kept to the grammar anyway"),
+)
+
+
+def _unproven(spec) -> str:
+    names = {n for n, _ in spec.params}
+    return "; ".join(why for group, why in _MAY_NOT_MATTER if names & set(group))
 
 
 @check(
@@ -296,8 +362,11 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
         "every request whose parameters can change its tokens has another output (tokens, finish reason or "
         "text) in the reference run than in the reference run of the same requests without any parameters "
         "(a parameter both engines ignore fails), and every request without such parameters the same one; "
-        "sampled requests as a whole (one at least differs: a draw may come out greedy by chance)"
+        "sampled requests as a whole (one at least differs: a draw may come out greedy by chance); a request "
+        "whose parameters need not change its output on this model (a penalty that moves no argmax; not an "
+        "id outside `allowed_token_ids`, a stop before `min_tokens` or a stop string in the text without "
+        "them) is *not exercised* (a warning) unless the run asks for every one"
     ),
 )
 def _params_change_output(c: CheckInputs) -> CheckResult:
-    return check_params_change_output(c.scenario, c.ref, c.bare, c.aborted)
+    return check_params_change_output(c.scenario, c.ref, c.bare, c.aborted, c.require_exercised)

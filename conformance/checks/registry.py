@@ -71,6 +71,10 @@ class CheckInputs:
     cached: Any = None  # Trace of the reference engine with the scenario's prefix caching, or None
     test_plain: Any = None  # Trace of the engine under test on the plain workload (K=0), or None
     bare: Any = None  # Trace of the reference engine on the same requests without their parameters, or None
+    # What the checkpoint decides must happen too: a trigger or bound a model may miss (the scenario's
+    # ``model_decides``, a parameter that cannot be shown to matter on this model) fails instead of being
+    # "not exercised" (a gate that asks for every one, e.g. on the model the corpus is tuned to).
+    require_exercised: bool = False
 
     @property
     def aborted(self) -> set[str]:

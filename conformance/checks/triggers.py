@@ -406,16 +406,19 @@ def unknown_trigger(names) -> str | None:
 
 
 def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, cached: Trace | None = None,
-                   ) -> CheckResult:
+                   require_exercised: bool = False) -> CheckResult:
     """Did the reference run hit the scenario's triggers? This judges the workload, not the engine.
     ``cached``: the reference engine's run with prefix caching, where ``CACHE_TRIGGERS`` are judged (a
     scenario without one misses them).
 
-    ``strict`` (the default, on any checkpoint): a missed trigger fails, since a miss means the scenario
-    did not test what it exists for, and a gate on it is not green; the scenarios are built to reach their
-    triggers on any model of a registered family (scripted drafts where an acceptance pattern is the
-    point). Not strict (``--allow-unexercised``): a miss is reported as "not exercised": not applicable,
-    with a warning naming the scenario and the triggers (``details["warning"]``), never a pass.
+    A trigger is forced on any checkpoint (scripted drafts, constructed prompts, allowed ids) unless the
+    scenario's ``model_decides`` names it with the reason a checkpoint may miss it. ``strict`` (the
+    default): a forced trigger missed fails, since the workload no longer tests what it exists for on any
+    model. A trigger the model decides, missed, is "not exercised": not applicable, with a warning naming
+    the scenario, the trigger and the reason (``details["warning"]``, ``details["not_exercised"]``), never a
+    pass; ``require_exercised`` (a gate that asks for every trigger, e.g. on the model the corpus is tuned
+    to) makes it fail too. Not strict (``--allow-unexercised``, or another drafter than the scenario's):
+    every miss is "not exercised".
     """
     name = "workload-triggers"
     if not scenario.triggers:
@@ -424,22 +427,27 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
     if unknown:
         return failed(name, unknown)
     missed = [t for t in scenario.triggers if not _hit(t, scenario, reference, cached)]
-    if missed and not strict:
-        what = "; ".join(f"{t} ({TRIGGERS[t][0]})" for t in missed)
-        result = not_applicable(name, f"not exercised on this model: {', '.join(missed)}")
-        result.details.update(not_exercised=missed, warning=(
-            f"scenario {scenario.id}: trigger(s) not exercised on this model: {what}; the scenario still ran "
-            "and its other checks hold, but it did not test what it exists for"))
-        return result
-    if missed:
-        what = "; ".join(f"{t}: expected that {TRIGGERS[t][0]}" for t in missed)
+    why = dict(scenario.model_decides)
+    failing = [t for t in missed if (strict and t not in why) or (require_exercised and t in why)]
+    if failing:
+        what = "; ".join(f"{t}: expected that {TRIGGERS[t][0]}" for t in failing)
         return failed(
             name,
-            f"the reference run never hit {', '.join(missed)}",
+            f"the reference run never hit {', '.join(failing)}",
             f"scenario {scenario.id} exists to exercise {', '.join(scenario.triggers)}, but in the "
-            f"reference run {what} - it did not happen, so this workload no longer tests what it is for",
+            f"reference run {what} - it did not happen, so this workload no longer tests what it is for"
+            + "".join(f"\n  {t} is the model's to reach ({why[t]}), and the run asks for every trigger"
+                      for t in failing if t in why),
             missed=missed,
         )
+    if missed:
+        what = "; ".join(f"{t} ({TRIGGERS[t][0]}" + (f"; {why[t]}" if t in why else "") + ")" for t in missed)
+        result = not_applicable(name, f"not exercised on this model: {', '.join(missed)}")
+        warning = (f"scenario {scenario.id}: trigger(s) not exercised on this model: {what}; the scenario "
+                   "still ran and its other checks hold, but it did not test what it exists for")
+        result.details.update(not_exercised=missed, reasons={t: why[t] for t in missed if t in why},
+                              warning=warning)
+        return result
     return passed(name, "reference run hit " + ", ".join(scenario.triggers))
 
 
@@ -450,12 +458,15 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
     passes_when=(
         "the reference run actually hit what the scenario exists for (preemption, chunk tails, a zero-draft "
         "step after accepted drafts, ...: the table below; the prefix-caching triggers, such as a hit at "
-        "all, on the reference engine's cached run); a miss fails on any checkpoint, unless "
-        "`--allow-unexercised` makes it *not exercised* (n/a plus a warning naming the scenario)"
+        "all, on the reference engine's cached run); a trigger forced on any checkpoint fails when missed, "
+        "unless `--allow-unexercised` makes it *not exercised* (n/a plus a warning naming the scenario); one "
+        "the scenario says the model decides (its reason in the warning) is *not exercised* when missed, "
+        "and fails only where the run asks for every trigger"
     ),
 )
 def _workload_triggers(c: CheckInputs) -> CheckResult:
-    return check_triggers(c.scenario, c.ref, strict=c.strict_triggers, cached=c.cached)
+    return check_triggers(c.scenario, c.ref, strict=c.strict_triggers, cached=c.cached,
+                          require_exercised=c.require_exercised)
 
 
 def _hit(trigger: str, scenario: Scenario, reference: Trace, cached: Trace | None) -> bool:

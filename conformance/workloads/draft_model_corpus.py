@@ -32,6 +32,8 @@ def _draft_model(k: int, cut: str, name: str, text: str, triggers: tuple[str, ..
         build,
         ("spec-verify", *triggers),
         tiers,
+        model_decides=(("reject-all", ("whether the cut model's first draft is ever wrong is the "
+                        "checkpoint's")),) if "reject-all" in triggers else (),
     )
 
 

@@ -13,6 +13,11 @@ from __future__ import annotations
 from conformance.workloads.scenario import TIERS, EngineSettings, ScenarioDef
 
 NIGHTLY = ("nightly",)
+LATER = 200  # a later wave's arrival step, once the earlier requests finished (the harness skips idle steps)
+# Why a stop-string trigger is the checkpoint's: the scenario reads ids 97-99 and 32 as "a"-"c" and a
+# space, one token per byte; forced where the tokenizer is byte-level, whatever the weights.
+BYTES = ("the allowed ids are taken for the letters of a byte-level tokenizer (one token per byte); "
+         "another tokenizer spells other text with them")
 
 
 def _ids(b, n: int) -> list[int]:
@@ -35,11 +40,14 @@ def _processors(b, k: int) -> None:
     held = stops[:2]
     free = min(set(range(v)) - set(stops))
     forced = {"allowed_token_ids": sorted({free, *held}), "logit_bias": {t: 50.0 for t in held}}
-    b.add(5, n, ignore_eos=False, stop_token_ids=stops, params={"min_tokens": 5, "logprobs": 1, **forced})
+    # every id but the free one stops them, so the model's raw argmax at a position min_tokens covers is a
+    # stop id it holds back unless the model picks that one id there ("stop-held-in-window")
+    most = tuple(t for t in range(v) if t != free)
+    b.add(5, n, ignore_eos=False, stop_token_ids=most, params={"min_tokens": 5, "logprobs": 1, **forced})
     b.add(10, n, params={"logit_bias": {t: 6.0 for t in _ids(b, 3)}, "presence_penalty": 1.5})
     b.add(6, n, arrival=2)  # unrestricted, onto a seat a restricted request leaves
     for m in (2, 3, 4):  # min_tokens ending at each later position of a verify window
-        b.add(6 + m, m + 4, arrival=1 + m, ignore_eos=False, stop_token_ids=stops,
+        b.add(6 + m, m + 4, arrival=1 + m, ignore_eos=False, stop_token_ids=most,
               params={"min_tokens": m, "logprobs": 1, **forced})
     b.add(11, n, arrival=4, params={"allowed_token_ids": _ids(b, v // 2)})
     b.add(14, n + 4, arrival=5, repeat=2, params={"frequency_penalty": 0.5, "presence_penalty": 0.2})
@@ -63,6 +71,12 @@ def _params_mixed(k: int, pattern: str = "hash", tiers=TIERS) -> ScenarioDef:
          "stop-held-in-window", "prompt-logprobs-chunked") if k else
         ("unrestricted-beside-restricted", "params-rows-reordered", "slot-reused-unrestricted"),
         tiers,
+        model_decides=(
+            ("min-tokens-end-in-window", ("the stop ids' bias of 50 beats the free id's raw logit unless the "
+             "model's logits spread wider")),
+            ("stop-held-in-window", ("the model's raw argmax may be the one id that is no stop at every "
+             "later window position min_tokens covers")),
+        ) if k else (),
     )
 
 
@@ -81,6 +95,15 @@ def _text(b, k: int) -> None:
     for m in (2, 3):
         b.add_ids(shared, m, arrival=2, params={"allowed_token_ids": letters[:2], "stop": ["ab"]})
     b.add(10, n, arrival=3)  # unrestricted, onto a seat a restricted request leaves
+    # Once those finished, requests held to the one id of "a": "aaa" completes at its third token, inside
+    # the first verify window (all-accept) and across it and the prefill's; "aa" at max_tokens 2; a tenth
+    # "a" ends the third a step later, beside an unrestricted request admitted onto a seat the first two
+    # left. Whatever the model, where ids are bytes (the byte-level tokenizer).
+    only_a = {"allowed_token_ids": letters[:1]}
+    b.add(5, n, arrival=LATER, params={**only_a, "stop": ["aaa"]})
+    b.add(6, 2, arrival=LATER, params={**only_a, "stop": ["aa"]})
+    b.add(7, n, arrival=LATER, params={**only_a, "stop": ["a" * 10]})
+    b.add(4, 6, arrival=LATER)
 
 
 def _params_text(k: int, pattern: str = "all-accept", tiers=TIERS) -> ScenarioDef:
@@ -93,6 +116,8 @@ def _params_text(k: int, pattern: str = "all-accept", tiers=TIERS) -> ScenarioDe
         ("stop-string-in-window", "stop-string-across-windows", "stop-string-at-length",
          "unrestricted-beside-restricted", "slot-reused-unrestricted"),
         tiers,
+        model_decides=tuple((t, BYTES) for t in ("stop-string-in-window", "stop-string-across-windows",
+                                                 "stop-string-at-length", "slot-reused-unrestricted")),
     )
 
 
@@ -120,6 +145,12 @@ def _params_ngram(k: int, tiers=TIERS) -> ScenarioDef:
         lambda b: _ngram(b, k),
         ("params-rows-reordered", "penalties-over-drafts", "zero-draft-beside-drafts"),
         tiers,
+        model_decides=(
+            ("penalties-over-drafts", ("whether the penalised text over two ids repeats so that the lookup "
+             "drafts inside it, and the model keeps two of them, is the model's")),
+            ("zero-draft-beside-drafts", ("a penalised row has drafts only where its text repeats, which the "
+             "model decides")),
+        ),
     )
 
 

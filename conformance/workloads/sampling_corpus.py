@@ -34,6 +34,10 @@ SETTINGS = (
 )
 
 
+# Why "sampled-draft-rejected" is the checkpoint's: a draft is kept with its probability under the model.
+REJECTED = "a model whose distribution is peaked at the drafted ids keeps them"
+
+
 def _mixed(b) -> None:
     """Three seats, requests finishing at different lengths and arriving later, so rows move and slots
     are reused; each sampling setting once, then a second wave on reused slots (two of them by default,
@@ -60,6 +64,7 @@ def _sampling_mixed(k: int, drafter: str = "mtp", tiers=TIERS) -> ScenarioDef:
         _mixed,
         triggers,
         tiers,
+        model_decides=(("sampled-draft-rejected", REJECTED),) if k else (),
     )
 
 
@@ -141,6 +146,7 @@ def _spec_distribution(k: int) -> ScenarioDef:
         lambda b: _groups(b, SPEC_GROUPS, 1 + k, {}),
         ("sampled-draft-rejected",),
         NIGHTLY,
+        model_decides=(("sampled-draft-rejected", REJECTED),),
     )
 
 

@@ -260,6 +260,14 @@ def check_extends(requests: tuple[RequestSpec, ...] | list[RequestSpec]) -> None
         seen[r.request_id] = r
 
 
+def check_model_decides(scenario_id: str, triggers, model_decides) -> None:
+    """Each (trigger, why) of ``model_decides`` names one of the scenario's triggers and gives a reason."""
+    for pair in model_decides:
+        if len(pair) != 2 or pair[0] not in triggers or not isinstance(pair[1], str) or not pair[1]:
+            raise ValueError(f"scenario {scenario_id!r}: model_decides entry {pair!r} must be (one of its "
+                             f"triggers {list(triggers)}, the reason a checkpoint may miss it)")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One materialised workload: everything needed to run it, nothing engine-specific."""
@@ -273,9 +281,15 @@ class Scenario:
     # The graph mode an async engine named without one ("async") runs this scenario in; None: the
     # engine's own. Generated scenarios draw it; the reference engine always runs without graphs.
     graph_mode: str | None = None
+    # (trigger, why): triggers of ``triggers`` the checkpoint decides, so that a model may miss them
+    # however the engine behaves (whether n-gram drafts are accepted, which text a grammar lets through).
+    # A miss is "not exercised", a warning naming the reason, unless the run asks for every trigger. The
+    # others are forced on any checkpoint (scripted drafts, constructed prompts, allowed ids): a miss fails.
+    model_decides: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         check_extends(self.requests)
+        check_model_decides(self.id, self.triggers, self.model_decides)
 
     @property
     def k(self) -> int:
@@ -364,6 +378,10 @@ class ScenarioDef:
     tiers: tuple[str, ...] = TIERS
     tags: tuple[str, ...] = field(default=())
     graph_mode: str | None = None  # see Scenario.graph_mode
+    model_decides: tuple[tuple[str, str], ...] = ()  # see Scenario.model_decides
+
+    def __post_init__(self):
+        check_model_decides(self.id, self.triggers, self.model_decides)
 
     def materialize(self, tier: str, vocab_size: int) -> Scenario:
         if tier not in self.tiers:
@@ -376,4 +394,4 @@ class ScenarioDef:
         if len(set(ids)) != len(ids):
             raise ValueError(f"scenario {self.id!r} has duplicate request ids")
         return Scenario(self.id, self.description, tier, self.settings, tuple(b.requests), self.triggers,
-                        self.graph_mode)
+                        self.graph_mode, self.model_decides)

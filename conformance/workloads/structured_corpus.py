@@ -67,6 +67,16 @@ def _preemption(b, k: int) -> None:
         b.add(12 + 3 * i, n, arrival=i // 3, params=params)
 
 
+# Why the grammar triggers are the checkpoint's: which of the ids a grammar allows the model picks, so
+# when each constrained request completes (and leaves its seat), and whether a draft is one the grammar
+# and the model keep.
+CHOICE_OF_MODEL = "the model picks among the ids a grammar allows, so where and when grammars complete is its"
+
+
+def _decides(*triggers: str) -> tuple[tuple[str, str], ...]:
+    return tuple((t, CHOICE_OF_MODEL) for t in triggers)
+
+
 def structured_defs() -> list[ScenarioDef]:
     mixed = ("unrestricted-beside-restricted", "slot-reused-unrestricted", "params-rows-reordered",
              "grammar-draft-rejected", "grammar-window-accepted", "grammar-slot-changes-hands")
@@ -76,26 +86,30 @@ def structured_defs() -> list[ScenarioDef]:
             "JSON-schema, regex and choice requests beside unconstrained ones, three seats changing hands "
             "(scripted drafter, a wrong draft cycling through the window, K=3; needs a tokenizer)",
             EngineSettings(num_speculative_tokens=3, drafter="scripted", pattern="cycle", max_num_seqs=3),
-            lambda b: _mixed(b, 3), mixed + ("grammar-end-in-window",), TIERS),
+            lambda b: _mixed(b, 3), mixed + ("grammar-end-in-window",), TIERS,
+            model_decides=_decides(*[t for t in mixed if t != "unrestricted-beside-restricted"],
+                                   "grammar-end-in-window")),
         ScenarioDef(
             "structured-mtp-k3",
             "JSON-schema, regex and choice requests beside unconstrained ones (MTP drafts, K=3; needs a "
             "tokenizer)",
             EngineSettings(num_speculative_tokens=3, drafter="mtp", max_num_seqs=3),
             lambda b: _mixed(b, 3), ("unrestricted-beside-restricted", "grammar-draft-rejected"),
-            ("nightly",)),
+            ("nightly",), model_decides=_decides("grammar-draft-rejected")),
         ScenarioDef(
             "structured-ngram-k3",
             "regex requests with n-gram drafts beside unconstrained rows without any (K=3; needs a "
             "tokenizer)",
             EngineSettings(num_speculative_tokens=3, drafter="ngram", prompt_lookup_min=2,
                            prompt_lookup_max=3, max_num_seqs=4),
-            lambda b: _ngram(b, 3), ("grammar-draft-rejected", "grammar-zero-draft-beside-drafts"), TIERS),
+            lambda b: _ngram(b, 3), ("grammar-draft-rejected", "grammar-zero-draft-beside-drafts"), TIERS,
+            model_decides=_decides("grammar-draft-rejected", "grammar-zero-draft-beside-drafts")),
         ScenarioDef(
             "structured-preemption-k3",
             "JSON-schema and regex requests preempted under a tiny KV pool and resumed mid-output (scripted "
             "drafter, K=3; needs a tokenizer)",
             EngineSettings(num_speculative_tokens=3, drafter="scripted", pattern="cycle", max_num_seqs=4,
                            block_size=4, num_kv_blocks=18, max_num_batched_tokens=64, max_model_len=60),
-            lambda b: _preemption(b, 3), ("params-preemption", "grammar-draft-rejected"), TIERS),
+            lambda b: _preemption(b, 3), ("params-preemption", "grammar-draft-rejected"), TIERS,
+            model_decides=_decides("params-preemption", "grammar-draft-rejected")),
     ]

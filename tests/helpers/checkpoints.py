@@ -360,7 +360,68 @@ def tensor_names(directory: str | Path) -> list[str]:
         return sorted(f.keys())
 
 
+# ---- Checkpoints a user brings: other dimensions, layer patterns and seeds than every preset ---------
+# Written as a user would make them: transformers' save_pretrained of the family's model (EOS id 2), an MTP
+# head from ``refengine add-mtp-head`` where the family has one, and the byte-level tokenizer of the tiny
+# presets. name -> (family: "qwen" | "nemotron" | "dense", the spec of that family's helper).
+def _foreign_specs() -> dict[str, tuple[str, object]]:
+    from tests.helpers.llama_checkpoints import DenseSpec
+    from tests.helpers.nemotron_checkpoints import NemotronSpec
+
+    return {
+        # Mamba2, attention, MoE and MLP blocks in a pattern no preset has; odd head counts (Hq 5, Hkv 1),
+        # Mamba2 heads of 4 over 5 groups, conv width 2, a scan chunk of 8, 5 experts.
+        "nemotron-h-m*em-e": ("nemotron", NemotronSpec(
+            pattern="M*EM-E", hidden_size=40, vocab_size=300, num_attention_heads=5, num_key_value_heads=1,
+            head_dim=8, intermediate_size=72, mamba_num_heads=10, mamba_head_dim=4, ssm_state_size=8,
+            n_groups=5, conv_kernel=2, chunk_size=8, n_routed_experts=5, num_experts_per_tok=2,
+            moe_intermediate_size=24, moe_shared_expert_intermediate_size=16, seed=11)),
+        # Qwen3.5 (split GDN projections): three linear layers around two full ones, GQA 7:1, GDN 3:6 heads
+        # of 8 / 12, conv width 2, half the head rotated, untied.
+        "qwen35-lllfl": ("qwen", TinySpec(
+            layout="qwen35", hidden_size=56, layer_types=(LIN, LIN, FULL, LIN, FULL), num_attention_heads=7,
+            num_key_value_heads=1, head_dim=8, linear_num_key_heads=3, linear_num_value_heads=6,
+            linear_key_head_dim=8, linear_value_head_dim=12, conv_width=2, vocab_size=320,
+            intermediate_size=88, tied=False, with_mtp=False, partial_rotary_factor=0.5, seed=21)),
+        # Qwen3 dense (q/k norms), GQA 6:3 with heads of 12, untied.
+        "qwen3-dense-6x3": ("dense", DenseSpec(
+            model_type="qwen3", num_hidden_layers=4, hidden_size=72, vocab_size=288, num_attention_heads=6,
+            num_key_value_heads=3, head_dim=12, intermediate_size=100, llama3_scaling=False, seed=31)),
+    }
+
+
+FOREIGN = ("nemotron-h-m*em-e", "qwen35-lllfl", "qwen3-dense-6x3")  # the keys of _foreign_specs()
+
+
+def write_foreign_checkpoint(directory: str | Path, name: str) -> Path:
+    """The checkpoint ``name`` of ``FOREIGN`` in ``directory`` (a new folder): weights in ``directory/src``,
+    the model to run (head and tokenizer added) in ``directory/model``, returned."""
+    from refengine.model.loader import read_config
+    from refengine.tools.mtp_head import add_mtp_head
+    from refengine.tools.tiny_models import _write_tokenizer
+    from tests.helpers import llama_checkpoints, nemotron_checkpoints
+
+    family, spec = _foreign_specs()[name]
+    builder = {"qwen": build_hf_model, "nemotron": nemotron_checkpoints.build_hf_model,
+               "dense": llama_checkpoints.build_hf_model}[family]
+    directory = Path(directory)
+    model = builder(spec)
+    model.config.eos_token_id = 2
+    model.save_pretrained(directory / "src")
+    out = directory / "model"
+    if family == "dense":
+        import shutil
+
+        shutil.copytree(directory / "src", out)
+    else:
+        add_mtp_head(directory / "src", out)
+    _write_tokenizer(out, read_config(out).vocab_size)
+    (out / "foreign_spec.json").write_text(json.dumps({"name": name, "family": family, **asdict(spec)}))
+    return out
+
+
 __all__ = [
+    "FOREIGN",
     "FULL",
     "LAYOUTS",
     "LIN",
@@ -378,5 +439,6 @@ __all__ = [
     "reshard",
     "tensor_names",
     "write_checkpoint",
+    "write_foreign_checkpoint",
     "write_variant",
 ]
