@@ -24,13 +24,16 @@ for ``atexit``.
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+REDELIVER_SECONDS = 0.001  # after this, a Ctrl-C Python could not raise is delivered again (_unraisable_hook)
 
 
 def end_process(code: int) -> NoReturn:
@@ -61,6 +64,29 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _unraisable_hook(default: Callable, main_thread: int) -> Callable:
+    """``sys.unraisablehook`` that delivers again a Ctrl-C that landed where Python cannot raise it: in a
+    weakref callback (threading's WeakSet of threads drops each finished watchdog thread through one), a
+    ``__del__`` or a garbage-collector callback. There its KeyboardInterrupt is printed as "Exception
+    ignored" and the work goes on to its end. Signalled again to ``main_thread`` once the hook has returned,
+    from a thread of its own (a signal sent in the hook would raise in the hook itself), it is raised in
+    the ordinary code the main thread runs next (a wait it is in returns for it), or lands in another such
+    place and comes here again. Every other unraisable exception goes to ``default``."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
+            _thread.start_new_thread(_deliver_again, (main_thread,))
+            return
+        default(unraisable)
+
+    return hook
+
+
+def _deliver_again(main_thread: int) -> None:
+    time.sleep(REDELIVER_SECONDS)
+    signal.pthread_kill(main_thread, signal.SIGINT)
+
+
 def process_main(prog: str, body: Callable[[], int]) -> NoReturn:
     """Run ``body`` as the whole work of the process ``prog`` and end the process with its exit status
     (:func:`end_process`: stdout and stderr flushed, the interpreter not finalized). On Ctrl-C the status
@@ -70,6 +96,7 @@ def process_main(prog: str, body: Callable[[], int]) -> NoReturn:
     interrupt keeps its traceback."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
         signal.signal(signal.SIGINT, _interrupt)
+        sys.unraisablehook = _unraisable_hook(sys.unraisablehook, _thread.get_ident())
     try:
         try:
             code = body()
@@ -85,4 +112,8 @@ def process_main(prog: str, body: Callable[[], int]) -> NoReturn:
             code = INTERRUPTED
     except KeyboardInterrupt:  # a Ctrl-C between the work's end and here
         code = INTERRUPTED
-    end_process(code)
+    while True:  # end_process never returns; a Ctrl-C before it set SIGINT aside ends the process with 130
+        try:
+            end_process(code)
+        except KeyboardInterrupt:
+            code = INTERRUPTED

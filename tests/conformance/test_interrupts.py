@@ -156,6 +156,43 @@ def test_an_interrupt_an_extension_turns_into_another_error_still_exits_130(tmp_
     _assert_clean_130(code, out, err, "an interrupt turned into a TypeError")
 
 
+IN_A_CALLBACK = """
+import sys, time, weakref
+from refengine.tools.exits import process_main
+
+class Thread:
+    pass
+
+def body():
+    def forget(_):  # a weakref callback, as threading's WeakSet of threads runs when a finished thread goes
+        print("ready", flush=True)
+        time.sleep(60)  # Ctrl-C arrives here, inside the callback
+    thread = Thread()
+    ref = weakref.ref(thread, forget)
+    del thread
+    time.sleep(10)  # the work after the callback: what an interrupt ends
+    print("carried on after the interrupt", flush=True)
+    return 1
+
+sys.exit(process_main("in-a-callback", body))
+"""
+
+
+def test_an_interrupt_inside_a_weakref_callback_stops_the_work_and_exits_130(tmp_path):
+    """Found by interrupting ``fuzz`` at many moments (0.75 s after its first line, twice in 36): a Ctrl-C
+    that landed in a weakref callback (a finished watchdog thread leaving threading's WeakSet) is an
+    exception Python cannot raise there. It printed "Exception ignored" and the search went on to its end:
+    exit 1 with the failing check it found, or 130 only after the whole search since an interrupt that
+    surfaced elsewhere counts as one."""
+    proc = subprocess.Popen([sys.executable, "-c", IN_A_CALLBACK], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    code, out, err = _finish(proc, first)
+    _assert_clean_130(code, out, err, "an interrupt inside a weakref callback")
+    assert "carried on" not in out
+
+
 def test_ctrl_c_at_random_moments_exits_130(tiny_checkpoint, tmp_path):
     _interrupt_at_random(_commands(tiny_checkpoint), times=1, seed=38, tmp_path=tmp_path, longest=1.5)
 
