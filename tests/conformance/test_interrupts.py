@@ -179,7 +179,7 @@ sys.exit(process_main("in-a-callback", body))
 
 
 def test_an_interrupt_inside_a_weakref_callback_stops_the_work_and_exits_130(tmp_path):
-    """Found by interrupting ``fuzz`` at many moments (0.75 s after its first line, twice in 36): a Ctrl-C
+    """Found by interrupting ``fuzz`` at many moments (0.75 s after its first line, twice in 32): a Ctrl-C
     that landed in a weakref callback (a finished watchdog thread leaving threading's WeakSet) is an
     exception Python cannot raise there. It printed "Exception ignored" and the search went on to its end:
     exit 1 with the failing check it found, or 130 only after the whole search since an interrupt that
