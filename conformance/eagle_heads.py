@@ -21,11 +21,12 @@ DRAFT_VOCAB_FRACTION = 0.75  # EAGLE-3: the draft vocabulary's share of the targ
 def head_for(model: str | None, method: str) -> str:
     """The folder of the suite's ``method`` head for checkpoint ``model`` (None: the embedded default)."""
     from refengine.llm import default_model_path
-    from refengine.model.loader import read_config, resolve_model_path
+    from refengine.model.loader import read_config
     from refengine.tools import eagle_head
     from refengine.tools.folders import write_once
+    from refengine.tools.tiny_models import resolve_model
 
-    path = Path(resolve_model_path(model) if model is not None else default_model_path())
+    path = Path(resolve_model(model) if model is not None else default_model_path())
     digest = hashlib.sha256(method.encode())
     digest.update((path / "config.json").read_bytes())
     for f in sorted(path.glob("*.safetensors")):

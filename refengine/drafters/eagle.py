@@ -17,8 +17,8 @@ hit drops the last matched block (vLLM's rule for EAGLE-style drafters, ``drops_
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -35,20 +35,15 @@ from refengine.drafters.base import (
 from refengine.drafters.mtp import MTPDeviceProposer
 from refengine.forward_context import AttnMetadata
 from refengine.model.eagle import EagleHeadConfig, EagleHeadError, head_cache_specs, load_eagle_head
+from refengine.model.loader import TINY_NAME_PREFIX, tiny_name_message
 
 
-def resolve_head_path(draft_model: str) -> str:
-    """A head folder, or a tiny preset's name (``tiny:eagle3``) for the head its checkpoint folder holds."""
-    from refengine.tools.tiny_models import TINY_PREFIX, tiny_model_path
-
-    if not str(draft_model).startswith(TINY_PREFIX):
-        return str(draft_model)
-    from refengine.tools.eagle_training import TINY_HEAD
-
-    head = Path(tiny_model_path(str(draft_model))) / TINY_HEAD
-    if not head.is_dir():
-        raise EagleHeadError(f"draft_model={draft_model!r}: that tiny model has no EAGLE head ({TINY_HEAD}/)")
-    return str(head)
+def resolve_head_path(draft_model: str | os.PathLike) -> str:
+    """The head's folder, as given; a tiny model's name (``tiny:eagle3``) is refused (the tools find its
+    head: ``refengine.tools.tiny_models.tiny_head_path``)."""
+    if str(draft_model).startswith(TINY_NAME_PREFIX):
+        raise EagleHeadError(tiny_name_message("draft_model", str(draft_model), "tiny_head_path"))
+    return str(draft_model)
 
 
 @dataclass

@@ -27,22 +27,27 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Checkpoint dtype names (config.json "dtype" / "torch_dtype") the engines run in.
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+TINY_NAME_PREFIX = "tiny:"  # a tiny model's name (refengine.tools.tiny_models), never a folder
+
+
+def tiny_name_message(what: str, name: str, resolver: str) -> str:
+    """The one line that refuses tiny model ``name`` given as ``what`` where a folder is needed."""
+    return (f"{what}={name!r} is a tiny model's name, not a folder: pass "
+            f"refengine.tools.tiny_models.{resolver}({name!r}), which writes it on first use (the command "
+            f"lines take {name} as it is)")
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     """A checkpoint folder: ``name_or_path`` itself when it is a folder, else a hub id
     (``owner/name``) looked up in the local Hugging Face cache only; nothing is ever downloaded.
+    Anything else comes back unchanged, for ``load_model`` to name what is missing.
 
-    ``tiny:<family>`` is a tiny checkpoint of that family (``refengine.tools.tiny_models``), written on
-    first use. Anything else comes back unchanged, for ``load_model`` to name what is missing.
+    A tiny model's name (``tiny:<preset>``) is refused: the tools make those folders
+    (``refengine.tools.tiny_models.tiny_model_path``; the command lines take the names), the engine
+    takes the folder.
     """
-    from refengine.tools.tiny_models import TINY_PREFIX, tiny_model_path
-
-    if str(name_or_path).startswith(TINY_PREFIX):
-        try:
-            return tiny_model_path(str(name_or_path))
-        except ValueError as exc:
-            raise CheckpointError(str(exc)) from None
+    if str(name_or_path).startswith(TINY_NAME_PREFIX):
+        raise CheckpointError(tiny_name_message("model", str(name_or_path), "tiny_model_path"))
     path = Path(name_or_path).expanduser()
     if path.is_dir() or not HUB_ID_RE.match(str(name_or_path)):
         return str(path)

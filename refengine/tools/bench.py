@@ -168,13 +168,14 @@ def engines(model: str | None, k: int, graph_mode: str, max_num_seqs: int, devic
     """
     from refengine import LLM
     from refengine.config import EngineConfig, SchedulerConfig, SpeculativeConfig
+    from refengine.tools.tiny_models import resolve_tiny
 
     EngineConfig(engine="async", graph_mode=graph_mode, device=device,
                  dtype="float32" if dtype == "auto" else dtype,  # auto: resolved by LLM from the checkpoint
                  scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
                  speculative=SpeculativeConfig(num_speculative_tokens=k))
-    common = {"model": model, "num_speculative_tokens": k, "max_num_seqs": max_num_seqs, "device": device,
-              "dtype": dtype}
+    common = {"model": resolve_tiny(model), "num_speculative_tokens": k, "max_num_seqs": max_num_seqs,
+              "device": device, "dtype": dtype}
     return LLM(engine="reference", **common), LLM(engine="async", graph_mode=graph_mode, **common)
 
 

@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="refengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate greedily from prompts")
-    g.add_argument("--model", default=None, help="HF-format checkpoint folder (default: the embedded model)")
+    g.add_argument("--model", default=None, help="HF-format checkpoint folder, hub id in the local cache or "
+                   "tiny:<preset> (default: the embedded model)")
     g.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
     g.add_argument("--prompt-ids", action="append", type=_parse_ids, default=[],
                    help="a prompt as comma-separated token ids (repeatable)")
@@ -157,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "eagle3"))
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="--drafter draft_model: the draft checkpoint (same vocabulary as --model; "
-                   "`refengine make-draft-model` cuts one from a checkpoint); --drafter eagle|eagle3: the "
-                   "head's folder (vLLM's layout; `refengine add-eagle-head`)")
+                   "`refengine make-draft-model` cuts one from a checkpoint; or tiny:<preset>); --drafter "
+                   "eagle|eagle3: the head's folder (vLLM's layout; `refengine add-eagle-head`), or "
+                   "tiny:eagle3 for its head")
     g.add_argument("--prompt-lookup-min", type=int_at_least(1), default=None,
                    help="--drafter ngram: shortest n-gram looked up (default 5)")
     g.add_argument("--prompt-lookup-max", type=int_at_least(1), default=None,
@@ -260,6 +262,7 @@ def generate_command(args) -> int:
 
     from refengine import LLM, SamplingParams
     from refengine.tools.errors import REQUEST_ERRORS, SETUP_ERRORS
+    from refengine.tools.tiny_models import resolve_draft, resolve_tiny
 
     torch.set_num_threads(args.threads)
     prompts = list(args.prompt) + list(args.prompt_ids)
@@ -268,9 +271,10 @@ def generate_command(args) -> int:
         return 2
     graph_mode = graph_mode_for(args.engine, args.graph_mode)
     try:
-        llm = LLM(model=args.model, engine=args.engine, num_speculative_tokens=args.num_speculative_tokens,
-                  drafter=args.drafter, prompt_lookup_min=args.prompt_lookup_min,
-                  prompt_lookup_max=args.prompt_lookup_max, draft_model=args.draft_model,
+        llm = LLM(model=resolve_tiny(args.model), engine=args.engine,
+                  num_speculative_tokens=args.num_speculative_tokens, drafter=args.drafter,
+                  prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
+                  draft_model=resolve_draft(args.drafter, args.draft_model),
                   graph_mode=graph_mode, device=args.device,
                   dtype=args.dtype, seed=args.seed, block_size=args.block_size,
                   max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
@@ -356,12 +360,12 @@ def add_mtp_head_command(src: str, dst: str) -> int:
 
 
 def make_draft_model_command(src: str, dst: str, layers: str) -> int:
-    from refengine.model.loader import resolve_model_path
     from refengine.tools import draft_model
     from refengine.tools.errors import SETUP_ERRORS
+    from refengine.tools.tiny_models import resolve_model
 
     try:
-        out = draft_model.make_draft_model(resolve_model_path(src), dst, layers)
+        out = draft_model.make_draft_model(resolve_model(src), dst, layers)
     except SETUP_ERRORS as e:
         return report("refengine make-draft-model", e)
     print(f"wrote {out}: {src} cut to layers {layers} (--drafter draft_model --draft-model {out})")
@@ -371,10 +375,12 @@ def make_draft_model_command(src: str, dst: str, layers: str) -> int:
 def add_eagle_head_command(args) -> int:
     from refengine.tools import eagle_head
     from refengine.tools.errors import SETUP_ERRORS
+    from refengine.tools.tiny_models import resolve_tiny
 
     try:
-        config = eagle_head.add_eagle_head(args.src, args.dst, args.method, aux_ids=args.aux_ids,
-                                           draft_vocab_size=args.draft_vocab_size, seed=args.seed)
+        config = eagle_head.add_eagle_head(resolve_tiny(args.src), args.dst, args.method,
+                                           aux_ids=args.aux_ids, draft_vocab_size=args.draft_vocab_size,
+                                           seed=args.seed)
     except (*SETUP_ERRORS, ValueError) as e:
         return report("refengine add-eagle-head", e)
     ids = config.get("eagle_aux_hidden_state_layer_ids")

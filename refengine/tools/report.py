@@ -83,10 +83,11 @@ def run_workload(
 ) -> RunResult:
     """Generate the workload (all prompts in one batch) with K = ``num_speculative_tokens`` MTP drafts."""
     from refengine.llm import LLM
+    from refengine.tools.tiny_models import resolve_tiny
 
     prompts = [p.text for p in DEFAULT_PROMPTS] if prompts is None else prompts
-    llm = LLM(model=model, num_speculative_tokens=num_speculative_tokens, max_num_seqs=max(len(prompts), 1),
-              device=device, dtype=dtype)
+    llm = LLM(model=resolve_tiny(model), num_speculative_tokens=num_speculative_tokens,
+              max_num_seqs=max(len(prompts), 1), device=device, dtype=dtype)
     start = time.perf_counter()
     outputs = llm.generate(prompts, default_params(max_tokens))
     return RunResult(outputs, time.perf_counter() - start, llm.config.dtype)

@@ -1,7 +1,8 @@
 """Tiny checkpoints of the other registered families, made on first use, so every command that takes a
 model runs every family without a download: ``--model tiny:nemotron_h`` (``refengine generate / report /
-bench``, every ``conformance`` command, ``LLM("tiny:nemotron_h")``, and a mutant that declares that model),
-``tiny:llama`` and ``tiny:qwen3``.
+bench``, every ``conformance`` command, and a mutant that declares that model), ``tiny:llama`` and
+``tiny:qwen3``. The engine takes folders: ``LLM(tiny_model_path("tiny:nemotron_h"))`` (``resolve_tiny``
+passes any other name through; the loader refuses a tiny name with that advice).
 
 ``tiny:<preset>`` exists for each preset of a registered family's ``tiny_checkpoints`` (model/family.py):
 its weights, written by transformers' own ``save_pretrained`` (``tiny:nemotron_h``: a Nemotron-H of every
@@ -15,9 +16,10 @@ first use in a process says which folder it is (stderr, once).
 ``tiny:eagle3`` is not a family but a preset: the embedded default model with an EAGLE-3 head in its
 folder's ``eagle3-head`` (``refengine.tools.eagle_training.make_tiny_eagle3``: aux ids (1, 2, 3), a draft
 vocabulary of the 128 ids most frequent in the model's greedy text, trained on that text);
-``draft_model="tiny:eagle3"`` names the head:
-``LLM("tiny:eagle3", drafter="eagle3", draft_model="tiny:eagle3", num_speculative_tokens=3)``. It takes a
-minute or so to write on first use. ``draw_model`` draws among the families only.
+``tiny_head_path("tiny:eagle3")`` is the head (``--draft-model tiny:eagle3`` on the command lines):
+``LLM(tiny_model_path("tiny:eagle3"), drafter="eagle3", draft_model=tiny_head_path("tiny:eagle3"),
+num_speculative_tokens=3)``. It takes a minute or so to write on first use. ``draw_model`` draws among
+the families only.
 """
 
 from __future__ import annotations
@@ -82,6 +84,41 @@ def tiny_model_path(name: str) -> str:
         return str(root)
     _announce(name, root, "written now")
     return str(root)
+
+
+def resolve_tiny(name: str | os.PathLike | None) -> str | os.PathLike | None:
+    """``name`` as the engine takes it: a tiny model's name as its folder (written on first use), anything
+    else (a folder, a hub id, None) unchanged for ``refengine.LLM`` to resolve."""
+    if name is None or not str(name).startswith(TINY_PREFIX):
+        return name
+    return tiny_model_path(str(name))
+
+
+def tiny_head_path(name: str) -> str:
+    """The EAGLE head folder inside tiny model ``name`` (``tiny:eagle3``'s ``eagle3-head``)."""
+    from refengine.tools.eagle_training import TINY_HEAD
+
+    head = Path(tiny_model_path(name)) / TINY_HEAD
+    if not head.is_dir():
+        raise ValueError(f"draft_model={name!r}: that tiny model has no EAGLE head ({TINY_HEAD}/)")
+    return str(head)
+
+
+def resolve_draft(drafter: str | None, draft_model: str | os.PathLike | None) -> str | os.PathLike | None:
+    """``draft_model`` as the engine takes it for ``drafter``: a tiny model's name as its EAGLE head's folder
+    (drafter eagle or eagle3) or as its checkpoint folder (draft_model); anything else unchanged."""
+    if draft_model is None or not str(draft_model).startswith(TINY_PREFIX):
+        return draft_model
+    name = str(draft_model)
+    return tiny_head_path(name) if drafter in ("eagle", "eagle3") else tiny_model_path(name)
+
+
+def resolve_model(name: str | os.PathLike) -> str:
+    """A checkpoint folder for the tools that read one: a tiny model's folder, else what the loader's
+    ``resolve_model_path`` makes of ``name`` (a folder, or a hub id in the local cache)."""
+    from refengine.model.loader import resolve_model_path
+
+    return resolve_model_path(resolve_tiny(name))
 
 
 _ANNOUNCED: set[str] = set()

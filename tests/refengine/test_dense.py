@@ -19,8 +19,8 @@ from conformance.model import describe_model
 from refengine import LLM, SamplingParams
 from refengine.drafters import ScriptedDrafter
 from refengine.model import CheckpointError, load_model
-from refengine.model.loader import resolve_model_path
 from refengine.model.registry import cache_specs, family_for
+from refengine.tools.tiny_models import tiny_model_path
 from tests.helpers.driver import Driver, greedy_generate
 from tests.helpers.llama_checkpoints import PRESETS, load_hf_model, write_checkpoint
 from tests.helpers.oracle import hf_greedy_uncached
@@ -158,8 +158,9 @@ def run_waves(engine: str, k: int, drafter: str, graph_mode: str = "full_and_pie
     extra = {"graph_mode": graph_mode} if engine == "async" else {}
     if drafter == "ngram":  # short n-grams: the model's outputs rarely repeat a 5-gram of the prompt
         extra.update(prompt_lookup_min=1, prompt_lookup_max=3)
-    llm = LLM(model=TINY, engine=engine, num_speculative_tokens=k, drafter=drafter_for(drafter, k),
-              enable_prefix_caching=True, block_size=4, max_num_batched_tokens=16, max_num_seqs=4, **extra)
+    llm = LLM(model=tiny_model_path(TINY), engine=engine, num_speculative_tokens=k,
+              drafter=drafter_for(drafter, k), enable_prefix_caching=True, block_size=4,
+              max_num_batched_tokens=16, max_num_seqs=4, **extra)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     outs = [o for wave in WAVES for o in llm.generate(wave, params)]
     assert llm.engine.pools_empty(), "blocks leaked"
@@ -195,7 +196,7 @@ def test_both_engines_token_exact_with_prefix_caching(k, drafter, graph_mode):
 def test_the_tiny_preset_has_eagle3_layers_and_wide_margins():
     """8 layers (EAGLE-3's default auxiliary layers 2, L/2, L-3 exist), llama3 scaling, and greedy margins
     that are not flat."""
-    model, cfg = load_model(resolve_model_path(TINY))
+    model, cfg = load_model(tiny_model_path(TINY))
     assert cfg.num_hidden_layers >= 8 and cfg.rope_scaling is not None
     _, logits, _ = greedy_generate(model, cfg, [list(b"Once upon a time")], 1)
     top2 = logits.topk(2, dim=-1).values

@@ -21,6 +21,7 @@ from refengine.llm import default_model_path
 from refengine.model.loader import CheckpointError
 from refengine.tools.cli import main as refengine_main
 from refengine.tools.draft_model import cut_draft_model, make_draft_model, parse_layers
+from refengine.tools.tiny_models import tiny_model_path
 
 BLOCK = 4
 SHARED = [(5 * j) % 250 for j in range(13)]
@@ -94,9 +95,7 @@ def test_the_target_as_its_own_draft_model_accepts_every_draft():
 @pytest.mark.slow
 def test_mamba2_draft_model_on_nemotron_h():
     """tiny:nemotron_h cut to its Mamba2 and attention layers drafts for itself: both engines alike."""
-    from refengine.model.loader import resolve_model_path
-
-    target = resolve_model_path("tiny:nemotron_h")
+    target = tiny_model_path("tiny:nemotron_h")
     draft = cut_draft_model(target, "0,1")
     prompts = [[5, 6, 7], [9], [1, 2, 3, 4, 5, 6]]
     ref = run(draft, 2, model=target, prompts=prompts, max_tokens=8)
@@ -157,7 +156,7 @@ def test_a_rejected_draft_leaves_no_state_behind(hybrid_draft, broken, monkeypat
 
 def test_a_draft_model_with_another_vocabulary_is_refused():
     with pytest.raises(ValueError, match=r"vocab_size 256.*target model 260"):
-        LLM(speculative_config={"method": "draft_model", "model": "tiny:nemotron_h",
+        LLM(speculative_config={"method": "draft_model", "model": tiny_model_path("tiny:nemotron_h"),
                                 "num_speculative_tokens": 2})
 
 

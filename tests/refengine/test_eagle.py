@@ -257,12 +257,14 @@ def test_prefix_cache_drops_the_last_matched_block(heads):
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_engines_exact_on_nemotron_h(method, tmp_path):
     """The other family: Mamba2 + attention + MoE blocks, the aux states taken between blocks."""
-    head = tmp_path / "head"
-    add_eagle_head("tiny:nemotron_h", head, method, draft_vocab_size=200 if method == "eagle3" else None)
-    plain = _run("reference", "none", 0, "mtp", None, model="tiny:nemotron_h")
+    from refengine.tools.tiny_models import tiny_model_path
+
+    head, model = tmp_path / "head", tiny_model_path("tiny:nemotron_h")
+    add_eagle_head(model, head, method, draft_vocab_size=200 if method == "eagle3" else None)
+    plain = _run("reference", "none", 0, "mtp", None, model=model)
     ref_records, records = [], []
-    assert _run("reference", "none", 3, method, str(head), ref_records, model="tiny:nemotron_h") == plain
-    got = _run("async", "full_and_piecewise", 3, method, str(head), records, model="tiny:nemotron_h")
+    assert _run("reference", "none", 3, method, str(head), ref_records, model=model) == plain
+    got = _run("async", "full_and_piecewise", 3, method, str(head), records, model=model)
     assert got == plain
     assert _per_request(records) == _per_request(ref_records)
 
@@ -271,8 +273,10 @@ def test_engines_exact_on_nemotron_h(method, tmp_path):
 def test_the_tiny_eagle3_preset_is_trained():
     """``tiny:eagle3``'s head beats an untrained one on the model's greedy text (mean acceptance length)."""
     from refengine.tools.eagle_training import mean_acceptance_length
+    from refengine.tools.tiny_models import tiny_head_path, tiny_model_path
 
-    trained = mean_acceptance_length("tiny:eagle3", "tiny:eagle3", "eagle3", 3)
+    preset = "tiny:eagle3"
+    trained = mean_acceptance_length(tiny_model_path(preset), tiny_head_path(preset), "eagle3", 3)
     assert trained > 1.5, trained
 
 

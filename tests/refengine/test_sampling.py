@@ -189,8 +189,11 @@ def test_seeded_alone_equals_batched_and_reported_seed_replays(references):
 @pytest.mark.parametrize("mode", ["none", "piecewise", "full", "full_and_piecewise"])
 def test_sampled_batch_is_token_exact_on_nemotron_h(mode):
     """The second family (Mamba2 + attention + MoE, an MTP head), K=3, every graph mode."""
-    ref = _run(model="tiny:nemotron_h", engine="reference", num_speculative_tokens=3)
-    assert _run(model="tiny:nemotron_h", engine="async", num_speculative_tokens=3, graph_mode=mode) == ref
+    from refengine.tools.tiny_models import tiny_model_path
+
+    model = tiny_model_path("tiny:nemotron_h")
+    ref = _run(model=model, engine="reference", num_speculative_tokens=3)
+    assert _run(model=model, engine="async", num_speculative_tokens=3, graph_mode=mode) == ref
     assert any(len(tokens) > 1 for tokens, _ in ref)
 
 
