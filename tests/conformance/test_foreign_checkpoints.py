@@ -209,11 +209,12 @@ def test_the_default_tier_is_green_on_a_foreign_checkpoint(name, engine, caching
     assert all("no MTP head" in why for why in skipped), skipped  # the dense family has none
 
 
-# The mutant each family's checkpoint must catch: a zero-draft row after accepted drafts reading the state
-# of slot 0 (the recurrent families), verify rows of finished prefills reading stale draft columns (dense).
+# The mutant each family's checkpoint must catch in ngram-k3: a zero-draft row after accepted drafts reading
+# the state of slot 0 (the recurrent families: vLLM #52942), a decode row verifying the host's K draft
+# positions, fillers included (the dense family: it keeps no recurrent state).
 FAMILY_MUTANT = {"nemotron-h-m*em-e": ("zero-draft-reads-first-slot", "ngram-k3"),
                  "qwen35-lllfl": ("zero-draft-reads-first-slot", "ngram-k3"),
-                 "qwen3-dense-6x3": ("zero-draft-rows-read-drafts", "chunk-tails-k3")}
+                 "qwen3-dense-6x3": ("drafts-counted-from-host", "ngram-k3")}
 
 
 @pytest.mark.slow
