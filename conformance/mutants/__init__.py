@@ -10,29 +10,22 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import fields, is_dataclass, replace
 
 import torch
 
 from conformance.engines import EngineInstance, LLMInstance, RefEngineAdapter, RunSpec
+from conformance.mutants.base import Mutant
+from conformance.mutants.draft_model import draft_model_mutants
+from conformance.mutants.eagle import eagle_mutants
+from conformance.mutants.mamba2 import MAMBA2_MUTANTS
+from conformance.mutants.params import params_mutants
+from conformance.mutants.sampling import sampling_mutants
+from conformance.mutants.structured import structured_mutants
 from kernels import PAD_SLOT_ID
 from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.stream import HostBuffer
 from refengine.prefix_cache import ROOT_KEY, next_key
-
-
-@dataclass(frozen=True)
-class Mutant:
-    id: str
-    origin: str  # the seed pull request, or "own" for the other contracts of refengine/README.md
-    contract: str  # the contract of refengine/README.md it breaks
-    description: str
-    patch: Callable  # patch(engine) -> None, applied to a refengine.async_engine.AsyncEngine instance
-    graph_mode: str = "full_and_piecewise"
-    scenarios: tuple[str, ...] = ()  # scenario ids tried first (the rest of the tier follows)
-    # Its scenarios need a tokenizer (stop strings, bad words) and are tuned to the embedded default model:
-    # it runs there unless the model given has a tokenizer.
-    tokenizer: bool = False
 
 
 class _PlanSnapshots:
@@ -834,32 +827,12 @@ MUTANTS += (
 )
 
 
-# The Mamba2 bug record, in a module of its own (it builds on the Mutant class above).
-from conformance.mutants.mamba2 import MAMBA2_MUTANTS
-
-MUTANTS += MAMBA2_MUTANTS
-
-# Requests that carry state (issue 34), in a module of their own too.
-from conformance.mutants.params import params_mutants
-from conformance.mutants.structured import structured_mutants
-
-MUTANTS += params_mutants(Mutant)
-MUTANTS += structured_mutants(Mutant)
-
-# Draft models (issue 35).
-from conformance.mutants.draft_model import draft_model_mutants
-
-MUTANTS += draft_model_mutants(Mutant)
-
-# Seeded sampling and rejection sampling (issue 37).
-from conformance.mutants.sampling import sampling_mutants
-
-MUTANTS += sampling_mutants(Mutant)
-
-# EAGLE-1 and EAGLE-3 drafters (issue 35).
-from conformance.mutants.eagle import eagle_mutants
-
-MUTANTS += eagle_mutants(Mutant, _shared_host_buffer)
+MUTANTS += MAMBA2_MUTANTS  # the Mamba2 bug record
+MUTANTS += params_mutants()  # requests that carry state (issue 34)
+MUTANTS += structured_mutants()
+MUTANTS += draft_model_mutants()  # draft models (issue 35)
+MUTANTS += sampling_mutants()  # seeded sampling and rejection sampling (issue 37)
+MUTANTS += eagle_mutants(_shared_host_buffer)  # EAGLE-1 and EAGLE-3 drafters (issue 35)
 
 
 def get_mutant(mutant_id: str) -> Mutant:

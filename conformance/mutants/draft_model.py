@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from conformance.mutants.base import Mutant
 from refengine.drafters.draft_model import DraftModelDeviceProposer
 
 SCENARIO = "draft-model-k3"
@@ -42,8 +43,8 @@ def _kv_not_rewound(engine) -> None:
     proposer.chain_base = past_rejected
 
 
-def draft_model_mutants(Mutant) -> tuple:
-    """The mutants, built with ``conformance.mutants.Mutant`` (passed in: no import circle)."""
+def draft_model_mutants() -> tuple:
+    """The mutants of the draft-model drafter."""
     contract = "issue 35: a draft model keeps the target's slot contract (read at a-1 after a verify)"
     return (
         Mutant("draft-model-state-not-rolled-back", "mlx-lm #1109", contract,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from conformance.mutants.base import Mutant
+
 SCENARIO = "eagle3-k3"
 CACHED = "pc-eagle3-k3"
 
@@ -68,9 +70,8 @@ def _keeps_last_block(engine) -> None:
         prefix.drop_last_block = False
 
 
-def eagle_mutants(Mutant, shared_host_buffer) -> tuple:
-    """The mutants, built with ``conformance.mutants.Mutant`` and its seed-001 patch (passed in: no import
-    circle)."""
+def eagle_mutants(shared_host_buffer) -> tuple:
+    """The mutants of the EAGLE drafters; ``shared_host_buffer``: seed 001's patch (conformance.mutants)."""
     drafter = "issue 35: the EAGLE head computes what vLLM's computes"
     return (
         Mutant("eagle-shared-host-buffer", "seed 001 (async scheduling x spec decode), on EAGLE",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from conformance.mutants import Mutant
+from conformance.mutants.base import Mutant
 from refengine.forward_context import RecurrentGroup
 from refengine.model.nemotron_h.mamba2 import Mamba2Mixer
 

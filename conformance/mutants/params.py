@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from conformance.mutants.base import Mutant
 from refengine.logits_process import logprob_dict
 
 MIXED, TEXT, NGRAM = "params-mixed-k3", "params-stop-strings-k3", "params-ngram-k3"
@@ -273,8 +274,8 @@ def _prompt_chunk_end_skipped(engine) -> None:
     engine.planner.plan = _with(planner_module, "prompt_logprob_span", skipped, engine.planner.plan)
 
 
-def params_mutants(Mutant) -> tuple:
-    """The mutants, built with ``conformance.mutants.Mutant`` (passed in: no import circle)."""
+def params_mutants() -> tuple:
+    """The mutants of requests that carry state."""
     def m(mid, origin, contract, description, patch, scenarios):
         return Mutant(mid, origin, contract, description, patch, "none", scenarios, tokenizer=True)
 

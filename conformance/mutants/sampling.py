@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from conformance.mutants.base import Mutant
 from conformance.mutants.params import _with
 from refengine import sampling
 
@@ -122,8 +123,8 @@ def _reported_seed_not_used(engine) -> None:
     rows.staged_writes = redrawn
 
 
-def sampling_mutants(Mutant) -> tuple:
-    """The mutants, built with ``conformance.mutants.Mutant`` (passed in: no import circle)."""
+def sampling_mutants() -> tuple:
+    """The mutants of seeded and rejection sampling."""
     def m(mid, origin, contract, description, patch):
         return Mutant(mid, origin, contract, description, patch, "full_and_piecewise", (MIXED,))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from conformance.mutants.base import Mutant
 from conformance.mutants.params import _writer
 
 SCRIPTED, NGRAM, PREEMPTION = "structured-scripted-k3", "structured-ngram-k3", "structured-preemption-k3"
@@ -137,8 +138,8 @@ def _resumed_not_rebuilt(engine) -> None:
     g.admit = admit_fresh
 
 
-def structured_mutants(Mutant) -> tuple:
-    """The mutants, built with ``conformance.mutants.Mutant`` (passed in: no import circle)."""
+def structured_mutants() -> tuple:
+    """The mutants of structured outputs."""
     def m(mid, origin, contract, description, patch, scenarios):
         return Mutant(mid, origin, contract, description, patch, "full_and_piecewise", scenarios,
                       tokenizer=True)
