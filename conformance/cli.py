@@ -374,8 +374,8 @@ def cmd_fuzz(args, out) -> int:
     except ModuleNotFoundError as e:
         if e.name != "hypothesis":
             raise
-        print("conformance fuzz: needs hypothesis (pip install hypothesis, or the package's [test] extra)",
-              file=sys.stderr)
+        print("conformance fuzz: needs hypothesis, a dependency of this package missing here (pip install "
+              "hypothesis)", file=sys.stderr)
         return 2
     if args.draw_family:
         if args.model:
