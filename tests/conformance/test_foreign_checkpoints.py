@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import io
 import itertools
+import json
 import re
 
 import pytest
@@ -224,3 +225,35 @@ def test_a_shipped_mutant_is_red_on_a_foreign_checkpoint(name, foreign_checkpoin
     model = foreign_checkpoint(name)
     code, text = _run("--engine", f"mutant:{mutant}", "--model", model, "--scenario", scenario)
     assert code == 1 and _failed(text) == [scenario], text
+
+
+# ---- the workloads do not import the checks (one direction) --------------------------------------------
+
+
+def test_the_workloads_never_import_the_checks():
+    """The trigger modules import the workloads (``Scenario``); the workloads name no module of the checks,
+    lazily or not: a scenario file's unknown trigger is refused where the run is put together."""
+    import ast
+    from pathlib import Path
+
+    import conformance.workloads
+
+    wrong = []
+    for path in sorted(Path(conformance.workloads.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{path.name} imports {n}" for n in names if n.startswith("conformance.checks")]
+    assert not wrong, wrong
+
+
+def test_a_scenario_files_trigger_that_is_no_name_is_refused_with_the_file(tmp_path):
+    from conformance.workloads.files import ScenarioFileError, read_scenario_file, write_scenario_file
+
+    scenario = load_scenario("short-prompts-k0", "default", 256)
+    path = write_scenario_file(tmp_path / "s.json", scenario, 256)
+    data = json.loads(path.read_text())
+    data["triggers"] = [3]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScenarioFileError, match=r"s\.json: triggers: a trigger is a non-empty name, got 3"):
+        read_scenario_file(path)
