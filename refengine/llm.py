@@ -68,7 +68,7 @@ class LLM:
             raise ConfigError(f"model must be a checkpoint folder path or None, got {model!r}")
         path = resolve_model_path(model) if model is not None else default_model_path()
         if isinstance(draft_model, str | os.PathLike) and drafter not in ("eagle", "eagle3"):
-            draft_model = resolve_model_path(draft_model)  # an EAGLE head is a folder, taken as it is
+            draft_model = resolve_model_path(draft_model, "draft_model")  # an EAGLE head: a folder, as it is
         config_file = read_config_file(Path(path))  # read once: the model is built from it below
         positions = config_file.view.max_position_embeddings
         if dtype == "auto":

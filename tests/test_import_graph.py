@@ -209,12 +209,15 @@ def test_core_modules_never_import_the_tools(parsed):
 def test_the_engine_takes_folders_and_names_the_tool_for_a_tiny_model():
     """``LLM("tiny:...")`` built a tiny model (``LLM("tiny:eagle3")`` a second LLM, to train its head) inside
     the engine; now the loader and the EAGLE drafter refuse the name in one line naming the tool to call."""
+    from refengine import LLM
     from refengine.drafters.eagle import resolve_head_path
     from refengine.model.loader import CheckpointError, resolve_model_path
 
     with pytest.raises(CheckpointError, match=r"^model='tiny:nemotron_h' is a tiny model's name, not a "
                        r"folder: pass refengine\.tools\.tiny_models\.tiny_model_path\('tiny:nemotron_h'\)"):
         resolve_model_path("tiny:nemotron_h")
+    with pytest.raises(CheckpointError, match=r"^draft_model='tiny:nemotron_h' is a tiny model's name"):
+        LLM(drafter="draft_model", num_speculative_tokens=2, draft_model="tiny:nemotron_h")  # before any load
     with pytest.raises(ValueError, match=r"draft_model='tiny:eagle3' .*tiny_models\.tiny_head_path"):
         resolve_head_path("tiny:eagle3")
     assert resolve_head_path("/some/head") == "/some/head"

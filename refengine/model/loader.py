@@ -37,17 +37,17 @@ def tiny_name_message(what: str, name: str, resolver: str) -> str:
             f"lines take {name} as it is)")
 
 
-def resolve_model_path(name_or_path: str | os.PathLike) -> str:
+def resolve_model_path(name_or_path: str | os.PathLike, what: str = "model") -> str:
     """A checkpoint folder: ``name_or_path`` itself when it is a folder, else a hub id
     (``owner/name``) looked up in the local Hugging Face cache only; nothing is ever downloaded.
     Anything else comes back unchanged, for ``load_model`` to name what is missing.
 
-    A tiny model's name (``tiny:<preset>``) is refused: the tools make those folders
-    (``refengine.tools.tiny_models.tiny_model_path``; the command lines take the names), the engine
+    A tiny model's name (``tiny:<preset>``) is refused, as the setting ``what``: the tools make those
+    folders (``refengine.tools.tiny_models.tiny_model_path``; the command lines take the names), the engine
     takes the folder.
     """
     if str(name_or_path).startswith(TINY_NAME_PREFIX):
-        raise CheckpointError(tiny_name_message("model", str(name_or_path), "tiny_model_path"))
+        raise CheckpointError(tiny_name_message(what, str(name_or_path), "tiny_model_path"))
     path = Path(name_or_path).expanduser()
     if path.is_dir() or not HUB_ID_RE.match(str(name_or_path)):
         return str(path)
