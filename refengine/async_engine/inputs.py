@@ -68,6 +68,13 @@ class StepRows(RowTable):
     # past their count); 0 for prefill rows, K for padding
     num_draft_positions: torch.Tensor
     backup_token: torch.Tensor  # [N] the prompt token after a prompt chunk that does not sample, else -1
+    # [N] each the entry of the request's block-table row, and the KV block it now holds, of up to two blocks
+    # the request got since its last step (-1: none), written by the program; a new owner's whole row, or
+    # more blocks, are staged writes instead (``blocks.*``)
+    block_at0: torch.Tensor
+    block_at1: torch.Tensor
+    block_id0: torch.Tensor
+    block_id1: torch.Tensor
     # [N, P] prefix caching: the checkpoint slot held for the row's p-th block boundary (the sink slot where
     # none); P = 0 without caching
     checkpoint_slots: torch.Tensor
@@ -78,8 +85,8 @@ class StepRows(RowTable):
         slot, ``sink_checkpoints`` [P]). It carries K draft positions so a FULL step's logits count (1 +
         draft positions per row) depends on its padded size only."""
         return {"idx": -1, "query_len": 0, "is_decode": 1, "has_initial_state": 1, "is_sampling": 0,
-                "num_draft_positions": num_speculative_tokens, "backup_token": 0,
-                "checkpoint_slots": list(sink_checkpoints)}
+                "num_draft_positions": num_speculative_tokens, "backup_token": 0, "block_at0": -1,
+                "block_at1": -1, "block_id0": 0, "block_id1": 0, "checkpoint_slots": list(sink_checkpoints)}
 
     @classmethod
     def inert_row(cls, num_speculative_tokens: int, device, sink_checkpoints: list[int] = ()) -> torch.Tensor:

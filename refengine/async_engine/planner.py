@@ -57,6 +57,27 @@ class StepPlan:
 
 
 
+# the row table's one-column fields, in the order ``StepPlanner.plan`` writes them
+ROW_FIELDS = ("idx", "query_len", "is_decode", "has_initial_state", "is_sampling", "num_draft_positions",
+              "backup_token", "block_at0", "block_at1", "block_id0", "block_id1")
+NO_BLOCKS = [-1, -1, 0, 0]  # a row's block columns when its request got no new block
+
+
+def new_blocks(req) -> list[int] | None:
+    """The row table's block columns for ``req`` (``StepRows.block_at0`` ...: entries, then block ids), or
+    None when its blocks go through the staged writes: a new owner of the slot (its whole row is
+    written) or more than two new blocks. Marks the blocks staged."""
+    have, staged = len(req.block_ids), req.num_staged_blocks
+    if have == staged:
+        return NO_BLOCKS
+    if staged == 0 or have < staged or have - staged > 2:
+        return None
+    req.num_staged_blocks = have
+    if have - staged == 1:
+        return [staged, -1, req.block_ids[staged], 0]
+    return [staged, staged + 1, req.block_ids[staged], req.block_ids[staged + 1]]
+
+
 def backup_token(req: Request, num_tokens: int) -> int:
     """The token after a row's last position when it is a prompt token the host knows (else -1).
 
@@ -89,6 +110,7 @@ class StepPlanner:
         self.observed = observed
         self.grammars = grammars
         self.num_plans = 0
+        assert StepRows.columns() == ROW_FIELDS, "plan writes the row table's columns in ROW_FIELDS order"
         width = StepRows.width(prefix.num_columns if prefix is not None else 0)
         # the row tables [R, F] and the staged writes' packed bytes (grown as needed), taken in turn
         self._tables = HostRing("step-inputs", stream, (max(max_rows, 1), width), torch.int64)
@@ -120,12 +142,17 @@ class StepPlanner:
         persistent state (admissions, block-table growth, restores)."""
         rows, num_decode, admitted = self.place(sched)
         # one pass over the rows: the row table's rows, the dispatcher's lists, the step's flags
-        table, query_lens, is_decode, drafts, idx, qsl = [], [], [], [], [], [0]
+        table, query_lens, is_decode, drafts, idx, qsl, grown = [], [], [], [], [], [0], []
         processors = logprobs = sampling = grammar = False
         for i, r in enumerate(rows):
             req, q, d = r.request, r.num_tokens, len(r.draft_token_ids)
             decode = i < num_decode
-            table.append([req.idx, q, decode, req.has_initial_state, r.samples, d, backup_token(req, q)])
+            blocks = new_blocks(req)
+            if blocks is None:
+                grown.append(req)
+                blocks = NO_BLOCKS
+            table.append([req.idx, q, decode, req.has_initial_state, r.samples, d, backup_token(req, q),
+                          *blocks])
             query_lens.append(q)
             is_decode.append(decode)
             drafts.append(d)
@@ -160,7 +187,7 @@ class StepPlanner:
             list(sched.preempted),
             list(sched.resumed),
             record=record,
-            writes=self._writes(sched, rows, admitted),
+            writes=self._writes(sched, admitted, grown),
             drafter_admission=proposer.stage(admitted) if proposer is not None and admitted else None,
             prefix_rows=prefix_rows,
             logprobs=shape.logprobs,
@@ -192,9 +219,10 @@ class StepPlanner:
             plan.prompt_positions = torch.tensor(positions, dtype=torch.int64)
             plan.prompt_targets = torch.tensor(targets, dtype=torch.int64)
 
-    def _writes(self, sched: SchedulerOutput, rows: list[ScheduledRow],
-                admitted: list[AsyncRequest]) -> StagedWrites:
-        """The step's writes to persistent state: admitted rows, grown block-table rows, restores of hits."""
+    def _writes(self, sched: SchedulerOutput, admitted: list[AsyncRequest],
+                grown: list[AsyncRequest]) -> StagedWrites:
+        """The step's writes to persistent state: admitted rows, the block-table rows of ``grown`` (their
+        blocks do not fit the row table's columns), restores of hits."""
         w = StagedWrites(self._writes_buffers.take(self.num_plans))
         if admitted:
             tokens = np.full((len(admitted), self.state.token_ids.shape[1]), -1, dtype=np.int64)
@@ -211,7 +239,6 @@ class StepPlanner:
             w.add("admit.num_computed", torch.tensor([r.num_computed_tokens for r in admitted], **i32))
             ProcessorState.staged_writes(w, [r.processors for r in admitted])  # every admitted slot, always
             self.state.sampling.staged_writes(w, admitted)  # every admitted slot, always (greedy ones too)
-        grown = [r.request for r in rows if len(r.request.block_ids) != r.request.num_staged_blocks]
         if grown:
             width = self.state.block_table.shape[1]
             table = np.full((len(grown), width), self.state.sink_block, dtype=np.int32)

@@ -1,12 +1,16 @@
 """The async runner: turns a host step plan into one program on the device timeline.
 
-``enqueue`` copies the plan's staged row table to the device and submits the step; the host gets a
-future and goes on scheduling the next step. Every step runs the same program over a table padded
-by request count (``Np`` rows; padding rows have request slot -1 and run zero tokens):
+``enqueue`` copies the plan's staged row table to the device (one copy, a FULL step's padding rows
+included) and submits the step; the host gets a future and goes on scheduling the next step. Every
+step runs the same program over a table padded by request count (``Np`` rows; padding rows have
+request slot -1 and run zero tokens):
 
-    stage       the step's staged writes (admissions, block-table growth, prefix-cache restores: a hit's
-                checkpoint into its s_0), one copy, land in the persistent state (outside the program)
-    prepare     input ids, positions and slot mappings on the device; padded attention/recurrent metadata
+    stage       the step's staged writes (admissions, a new owner's block-table row, prefix-cache restores:
+                a hit's checkpoint into its s_0), one copy, land in the persistent state (outside the
+                program; a FULL step of running requests has none)
+    prepare     the blocks the rows' requests got since their last step into the block table (row table
+                columns); input ids, positions and slot mappings on the device; padded attention/recurrent
+                metadata
     run         the model
     verify      the structured-outputs bitmask the host built for the step (``grammar.py``: a position's
                 row is the grammar's after the drafts before it), the requests' logits processors
@@ -26,7 +30,7 @@ by request count (``Np`` rows; padding rows have request slot -1 and run zero to
 The program reads the row table, the persistent state and the step's padded shape (host ints that
 a FULL graph's key fixes), and nothing back to the host, so a FULL step captures it once per padded
 size and replays it; other steps run it eagerly. Then the kept tokens are copied back (the one sync
-the host waits on), with how many drafts each row verified.
+the host waits on), with how many drafts each row verified, in one copy (``StepOutputs.results``).
 
 A step with structured-outputs rows runs the program in two parts, as vLLM splits execute_model and
 sample_tokens: ``forward`` (prepare, run) is enqueued with the plan; ``finish`` (verify onwards) once the
@@ -231,6 +235,7 @@ class AsyncRunner:
         # [R, K+3] int64 host: the steps' results copied back, taken in turn (``new_future``)
         self._results = HostRing("step-results", stream, (max(max_rows, 1), num_speculative_tokens + 3),
                                  torch.int64)
+        self._result_views: dict[tuple, tuple] = {}  # (buffer, Np, n) -> the views a future reads
         self._staging = torch.empty(0, dtype=torch.int64, device=self.device)  # [W] the staged writes' copy
         # [block_size, P] the column holding a verify row's p-th boundary, by its start % block_size
         self.checkpoint_columns = torch.tensor(geometry.column_table(block_size, num_checkpoint_columns),
@@ -247,7 +252,7 @@ class AsyncRunner:
         if n_pad > n:
             plan.inputs.array[n:n_pad] = self._inert_row
         table = self.graphs.table(n_pad)
-        self.stream.copy(table, plan.inputs.tensor[:n_pad])
+        self.stream.copy(table, plan.inputs.rows(n_pad))
         fut = self.new_future(plan)
         if shape.grammar:
             self.stream.submit(lambda: self._forward(plan, table, fut))  # ``complete`` enqueues the rest
@@ -271,10 +276,13 @@ class AsyncRunner:
         avoid (tests/fakecuda/test_host_copies.py holds every copy back to the host to that)."""
         n, k = plan.shape.num_reqs, self.num_speculative_tokens
         buffer = self._results.take(plan.index)
-        results = buffer.tensor[: plan.shape.num_reqs_padded]
-        real = results[:n]
-        fut = StepFuture(plan, None, results, real[:, : k + 1], real[:, k + 1], real[:, k + 2])
-        fut.buffer = buffer
+        key = (id(buffer), plan.shape.num_reqs_padded, n)
+        views = self._result_views.get(key)
+        if views is None:  # [Np, K+3], then the real rows' kept tokens, counts and drafts
+            results = buffer.rows(plan.shape.num_reqs_padded)
+            views = self._result_views[key] = (results, results[:n, : k + 1], results[:n, k + 1],
+                                               results[:n, k + 2])
+        fut = StepFuture(plan, None, *views, buffer=buffer)
         pin = self.device.type == "cuda"
         if plan.logprobs:
             top = min(MAX_LOGPROBS, self.vocab_size)
@@ -422,6 +430,7 @@ class AsyncRunner:
         Padding rows (request slot -1) gather the state's sink row and run zero tokens.
         """
         st, dev = self.state, self.device
+        self.grow_blocks(rows)
         n_pad = rows.idx.shape[0]
         qsl = torch.zeros(n_pad + 1, dtype=torch.int32, device=dev)
         qsl[1:] = rows.query_len.cumsum(0)
@@ -444,6 +453,16 @@ class AsyncRunner:
         return PreparedStep(qsl, input_ids, positions, seq_lens, slot_mapping, attn, recurrent,
                             st.draft_tokens[rows.idx], num_drafts, used_num_valid, used_initial_state,
                             num_computed[rows.idx].long())
+
+    def grow_blocks(self, rows: StepRows) -> None:
+        """The KV blocks each row's request got since its last step (the row table's block columns) into its
+        block-table row. An entry without one writes the sink row's first entry, which holds the sink
+        block already, so the write is the same program whatever the rows got."""
+        at = torch.stack([rows.block_at0, rows.block_at1], 1)  # [Np, 2]
+        got = at >= 0
+        slot = torch.where(got, rows.idx[:, None], -1)  # -1: the sink row
+        ids = torch.where(got, torch.stack([rows.block_id0, rows.block_id1], 1), self.state.sink_block)
+        self.state.block_table[slot, at.clamp(min=0)] = ids.to(torch.int32)
 
     def run(self, step: PreparedStep) -> torch.Tensor:
         ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,

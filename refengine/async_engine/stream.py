@@ -211,6 +211,7 @@ class HostBuffer:
         self.tensor = torch.empty(shape, dtype=dtype, pin_memory=stream.device.type == "cuda")
         self.pending: Event | None = None
         self._array = None  # numpy view of ``tensor``, made at first use
+        self._rows: dict[int, torch.Tensor] = {}  # n -> tensor[:n], made at first use
 
     def _check(self, action: str) -> None:
         if self.pending is not None and not self.pending.query():
@@ -252,7 +253,15 @@ class HostBuffer:
             numel = max(numel, 2 * self.tensor.numel())
             self.tensor = torch.empty(numel, dtype=self.tensor.dtype, pin_memory=pin)
             self._array = None
+            self._rows.clear()
         return self.tensor
+
+    def rows(self, n: int) -> torch.Tensor:
+        """``tensor[:n]``, the same view every time (no torch op per step)."""
+        view = self._rows.get(n)
+        if view is None:
+            view = self._rows[n] = self.tensor[:n]
+        return view
 
     @property
     def array(self):

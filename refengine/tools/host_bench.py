@@ -18,7 +18,7 @@ Stages (the methods timed, each without the stages below it that run inside it):
     drafter    runner.proposer.propose       (inside program) the drafter's proposals
     outputs    runner._outputs               the copies of the results back to the host
     process    process                       the results read, committed, handed to the requests
-    other      _step                         the rest of the engine's step
+    other      step                          the rest of the engine's step (its outputs delivered, ...)
 
 Times are the host thread's CPU time (other processes on a shared machine do not count). Taken off:
 the fake tensors' own Python (a FakeTensor op costs ~100-200 us where a CUDA launch costs a few), the
@@ -43,7 +43,7 @@ from refengine.tools.fake_runtime import FakeRuntime, clock
 
 # (stage, object path from the engine, method, runs device work: the fake mode is entered around it)
 STAGES = (
-    ("other", "", "_step", False),
+    ("other", "", "step", False),
     ("schedule", "core.scheduler", "schedule", False),
     ("plan", "planner", "plan", False),
     ("enqueue", "runner", "enqueue", True),
@@ -272,7 +272,8 @@ class HostBench:
 
 
 def run(model: str | None = None, k: int = 3, graph_mode: str = "full_and_piecewise", repeat: int = 3,
-        copies: int = 1, max_num_seqs: int = 16, prompts=None, params=None, **settings) -> HostBench:
+        copies: int = 1, max_num_seqs: int = 16, prompts=None, params=None, calibration_rounds: int = 300,
+        **settings) -> HostBench:
     """The host bench of the async engine on the default workload (or ``prompts`` / ``params``); ``settings``:
     more ``LLM`` settings (``block_size``, ...)."""
     from refengine import LLM
@@ -293,7 +294,8 @@ def run(model: str | None = None, k: int = 3, graph_mode: str = "full_and_piecew
         clock_.install(fake)
         first = [0]
         _fill(fake, rt, positions, results, first)
-        bench = HostBench(k, str(graph_mode), len(prompts), sum(len(t) for t in tokens), rt.calibrate())
+        entries = rt.calibrate(calibration_rounds)
+        bench = HostBench(k, str(graph_mode), len(prompts), sum(len(t) for t in tokens), entries)
         for i in range(1 + repeat):  # the first: warm-up (graph captures)
             positions.clear()
             first[0] = fake.planner.num_plans

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from refengine import LLM, SamplingParams
+from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.stream import HazardError, HostBuffer
 from refengine.drafters import ScriptedDrafter
 from tests.helpers.checkpoints import write_checkpoint
@@ -168,7 +169,7 @@ def test_hazard_checker_names_the_buffer(ckpt):
 
     def from_one_buffer(plan):
         buf = shared.setdefault(
-            "buf", HostBuffer("shared-step-inputs", llm.engine.stream, (64, 7), torch.int64)
+            "buf", HostBuffer("shared-step-inputs", llm.engine.stream, (64, StepRows.width()), torch.int64)
         )
         buf.write(plan.inputs.tensor[: plan.shape.num_reqs])
         plan.inputs = buf
