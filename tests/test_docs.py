@@ -48,6 +48,8 @@ NOT_RUN = {
         "mutate",
     ): "runs the suite once per mutant (slow); tests/conformance/test_mutants.py runs it",
     ("conformance", "fuzz"): "searches generated workloads (minutes); tests/conformance/test_fuzz.py runs it",
+    ("conformance", "calibrate"): "runs the corpus per engine and dtype (long); see tests/conformance",
+    ("conformance", "triage"): "runs an engine and its controls; tests/conformance/test_triage.py runs it",
     ("refengine", "report"): "times the default workload three times; tests/refengine/test_default_model.py",
     ("refengine", "bench"): "times both engines; tests/refengine/test_bench.py runs bench.run",
     (
@@ -61,6 +63,7 @@ NOT_RUN = {
     ): "writes a checkpoint folder; tests/refengine/test_draft_model.py runs it end to end",
     ("python3", "-m"): "creates a virtual environment (set-up, run by .ci/run)",
     (".", ".venv/bin/activate"): "activates the virtual environment (set-up, run by .ci/run)",
+    (".", ".venv-vllm/bin/activate"): "activates the vLLM tier's environment (README, Testing vLLM; .ci/run)",
 }
 # Repository scripts that need hardware this tier lacks: checked to exist, be executable and read
 # the environment variables the README sets, never run here.

@@ -64,9 +64,10 @@ def test_lean_tier(tmp_path, case_id, model, scenarios, flags):
 
 def test_qwen3_next_in_bfloat16_is_reported(tmp_path):
     """vLLM's CPU GDN kernel runs in bfloat16 only, where bitwise tokens are the wrong oracle: the run is
-    reported (every scenario ran through vLLM and its report is written), its token verdict not gated here."""
+    reported (every scenario ran through vLLM and its report is written), its token verdict not gated here.
+    (No MTP scenario: vLLM's Qwen3-Next MTP model wants an MoE MTP layer, which the tiny head has not.)"""
     _, data, out = _run(tmp_path, "tiny:qwen3_next", ["--dtype", "bfloat16", "--scenario", "short-prompts-k0",
-                                                        "--scenario", "mtp-k3"])
+                                                        "--scenario", "ngram-k3"])
     tail = "\n".join(line for line in out.splitlines() if " INFO " not in line)[-6000:]
     scenarios = data.get("scenarios", [])
     assert scenarios, f"no report written:\n{tail}"
