@@ -114,6 +114,17 @@ _MAMBA_POOL = ("ssm_state [S, H, P, N] (addressed as slot * H * P * N)",
 _H_BUF = ("h_buf [T // BT + 2 N, H, P, N], a slot per chunk",
           lambda a: tuple(a.h_buf.shape) == (_ssd_slots(a), a.H, a.P, a.N))
 
+def _gdn_slots(a: SimpleNamespace, tokens: str) -> int:
+    """Chunk slots of the chunked GDN phases: ``T // BT + N``
+    (kernels/gated_delta_rule/triton_chunk_common.py)."""
+    return getattr(a, tokens).shape[0] // a.BT + _rows(a)
+
+
+_GDN_BN = ("BN >= N (every row's first chunk slot compared)", lambda a: a.BN >= _rows(a))
+_GDN_K_TILES = ("NK tiles of 64 cover Dk", lambda a: a.NK * 64 >= a.DK > (a.NK - 1) * 64)
+_GDN_H = ("h [T // BT + N, Hv, Dk, Dv], a slot per chunk",
+          lambda a: tuple(a.h.shape) == (_gdn_slots(a, "k"), a.HV, a.DK, a.DV))
+
 SPECS: dict[str, LaunchSpec] = {
     "paged_attention_kernel": LaunchSpec(
         {"q": Ptr(FLOATS, rows("stride_qt", "stride_qh", 1)),
@@ -139,23 +150,42 @@ SPECS: dict[str, LaunchSpec] = {
          "state_indices": Ptr(I32, _IDX_ROWS), "num_valid": Ptr(I32, CONTIGUOUS, optional=True),
          "has_initial_state": Ptr(BOOL, CONTIGUOUS, optional=True)},
         lambda a: (_rows(a) * a.HV, _cdiv(a.DV, a.BV))),
+    "chunk_gdn_cumsum_kernel": LaunchSpec(
+        {"g": Ptr(FLOATS, rows("stride_g_t", 1)), "gc": Ptr(_F32, CONTIGUOUS),
+         "cu_seqlens": Ptr(I32, CONTIGUOUS)},
+        lambda a: (_gdn_slots(a, "g"), _cdiv(a.HV, a.BH)),
+        requires=(_GDN_BN, ("gc [T, Hv] like g", lambda a: tuple(a.gc.shape) == tuple(a.g.shape) == (
+            a.g.shape[0], a.HV)))),
+    "chunk_gdn_solve_kernel": LaunchSpec(
+        {**_gdn("k"), "beta": Ptr(FLOATS, rows("stride_b_t", 1)), "gc": Ptr(_F32, CONTIGUOUS),
+         "a_inv": Ptr(_F32, CONTIGUOUS), "rk": Ptr(_F32, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS)},
+        lambda a: (_gdn_slots(a, "k"), a.HV),
+        requires=(_GDN_BN, _GDN_K_TILES, ("a_inv [T, Hv, BT], rk [T, Hv]", lambda a: tuple(a.a_inv.shape) == (
+            a.k.shape[0], a.HV, a.BT) and tuple(a.rk.shape) == (a.k.shape[0], a.HV)))),
     "chunk_gdn_wy_kernel": LaunchSpec(
-        {**_gdn("k"), **_gdn("v"), "g": Ptr(FLOATS, rows("stride_g_t", 1)),
-         "beta": Ptr(FLOATS, rows("stride_b_t", 1)), "w_buf": Ptr(_F32, CONTIGUOUS),
-         "u_buf": Ptr(_F32, CONTIGUOUS), "c_buf": Ptr(_F32, CONTIGUOUS), "rk_buf": Ptr(_F32, CONTIGUOUS),
-         "cu_seqlens": Ptr(I32, CONTIGUOUS), "state_indices": Ptr(I32, CONTIGUOUS)},
-        lambda a: (a.k.shape[0] // a.BT + a.N, a.HV)),
+        {**_gdn("k"), **_gdn("v"), "beta": Ptr(FLOATS, rows("stride_b_t", 1)), "gc": Ptr(_F32, CONTIGUOUS),
+         "a_inv": Ptr(_F32, CONTIGUOUS), "rk": Ptr(_F32, CONTIGUOUS), "w": Ptr(_F32, CONTIGUOUS),
+         "u": Ptr(_F32, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS)},
+        lambda a: (_gdn_slots(a, "k"), a.HV),
+        requires=(_GDN_BN, _GDN_K_TILES, ("w [T, Hv, Dk], u [T, Hv, Dv]", lambda a: tuple(a.w.shape) == (
+            a.k.shape[0], a.HV, a.DK) and tuple(a.u.shape) == (a.k.shape[0], a.HV, a.DV)))),
     "chunk_gdn_state_kernel": LaunchSpec(
-        {**_gdn("k"), "w_buf": Ptr(_F32, CONTIGUOUS), "u_buf": Ptr(_F32, CONTIGUOUS),
-         "c_buf": Ptr(_F32, CONTIGUOUS), "rk_buf": Ptr(_F32, CONTIGUOUS), "h_buf": Ptr(_F32, CONTIGUOUS),
-         "ssm_state": Ptr(FLOATS, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS),
-         "state_indices": Ptr(I32, CONTIGUOUS), "has_initial_state": Ptr(BOOL, CONTIGUOUS)},
-        lambda a: (a.state_indices.shape[0] * a.HV, _cdiv(a.DV, a.BV))),
+        {**_gdn("k"), "w": Ptr(_F32, CONTIGUOUS), "u": Ptr(_F32, CONTIGUOUS), "gc": Ptr(_F32, CONTIGUOUS),
+         "rk": Ptr(_F32, CONTIGUOUS), "h": Ptr(_F32, CONTIGUOUS), "ssm_state": Ptr(FLOATS, CONTIGUOUS),
+         "cu_seqlens": Ptr(I32, CONTIGUOUS), "state_indices": Ptr(I32, CONTIGUOUS),
+         "has_initial_state": Ptr(BOOL, CONTIGUOUS)},
+        lambda a: (_rows(a) * a.HV, _cdiv(a.DV, a.BV)),
+        requires=(_GDN_K_TILES, _GDN_H,
+                  ("BTK = max(BT, 32): the state update's product reduces over >= 32 float32 (128 bytes)",
+                   lambda a: a.BTK == max(a.BT, 32)),
+                  ("ssm_state [S, Hv, Dk, Dv] (addressed as slot * Hv * Dk * Dv)",
+                   lambda a: tuple(a.ssm_state.shape[1:]) == (a.HV, a.DK, a.DV)))),
     "chunk_gdn_output_kernel": LaunchSpec(
-        {**_gdn("q"), **_gdn("k"), "o": Ptr(FLOATS, CONTIGUOUS), "vnew_buf": Ptr(_F32, CONTIGUOUS),
-         "c_buf": Ptr(_F32, CONTIGUOUS), "h_buf": Ptr(_F32, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS),
+        {**_gdn("q"), **_gdn("k"), "vnew": Ptr(_F32, CONTIGUOUS), "gc": Ptr(_F32, CONTIGUOUS),
+         "h": Ptr(_F32, CONTIGUOUS), "o": Ptr(FLOATS, CONTIGUOUS), "cu_seqlens": Ptr(I32, CONTIGUOUS),
          "state_indices": Ptr(I32, CONTIGUOUS)},
-        lambda a: (_cdiv(a.DV, a.BV), a.q.shape[0] // a.BT + a.N, a.HV)),
+        lambda a: (_cdiv(a.DV, a.BV), _gdn_slots(a, "q"), a.HV),
+        requires=(_GDN_BN, _GDN_K_TILES, _GDN_H)),
     "prepare_inputs_kernel": LaunchSpec(
         {"idx_mapping": Ptr(I32, CONTIGUOUS), "query_start_loc": Ptr(I32, CONTIGUOUS),
          "is_decode": Ptr(BOOL, CONTIGUOUS), "num_computed": Ptr(I32, CONTIGUOUS),

@@ -8,8 +8,10 @@ kernels by adding that one module. Every case is compiled with Triton's own comp
 target (``triton.compile`` with a ``GPUTarget``; ptxas ships with Triton, no driver is needed), and
 the report gives the shared memory the launch needs against the target's per-block opt-in limit,
 the registers per thread and the spill (stack) bytes. The command exits 1 when a case cannot launch
-on a target: shared memory over the limit, more registers than the SM has for the block, or a
-compile error.
+on a target: shared memory over the limit, more registers than the SM has for the block, a compile
+error, or (sm_90) a float32 ``wgmma`` operand staged in shared memory with a swizzle narrower than
+128 bytes: a ``tl.dot`` reducing over fewer than 32 float32 elements, the compiled layout only the
+chunk GDN kernels that hit an illegal memory access on an H100 had (kernels/gated_delta_rule/README.md).
 
 With ``--record FILE`` a case whose compile is recorded in FILE under the same Triton cache key is
 not compiled again: the key is the one Triton files its own cache under (the kernel's source and the
@@ -97,6 +99,7 @@ class Result:
     shared: int = 0
     registers: int = 0
     spill_bytes: int = 0
+    tf32_swizzle: int | None = None  # the narrowest swizzle (bytes) of a float32 wgmma operand; None: none
     error: str | None = None
     problems: tuple[str, ...] = field(default=())
     key: str | None = None  # Triton's cache key of the compile (sha256 hex)
@@ -137,13 +140,27 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(regs.group(1)) if regs else 0, int(stack.group(1)) if stack else 0
 
 
-def _problems(c: CompileCase, target: Target, shared: int, registers: int) -> tuple[str, ...]:
+def _problems(c: CompileCase, target: Target, shared: int, registers: int,
+              tf32_swizzle: int | None = None) -> tuple[str, ...]:
     problems = []
     if shared > target.shared_limit:
         problems.append(f"shared memory {shared} > {target.shared_limit}")
     if registers * c.num_warps * 32 > target.registers_per_sm:
         problems.append(f"{registers} registers x {c.num_warps * 32} threads > {target.registers_per_sm}")
+    if tf32_swizzle is not None and tf32_swizzle < 128:
+        problems.append(f"a float32 wgmma operand with a {tf32_swizzle}-byte swizzle (a tl.dot over fewer "
+                        "than 32 float32: the layout of the H100's illegal memory access)")
     return tuple(problems)
+
+
+_NVMMA = re.compile(r"nvmma_shared<\{swizzlingByteWidth = (\d+)[^}]*elementBitWidth = 32\}>")
+
+
+def tf32_wgmma_swizzle(ttgir: str) -> int | None:
+    """The narrowest swizzle, in bytes, of the float32 operands a compiled kernel stages for ``wgmma``
+    (``#ttg.nvmma_shared`` layouts of 32-bit elements in its TTGIR); None when it has none."""
+    widths = [int(w) for w in _NVMMA.findall(ttgir)]
+    return min(widths) if widths else None
 
 
 def _source_and_options(c: CompileCase, target: Target):
@@ -174,7 +191,8 @@ def _record_id(c: CompileCase, target: Target) -> str:
 
 
 def read_record(path: Path) -> dict[str, dict]:
-    """``"<target>  <case>" -> {"key", "shared", "registers", "spill_bytes"}``; empty when absent."""
+    """``"<target>  <case>" -> {"key", "shared", "registers", "spill_bytes", "tf32_swizzle"}``; empty when
+    absent. An entry without ``tf32_swizzle`` (recorded before that check) is compiled again."""
     return json.loads(path.read_text())["results"] if path.is_file() else {}
 
 
@@ -183,8 +201,9 @@ def write_record(path: Path, results: list[Result]) -> None:
     entries = read_record(path)
     for r in results:
         if r.error is None and r.key is not None:
-            entries[_record_id(r.case, r.target)] = {"key": r.key, "shared": r.shared,
-                                                    "registers": r.registers, "spill_bytes": r.spill_bytes}
+            entries[_record_id(r.case, r.target)] = {
+                "key": r.key, "shared": r.shared, "registers": r.registers, "spill_bytes": r.spill_bytes,
+                "tf32_swizzle": r.tf32_swizzle}
     import triton
 
     path.write_text(json.dumps({"triton": triton.__version__, "results": dict(sorted(entries.items()))},
@@ -211,7 +230,7 @@ class Compiler:
 
     def _recorded(self, c: CompileCase, target: Target) -> Result | None:
         entry = self._record.get(_record_id(c, target))
-        if entry is None:
+        if entry is None or "tf32_swizzle" not in entry:
             return None
         try:
             key = cache_key(c, target)
@@ -219,9 +238,9 @@ class Compiler:
             return None
         if entry["key"] != key:
             return None
-        shared, registers = entry["shared"], entry["registers"]
-        return Result(c, target, shared, registers, entry["spill_bytes"],
-                      problems=_problems(c, target, shared, registers), key=key, recorded=True)
+        shared, registers, swizzle = entry["shared"], entry["registers"], entry["tf32_swizzle"]
+        return Result(c, target, shared, registers, entry["spill_bytes"], swizzle,
+                      problems=_problems(c, target, shared, registers, swizzle), key=key, recorded=True)
 
     @staticmethod
     def _compile(c: CompileCase, target: Target) -> Result:
@@ -233,9 +252,9 @@ class Compiler:
             registers, stack = _resource_usage(compiled.asm["cubin"])
         except Exception as exc:  # noqa: BLE001 -- any compile failure is the finding
             return Result(c, target, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-        shared = compiled.metadata.shared
-        return Result(c, target, shared, registers, stack, problems=_problems(c, target, shared, registers),
-                      key=compiled.hash)
+        shared, swizzle = compiled.metadata.shared, tf32_wgmma_swizzle(compiled.asm["ttgir"])
+        return Result(c, target, shared, registers, stack, swizzle,
+                      problems=_problems(c, target, shared, registers, swizzle), key=compiled.hash)
 
 
 def format_result(r: Result) -> str:
@@ -289,8 +308,9 @@ def _disagreements(results: list[Result], recorded: Mapping[str, dict], out) -> 
         entry = recorded.get(_record_id(r.case, r.target))
         if entry is None or r.key != entry["key"]:
             continue
-        got = {"shared": r.shared, "registers": r.registers, "spill_bytes": r.spill_bytes}
-        if got != {k: entry[k] for k in got}:
+        got = {"shared": r.shared, "registers": r.registers, "spill_bytes": r.spill_bytes,
+               "tf32_swizzle": r.tf32_swizzle}
+        if got != {k: entry.get(k) for k in got}:
             print(f"{_record_id(r.case, r.target)}: the record says {entry}, the compile gives {got}",
                   file=out)
             bad.append(Result(r.case, r.target, error="the record disagrees with the compile"))
@@ -299,6 +319,9 @@ def _disagreements(results: list[Result], recorded: Mapping[str, dict], out) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Triton's default (fused multiply-add on), said explicitly: the variable is part of Triton's cache key,
+    # so the record's keys are the same whether or not the caller's environment sets it (the test sets it).
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     parser = argparse.ArgumentParser(
         prog="python -m kernels.compile_check", description=__doc__.splitlines()[0]
     )

@@ -161,7 +161,8 @@ WIDE_BATCHES = {
     "fused_recurrent_gated_delta_rule": (2048, 32, _gdn_inputs, False,
                                          {"fused_recurrent_gated_delta_rule_fwd_kernel"}),
     "chunk_gated_delta_rule": (2048, 32, _gdn_inputs, True,
-                               {"chunk_gdn_wy_kernel", "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}),
+                               {"chunk_gdn_cumsum_kernel", "chunk_gdn_solve_kernel", "chunk_gdn_wy_kernel",
+                                "chunk_gdn_state_kernel", "chunk_gdn_output_kernel"}),
 }
 
 

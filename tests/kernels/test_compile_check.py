@@ -56,7 +56,10 @@ def test_representative_case_of_every_kernel_fits_sm80_and_sm90():
     representative = [c for c in cases if c.representative]
     assert {c.kernel.__name__ for c in representative} == kernels, "every kernel needs a representative case"
     chunk = {c.kernel.__name__ for c in cases if c.name.startswith("gdn.chunk") and "D=256" in c.name}
-    assert len(chunk) == 3, "the chunked prefill kernels are checked at Dk = Dv = 256 as well"
+    assert len(chunk) == 5, "the five chunked prefill phases are checked at Dk = Dv = 256 as well"
+    small = {c.kernel.__name__ for c in representative
+             if c.name.startswith("gdn.chunk") and "D=16," in c.name}
+    assert small == chunk, "and at the kernel tests' Dk = 16 with float32 inputs, in the default tier"
     proc = compile_check("--targets", "sm_80,sm_90", "--representative", "--record", str(RECORD))
     assert_every_case_fits(proc, [c.name for c in representative])
 
@@ -90,27 +93,32 @@ def product_kernel(x, y, n, M: tl.constexpr, K: tl.constexpr):
 
 def compile_cases():
     # The loop's [64, K] and [K, 64] float32 tiles are staged in shared memory, 3 stages deep:
-    # 3 x 128 KiB at K = 256.
+    # 3 x 128 KiB at K = 256. At K = 16 a float32 row of the wgmma operand is 64 bytes: the 64-byte
+    # swizzle of the chunk GDN kernels' H100 failure.
     return [case(f"product[K={k}]", product_kernel, types={"x": "*fp32", "y": "*fp32"},
-                 constexprs={"M": 64, "K": k}, num_stages=3, representative=True) for k in (32, 256)]
+                 constexprs={"M": 64, "K": k}, num_stages=3, representative=True) for k in (16, 32, 256)]
 '''
 
 
 def test_an_op_folder_registers_its_cases_and_a_kernel_that_cannot_fit_fails(tmp_path):
+    """A kernel over the shared memory limit, and one whose float32 product reduces over 16 elements (on
+    sm_90 its wgmma operand gets the 64-byte swizzle), are refused; compiled, then read from the record."""
     op = tmp_path / "extra_ops" / "product"
     op.mkdir(parents=True)
     (op.parent / "__init__.py").write_text("")
     (op / "__init__.py").write_text("")
     (op / "compile_cases.py").write_text(textwrap.dedent(TOO_BIG_OP))
     record = tmp_path / "record.json"
-    for run, recorded in ((["--write-record"], "0 read"), ([], "2 read")):  # compiled, then from the record
+    for run, recorded in ((["--write-record"], "0 read"), ([], "3 read")):  # compiled, then from the record
         proc = compile_check("--package", "extra_ops", "--targets", "sm_90", "--record", str(record), *run,
                              pythonpath=tmp_path)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out
         assert "sm_90  product[K=32] " in out and out.count(" ok") == 1, out
         assert "product[K=256]" in out and "CANNOT LAUNCH: shared memory" in out and "> 232448" in out, out
-        assert "1 of 2 compiled kernels fit their target" in out
+        narrow = next(ln for ln in out.splitlines() if "product[K=16]" in ln)
+        assert "CANNOT LAUNCH: a float32 wgmma operand with a 64-byte swizzle" in narrow, out
+        assert "1 of 3 compiled kernels fit their target" in out
         assert f"{recorded} from {record}" in out, out
 
 

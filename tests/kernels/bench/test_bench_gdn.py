@@ -57,3 +57,32 @@ def test_bench_conv_update(cuda_benchmark, backend):
     accepted = torch.randint(1, spec_tokens + 2, (rows,), dtype=torch.int32, device="cuda")
     cuda_benchmark(lambda: causal_conv1d_update(x, weight, state, cu, idx, num_valid=accepted,
                                                    backend=backend))
+
+
+@pytest.mark.parametrize("phase", ["cumsum", "solve", "wy", "state", "output"])
+def test_bench_chunk_phase(cuda_benchmark, phase):
+    """Each of the chunked form's five launches alone, on one 4096-token row (bf16 inputs), its inputs
+    made by the phases before it outside the timed region: where the chunked prefill's time goes."""
+    from kernels.gated_delta_rule import triton_chunk as tc
+
+    q, k, v, g, beta, cu = gdn_inputs([4096], HK, HV, D)
+    t, bt, dev = q.shape[0], 64, "cuda"
+    pool = torch.zeros(1, HV, D, D, device=dev)
+    idx = torch.zeros(1, dtype=torch.int32, device=dev)
+    has_init = torch.zeros(1, dtype=torch.bool, device=dev)
+    gc, rk = (torch.empty(t, HV, device=dev) for _ in range(2))
+    a_inv = torch.empty(t, HV, bt, device=dev)
+    w, u = torch.empty(t, HV, D, device=dev), torch.empty(t, HV, D, device=dev)
+    h = torch.empty(t // bt + 1, HV, D, D, device=dev)
+    o = torch.zeros(t, HV, D, device=dev, dtype=v.dtype)
+    lowp = tc.lowp_products(q, k)
+    launches = {
+        "cumsum": lambda: tc.launch_cumsum(g, cu, bt, gc),
+        "solve": lambda: tc.launch_solve(k, beta, gc, cu, bt, True, lowp, a_inv, rk),
+        "wy": lambda: tc.launch_wy(k, v, beta, gc, a_inv, rk, cu, bt, w, u),
+        "state": lambda: tc.launch_state(k, w, u.clone(), gc, rk, pool, cu, idx, has_init, bt, h),
+        "output": lambda: tc.launch_output(q, k, u, gc, h, cu, idx, bt, D ** -0.5, True, lowp, o),
+    }
+    for name in list(launches)[: list(launches).index(phase)]:
+        launches[name]()
+    cuda_benchmark(launches[phase])
