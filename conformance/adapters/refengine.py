@@ -91,8 +91,10 @@ class RefEngineAdapter:
                                         "prompt_lookup_max": s.prompt_lookup_max}
         elif s.drafter in ("eagle", "eagle3") and s.k:
             from conformance.eagle_heads import head_for
+            from refengine.tools.tiny_models import resolve_draft
 
-            drafter, lookup = s.drafter, {"draft_model": s.draft_model or head_for(spec.model, s.drafter)}
+            head = resolve_draft(s.drafter, s.draft_model) or head_for(spec.model, s.drafter)
+            drafter, lookup = s.drafter, {"draft_model": head}
         checked = {"delay_copies": True, "hazard_check": True} if self.engine == "async" else {}
         return LLM(
             model=spec.model,
@@ -120,13 +122,15 @@ def draft_model_path(model: str | None, draft_model: str) -> str:
     """A scenario's draft model as a folder: ``cut:<layers>`` cuts the run's model (None: the embedded
     default model) to those layers, once (``refengine.tools.draft_model.cut_draft_model``)."""
     from refengine.tools.draft_model import CUT_PREFIX, cut_draft_model
+    from refengine.tools.tiny_models import TINY_PREFIX, resolve_model, tiny_model_path
 
+    if draft_model.startswith(TINY_PREFIX):
+        return tiny_model_path(draft_model)
     if not draft_model.startswith(CUT_PREFIX):
         return draft_model
     from refengine.llm import default_model_path
-    from refengine.model.loader import resolve_model_path
 
-    src = default_model_path() if model is None else resolve_model_path(model)
+    src = default_model_path() if model is None else resolve_model(model)
     return cut_draft_model(src, draft_model[len(CUT_PREFIX):])
 
 

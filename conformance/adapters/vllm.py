@@ -216,8 +216,10 @@ def speculative_config(spec: RunSpec) -> dict:
                 "num_speculative_tokens": s.k}
     if s.drafter in ("eagle", "eagle3"):
         from conformance.eagle_heads import head_for
+        from refengine.tools.tiny_models import resolve_draft
 
-        return {"method": s.drafter, "model": s.draft_model or head_for(spec.model, s.drafter),
+        head = resolve_draft(s.drafter, s.draft_model) or head_for(spec.model, s.drafter)
+        return {"method": s.drafter, "model": head,
                 "num_speculative_tokens": s.k}
     raise EngineRefused(f"engine 'vllm': no vLLM speculative method for drafter {s.drafter!r}")
 
