@@ -25,7 +25,7 @@ def describe_engine(name: str) -> str:
 
 def load_engine(name: str) -> EngineAdapter:
     """``reference``, ``async`` (graph mode DEFAULT_ASYNC_GRAPH_MODE), ``async:<graph mode>``, an outside
-    engine's name (``vllm``), or ``pkg.module:attr``.
+    engine's name (``vllm``, eager; ``vllm:<cudagraph mode>`` on CUDA), or ``pkg.module:attr``.
 
     (``mutant:<id>`` names are resolved one level up, by ``conformance.session``.)"""
     if name in ("reference", "async") or name.startswith("async:"):
@@ -36,6 +36,14 @@ def load_engine(name: str) -> EngineAdapter:
         return RefEngineAdapter("async", name.partition(":")[2] or DEFAULT_ASYNC_GRAPH_MODE)
     if name in OUTSIDE_ENGINES:
         return _load(name, OUTSIDE_ENGINES[name])
+    if name.startswith("vllm:"):  # vLLM with one of its cudagraph modes (CUDA; its CPU platform has none)
+        from conformance.adapters.vllm import CUDAGRAPH_MODES, VllmAdapter
+
+        mode = name.partition(":")[2]
+        if mode.upper() not in CUDAGRAPH_MODES:
+            raise UnknownEngine(f"unknown vLLM cudagraph mode {mode!r}: use one of "
+                                f"{', '.join(m.lower() for m in CUDAGRAPH_MODES)}")
+        return VllmAdapter(graph_mode=mode)
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
         raise UnknownEngine(

@@ -37,6 +37,8 @@ SEMANTIC_DIFFERENCES = (
      ("vLLM holds back incomplete bytes, the reference shows U+FFFD; the `request-outputs` check accepts "
       "text without those trailing U+FFFD")),
 )
+# vLLM's cudagraph modes (``compilation_config.cudagraph_mode``), ``--engine vllm:<mode>``.
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 # Attention head sizes vLLM's CPU attention kernel takes (v1/attention/backends/cpu_attn.py).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # GDN key / value head sizes vLLM's CPU chunked prefill kernel takes (k == v).
@@ -73,6 +75,7 @@ class VllmAdapter:
             raise UnknownEngine("engine 'vllm': vLLM is not installed here (pip install 'refengine[vllm]', "
                                 "or `python ci/install_vllm.py` for its CPU build; README, Testing vLLM)")
         self.graph_mode = graph_mode
+        self.name = "vllm" if graph_mode is None else f"vllm:{graph_mode}"
         self._methods: tuple[str, ...] | None = None
 
     # -- what the installed vLLM does ----------------------------------------------------------------

@@ -161,3 +161,15 @@ def test_scenarios_vllm_cannot_run_are_named():
     assert a.refuses(get_def("short-prompts-k0").materialize("default", 256)) is None
     scripted = get_def("scripted-ragged-k3").materialize("default", 256)
     assert "scripted drafter" in a.refuses(scripted)
+
+
+def test_cudagraph_modes_are_engine_names(monkeypatch):
+    from importlib import metadata
+
+    from conformance.adapters import load_engine
+
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0-stub")
+    full = load_engine("vllm:full_and_piecewise")
+    assert full.name == "vllm:full_and_piecewise" and full.graph_mode == "full_and_piecewise"
+    with pytest.raises(UnknownEngine, match="unknown vLLM cudagraph mode 'fast'"):
+        load_engine("vllm:fast")
