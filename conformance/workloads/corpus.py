@@ -240,50 +240,32 @@ def _stop_tokens(k: int) -> ScenarioDef:
     )
 
 
-NGRAM_MAX_LEN = 96  # ngram-k3's max_model_len: above every other request's prompt and output (24 + 64)
+NGRAM_TEXT = ("the model's text decides where the lookup finds drafts and whether they are kept "
+              "(params-ngram-k3 forces both on any model)")
 
 
 def _ngram(k: int, lookup: tuple[int, int]) -> ScenarioDef:
-    forced = k == 3 and lookup == (1, 3)
-
     def build(b):
         # Prompts repeating a phrase of 1..3 ids (the lookup hits them, also near their end: fewer
         # than K drafts) next to random ones (it misses until the output repeats itself), arriving
         # two per step so rows move and FULL steps pad.
         for i in range(b.size(8, 16)):
             b.add(b.rng.randint(4, 24), b.size(40, 64), arrival=i // 2, repeat=i % 4)
-        if forced:
-            _forced_ngram_transitions(b)
 
-    # Whether the model accepts n-gram drafts of free text is the model's to say; at K=3 one request forced
-    # to one id makes the transitions happen on any checkpoint (scripted-zero-draft-k* reach them too).
-    triggers = ("zero-draft-after-accept", "partial-drafts") if forced else ()
+    # Whether n-gram drafts of the model's text are accepted is the model's to say: at K=1 a checkpoint may
+    # accept none, so only K=3 asks for the transitions, as the model's (params-ngram-k3 and
+    # scripted-zero-draft-k* reach them on any model).
+    triggers = ("zero-draft-after-accept", "partial-drafts") if k > 1 else ()
     lo, hi = lookup
     return ScenarioDef(
         f"ngram-k{k}",
         f"n-gram prompt lookup ({lo}..{hi}-grams) proposes 0..K drafts per step: a request that "
-        f"accepted drafts may verify none in its next step (K={k}"
-        + (f"; one request held to one id by allowed_token_ids verifies none at max_model_len "
-           f"{NGRAM_MAX_LEN} - 1 right after accepting 3, on any model)" if forced else ")"),
-        EngineSettings(num_speculative_tokens=k, drafter="ngram", prompt_lookup_min=lo, prompt_lookup_max=hi,
-                       max_model_len=NGRAM_MAX_LEN if forced else None),
+        f"accepted drafts may verify none in its next step (K={k})",
+        EngineSettings(num_speculative_tokens=k, drafter="ngram", prompt_lookup_min=lo, prompt_lookup_max=hi),
         build,
         ("spec-verify", *triggers),
+        model_decides=tuple((t, NGRAM_TEXT) for t in triggers),
     )
-
-
-def _forced_ngram_transitions(b) -> None:
-    """A request whose every output is one id ``t`` (``allowed_token_ids``: the model has no say) and whose
-    prompt never holds ``t``. The 1..3-gram lookup (longest n-gram, earliest match, at most K=3 drafts and
-    none past ``max_model_len - 1`` committed tokens) then proposes, at N committed tokens (prompt length
-    p): N=p+1 none (``t`` is new); p+2 one (``t`` after its first copy), accepted, so 2 tokens more; p+4
-    one (the 3-gram ``t t t`` matched at p, one token after it); p+6 three, all accepted; p+10 none, as
-    p+10 = max_model_len - 1. So a verify step without drafts right after one that accepted 3 (vLLM #52942),
-    and one with fewer drafts than K, whatever the model."""
-    t = b.rng.randrange(b.vocab_size)
-    others = [i for i in range(b.vocab_size) if i != t]
-    prompt = tuple(b.rng.choice(others) for _ in range(NGRAM_MAX_LEN - 11))
-    b.add_ids(prompt, 16, arrival=b.size(4, 8), params={"allowed_token_ids": [t]})
 
 
 def _ngram_max_len(k: int, tiers=NIGHTLY) -> ScenarioDef:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from conformance.workloads.scenario import TIERS, EngineSettings, ScenarioDef
 
 NIGHTLY = ("nightly",)
-LATER = 200  # a later wave's arrival step, once the earlier requests finished (the harness skips idle steps)
 # Why a stop-string trigger is the checkpoint's: the scenario reads ids 97-99 and 32 as "a"-"c" and a
 # space, one token per byte; forced where the tokenizer is byte-level, whatever the weights.
 BYTES = ("the allowed ids are taken for the letters of a byte-level tokenizer (one token per byte); "
@@ -95,15 +94,12 @@ def _text(b, k: int) -> None:
     for m in (2, 3):
         b.add_ids(shared, m, arrival=2, params={"allowed_token_ids": letters[:2], "stop": ["ab"]})
     b.add(10, n, arrival=3)  # unrestricted, onto a seat a restricted request leaves
-    # Once those finished, requests held to the one id of "a": "aaa" completes at its third token, inside
-    # the first verify window (all-accept) and across it and the prefill's; "aa" at max_tokens 2; a tenth
-    # "a" ends the third a step later, beside an unrestricted request admitted onto a seat the first two
-    # left. Whatever the model, where ids are bytes (the byte-level tokenizer).
+    # Requests held to the one id of "a": "aaa" completes at the third token, inside the first verify window
+    # (all-accept) and across it and the prefill's; "aa" at max_tokens 2. Whatever the model, where ids are
+    # bytes (the byte-level tokenizer).
     only_a = {"allowed_token_ids": letters[:1]}
-    b.add(5, n, arrival=LATER, params={**only_a, "stop": ["aaa"]})
-    b.add(6, 2, arrival=LATER, params={**only_a, "stop": ["aa"]})
-    b.add(7, n, arrival=LATER, params={**only_a, "stop": ["a" * 10]})
-    b.add(4, 6, arrival=LATER)
+    b.add(5, n, arrival=4, params={**only_a, "stop": ["aaa"]})
+    b.add(6, 2, arrival=4, params={**only_a, "stop": ["aa"]})
 
 
 def _params_text(k: int, pattern: str = "all-accept", tiers=TIERS) -> ScenarioDef:
@@ -121,11 +117,14 @@ def _params_text(k: int, pattern: str = "all-accept", tiers=TIERS) -> ScenarioDe
     )
 
 
+NGRAM_MAX_LEN = 96  # params-ngram-k3's max_model_len: above every other request's prompt and output (10 + 73)
+
+
 def _ngram(b, k: int) -> None:
     """Penalised requests over two allowed ids (the frequency penalty picks between them, so their output
     cycles and the n-gram drafter finds drafts there, and each verify position's counts decide its token)
     beside unrestricted requests whose random output gives it none; four seats, requests finishing at
-    different lengths so rows move."""
+    different lengths so rows move. Then one request held to one id, whose drafts are forced."""
     n = b.size(14, 40)
     for i in range(b.size(6, 12)):
         if i % 2:
@@ -133,17 +132,34 @@ def _ngram(b, k: int) -> None:
                   params={"allowed_token_ids": _ids(b, 2), "frequency_penalty": 0.3 + 0.1 * i})
         else:
             b.add(10, n - i, arrival=i // 2)  # unrestricted: rows without drafts
+    _forced_ngram_transitions(b)
+
+
+def _forced_ngram_transitions(b) -> None:
+    """A request whose every output is one id ``t`` (``allowed_token_ids``: the model has no say) and whose
+    prompt never holds ``t``. The 2..3-gram lookup (longest n-gram, earliest match, at most K=3 drafts, none
+    past ``max_model_len - 1`` committed tokens) then proposes, at N committed tokens (prompt length p):
+    N=p+1 and p+2 none (no 2-gram of ``t`` yet); p+3 one (``t t`` after its first copy), accepted, so 2
+    tokens more; p+5 two (``t t t`` matched at p); p+8 three; p+12 none, as p+12 = max_model_len - 1. So a
+    verify step without drafts right after one that accepted 3 (vLLM #52942), and steps with fewer drafts
+    than K, whatever the model."""
+    t = b.rng.randrange(b.vocab_size)
+    others = [i for i in range(b.vocab_size) if i != t]
+    prompt = tuple(b.rng.choice(others) for _ in range(NGRAM_MAX_LEN - 13))
+    b.add_ids(prompt, 16, arrival=b.size(3, 6), params={"allowed_token_ids": [t]})
 
 
 def _params_ngram(k: int, tiers=TIERS) -> ScenarioDef:
     return ScenarioDef(
         f"params-ngram-k{k}",
-        f"penalised requests with drafts beside rows without any, rows moving between steps "
-        f"(n-gram drafter, K={k})",
+        f"penalised requests with drafts beside rows without any, rows moving between steps, and one held "
+        f"to one id by allowed_token_ids that verifies none at max_model_len {NGRAM_MAX_LEN} - 1 right after "
+        f"accepting 3, on any model (n-gram drafter, K={k})",
         EngineSettings(num_speculative_tokens=k, drafter="ngram", prompt_lookup_min=2, prompt_lookup_max=3,
-                       max_num_seqs=4),
+                       max_num_seqs=4, max_model_len=NGRAM_MAX_LEN),
         lambda b: _ngram(b, k),
-        ("params-rows-reordered", "penalties-over-drafts", "zero-draft-beside-drafts"),
+        ("params-rows-reordered", "penalties-over-drafts", "zero-draft-beside-drafts",
+         "zero-draft-after-accept", "partial-drafts"),
         tiers,
         model_decides=(
             ("penalties-over-drafts", ("whether the penalised text over two ids repeats so that the lookup "

@@ -33,9 +33,12 @@ from tests.helpers.checkpoints import FOREIGN, write_foreign_checkpoint
 # ---- the n-gram transitions, forced ------------------------------------------------------------------
 
 
+FORCED = "params-ngram-k3"  # its last request is held to one id, the n-gram transitions forced
+
+
 def _forced_walk(scenario: Scenario) -> list[tuple[int, int, int]]:
-    """(committed tokens, drafts, accepted) per verify step of ngram-k3's forced request, whose every output
-    is its one allowed id: the engines' lookup (refengine.drafters.ngram) over what it commits."""
+    """(committed tokens, drafts, accepted) per verify step of the forced request, whose every output is its
+    one allowed id: the engines' lookup (refengine.drafters.ngram) over what it commits."""
     s, r = scenario.settings, scenario.requests[-1]
     (t,) = r.sampling["allowed_token_ids"]
     drafter = NgramDrafter(s.k, s.prompt_lookup_min, s.prompt_lookup_max, s.max_model_len)
@@ -52,7 +55,9 @@ def _forced_walk(scenario: Scenario) -> list[tuple[int, int, int]]:
 @pytest.mark.parametrize("vocab_size", [199, 256, 300, 320, 32768])
 @pytest.mark.parametrize("tier", ["default", "nightly"])
 def test_the_forced_ngram_request_accepts_drafts_then_verifies_none_on_any_model(vocab_size, tier):
-    scenario = load_scenario("ngram-k3", tier, vocab_size)
+    scenario = load_scenario(FORCED, tier, vocab_size)
+    assert {"zero-draft-after-accept", "partial-drafts"} <= set(scenario.triggers) - set(
+        dict(scenario.model_decides))  # forced, not the model's
     request = scenario.requests[-1]
     assert request.sampling["allowed_token_ids"][0] not in request.prompt
     walk = _forced_walk(scenario)
@@ -66,7 +71,7 @@ def test_the_forced_ngram_request_accepts_drafts_then_verifies_none_on_any_model
 
 def test_the_walk_sees_a_broken_construction():
     """One token more of prompt: the request reaches max_model_len in the step that would verify none."""
-    scenario = load_scenario("ngram-k3", "default", 256)
+    scenario = load_scenario(FORCED, "default", 256)
     r = scenario.requests[-1]
     longer = dataclasses.replace(r, prompt=r.prompt + r.prompt[:1])
     walk = _forced_walk(dataclasses.replace(scenario, requests=(*scenario.requests[:-1], longer)))
@@ -79,11 +84,12 @@ def test_the_forced_request_reaches_its_triggers_on_a_transformers_written_check
     reference engine's run of it hits both triggers."""
     from conformance.adapters.refengine import reference_adapter
 
-    full = load_scenario("ngram-k3", "default", small_case.facts.vocab_size)
-    alone = dataclasses.replace(full, requests=(dataclasses.replace(full.requests[-1], arrival_step=0),))
+    full = load_scenario(FORCED, "default", small_case.facts.vocab_size)
+    alone = dataclasses.replace(full, requests=(dataclasses.replace(full.requests[-1], arrival_step=0),),
+                                triggers=("zero-draft-after-accept", "partial-drafts"), model_decides=())
     trace = run_workload(reference_adapter(), alone, small_case.facts, label="reference")
     check = check_triggers(alone, trace)
-    assert check.status == PASS and "zero-draft-after-accept, partial-drafts" in check.summary, check.summary
+    assert check.status == PASS, check.summary
 
 
 # ---- triggers the model decides --------------------------------------------------------------------
@@ -115,16 +121,15 @@ def _without_zero_draft_steps(trace: Trace) -> Trace:
 
 
 def test_a_missed_trigger_fails_when_forced_and_warns_with_its_reason_when_the_model_decides(ngram_traces):
-    scenario = get_def("ngram-k3").materialize("default", 256)
+    decided = get_def("ngram-k3").materialize("default", 256)  # its transitions are the model's text's
+    why = dict(decided.model_decides)["zero-draft-after-accept"]
     missed = _without_zero_draft_steps(ngram_traces["reference"])
-    forced = check_triggers(scenario, missed)
+    forced = check_triggers(dataclasses.replace(decided, model_decides=()), missed)
     assert forced.status == FAIL and forced.details["missed"] == ["zero-draft-after-accept"]
 
-    why = "whether the model accepts n-gram drafts of its text"
-    decided = dataclasses.replace(scenario, model_decides=(("zero-draft-after-accept", why),))
     gap = check_triggers(decided, missed)
     assert gap.status == NA and gap.details["not_exercised"] == ["zero-draft-after-accept"]
-    assert why in gap.details["warning"] and scenario.id in gap.details["warning"]
+    assert why in gap.details["warning"] and decided.id in gap.details["warning"]
     asked = check_triggers(decided, missed, require_exercised=True)  # a gate asking for every trigger
     assert asked.status == FAIL and why in asked.report
     assert check_triggers(decided, ngram_traces["reference"], require_exercised=True).status == PASS
@@ -210,11 +215,11 @@ def test_the_default_tier_is_green_on_a_foreign_checkpoint(name, engine, caching
     assert all("no MTP head" in why for why in skipped), skipped  # the dense family has none
 
 
-# The mutant each family's checkpoint must catch in ngram-k3: a zero-draft row after accepted drafts reading
-# the state of slot 0 (the recurrent families: vLLM #52942), a decode row verifying the host's K draft
-# positions, fillers included (the dense family: it keeps no recurrent state).
-FAMILY_MUTANT = {"nemotron-h-m*em-e": ("zero-draft-reads-first-slot", "ngram-k3"),
-                 "qwen35-lllfl": ("zero-draft-reads-first-slot", "ngram-k3"),
+# The mutant each family's checkpoint must catch with n-gram drafts: a zero-draft row after accepted drafts
+# reading the state of slot 0 (the recurrent families: vLLM #52942), a decode row verifying the host's K
+# draft positions, fillers included (the dense family: it keeps no recurrent state).
+FAMILY_MUTANT = {"nemotron-h-m*em-e": ("zero-draft-reads-first-slot", FORCED),
+                 "qwen35-lllfl": ("zero-draft-reads-first-slot", FORCED),
                  "qwen3-dense-6x3": ("drafts-counted-from-host", "ngram-k3")}
 
 

@@ -68,13 +68,13 @@ def test_triggers_hold_on_the_real_trace_and_fail_when_the_workload_stops_hittin
         for r in step.rows:
             if r.kind == "decode" and not r.draft_token_ids:
                 r.draft_token_ids = [0]
-    result = checks.check_triggers(scenario, always)
+    result = checks.check_triggers(scenario, always, require_exercised=True)  # they are the model's to reach
     assert result.failed and result.details["missed"] == ["zero-draft-after-accept"]
 
     whole = copy.deepcopy(traces["reference"])  # as if every proposal had K drafts or none
     for req in whole.requests.values():
         req.acceptance = [(scenario.k if d else 0, a) for d, a in req.acceptance]
-    result = checks.check_triggers(scenario, whole)
+    result = checks.check_triggers(scenario, whole, require_exercised=True)
     assert result.failed and result.details["missed"] == ["partial-drafts"]
 
 
@@ -87,7 +87,8 @@ def test_a_re_prefill_between_two_verify_steps_breaks_the_transition(traces):
         for before, after in itertools.pairwise(rows):
             if before.num_accepted and not after.draft_token_ids:
                 after.kind = "prefill"  # what a re-prefill row in between would reset
-    assert checks.check_triggers(scenario, t).details["missed"] == ["zero-draft-after-accept"]
+    missed = checks.check_triggers(scenario, t, require_exercised=True).details["missed"]
+    assert missed == ["zero-draft-after-accept"]
 
 
 def test_ngram_scenarios_in_both_tiers():
