@@ -21,11 +21,11 @@ counted apart (``captured``): a replay runs them, not the host.
 
 Times are the host thread's CPU time (``clock``). ``fake_seconds`` sums what the caller should take off
 its host timings: the fake tensors' own Python inside the mode's handler (a FakeTensor op costs ~100-200
-us), and the mode's entry, ~10-40 us per op here (``calibrate`` measures it per kind of op: an op on host
-tensors only, a metadata query, a device view, a device kernel). What is left is the host's own work:
-its Python and its host tensors' ops. Issuing the device ops themselves, which a GPU's host pays for
-(a few microseconds each, more for a Triton launch), is left out of the time and counted instead:
-``device_ops`` (views and allocations included) and ``launches``.
+us), and the mode's entry for an op on host tensors only and for a metadata query, free on a GPU's
+host (``calibrate`` measures the entry per kind of op). A device op's entry into the handler stays in the
+host's time: it stands for issuing the op, which a GPU's host pays too (there a few microseconds, here
+~20-60); ``device_entries`` sums its calibrated estimate per tag, for a figure without it. The device
+ops are counted too: ``device_ops`` (views and allocations included) and ``launches``.
 
 Not thread-safe: the stand-ins are patched onto ``torch.cuda``, ``torch`` and Triton for the block.
 """
@@ -100,7 +100,8 @@ class CountingMode(FakeTensorMode):
             if func.namespace == "prim":  # a metadata query (``is_cuda``)
                 kind = "query"
                 return super().__torch_dispatch__(func, types, args, kwargs)
-            rt.device_ops[rt.tag()] += 1
+            tag = rt.tag()
+            rt.device_ops[tag] += 1
             if func is aten.copy_.default and not isinstance(args[1], FakeTensor):
                 rt.launch(HTOD)  # a host tensor into a device one: the data is not needed
                 return args[0]
@@ -121,7 +122,11 @@ class CountingMode(FakeTensorMode):
         finally:
             self._depth -= 1
             rt.ops[kind] += 1
-            rt.fake_seconds += clock() - start - real + rt.entries[kind]
+            if kind in ("view", "kernel"):  # kept in the host's time, and noted apart (``device_entries``)
+                rt.device_entries[tag] += rt.entries[kind]
+                rt.fake_seconds += clock() - start - real
+            else:
+                rt.fake_seconds += clock() - start - real + rt.entries[kind]
 
 
 class FakeEvent:
@@ -181,6 +186,7 @@ class FakeRuntime:
         self.fake_seconds = 0.0
         self.device_ops: Counter = Counter()  # tag -> ops on device tensors (views and allocations included)
         self.ops: Counter = Counter()  # kind ("host", "query", "view", "kernel") -> ops that entered the mode
+        self.device_entries: Counter = Counter()  # tag -> the calibrated entries of its device ops, seconds
         self.entries = dict.fromkeys(("host", "query", "view", "kernel"), 0.0)  # kind -> ``calibrate``'s
         self.tag: Callable[[], str] = lambda: ""
         self._capturing = 0
@@ -189,7 +195,7 @@ class FakeRuntime:
     def clear(self) -> None:
         """Forget what was counted and timed so far (the calibration stays)."""
         self.launches.clear(), self.captured.clear(), self.events.clear(), self.device_ops.clear()
-        self.ops.clear()
+        self.ops.clear(), self.device_entries.clear()
         self.fake_seconds = 0.0
 
     def in_mode(self, fn, *args, **kwargs):
@@ -225,7 +231,8 @@ class FakeRuntime:
         """Measure what entering the mode costs (the time from an op's call to the mode's handler and back,
         outside the handler's own timing), per kind of op: an op on host tensors only, a metadata query, a
         view or allocation of a device tensor, a device op that runs a kernel (medians over a few of each),
-        and take it off every op from now on. Returns kind -> seconds."""
+        and take it off every later host op and query (a device op's is noted in ``device_entries``).
+        Returns kind -> seconds."""
         self.entries = dict.fromkeys(self.entries, 0.0)
         h = torch.zeros(16, 8, dtype=torch.int64)
         with self.mode:

@@ -23,8 +23,10 @@ Stages (the methods timed, each without the stages below it that run inside it):
 Times are the host thread's CPU time (other processes on a shared machine do not count). Taken off:
 the fake tensors' own Python (a FakeTensor op costs ~100-200 us where a CUDA launch costs a few), the
 fake mode's entry for host-only ops and metadata queries (free on a GPU's host), and the stand-ins'
-work. Kept: the dispatcher's entry into each device op, ~10-25 us here, about what issuing a kernel or
-a view costs a GPU's host; a Triton launch, counted, costs here none of what Triton's launcher costs.
+work. Kept: the dispatcher's entry into each device op (~20-60 us here, a few on a GPU's host: the
+figure counts issuing a device op dearer than a GPU does); ``own_us_per_step`` takes its calibrated
+estimate off too, leaving the host's own code. A Triton launch costs here none of what Triton's
+launcher costs. Device ops and launches are counted per step.
 The first run of the workload is a warm-up (it captures the graphs); the figures are medians over the
 timed runs, launch counts the last run's.
 """
@@ -204,6 +206,7 @@ class RunFigures:
     launches: dict  # (graph mode, stage) -> Counter of launch names
     device_ops: dict  # (graph mode, stage) -> ops on device tensors (views included)
     events: dict  # (graph mode, stage) -> event records
+    device_entries: dict  # (graph mode, stage) -> its device ops' calibrated entries into the fake mode, s
     taken_off: float  # seconds taken off (fake tensors, the mode's entries, the stand-ins)
     captured: int  # launches recorded into graphs captured during the run (0 after the warm-up)
 
@@ -221,11 +224,17 @@ class HostBench:
     entries: dict  # kind of op -> the fake mode's entry taken off per op, seconds (``FakeRuntime.calibrate``)
     runs: list[RunFigures] = field(default_factory=list)
 
-    def us_per_step(self) -> dict[str, float]:
-        """stage -> median over the runs of host microseconds per step; "total" their sum."""
-        out = {s: statistics.median(1e6 * r.seconds.get(s, 0.0) / r.num_steps for r in self.runs)
+    def us_per_step(self, issuing: bool = True) -> dict[str, float]:
+        """stage -> median over the runs of host microseconds per step; "total" their sum. Without
+        ``issuing``: the calibrated cost of issuing the device ops taken off too (the host's own code)."""
+        def seconds(r: RunFigures, stage: str) -> float:
+            off = 0.0 if issuing else sum(v for (_, s), v in r.device_entries.items() if s == stage)
+            return r.seconds.get(stage, 0.0) - off
+
+        out = {s: statistics.median(1e6 * seconds(r, s) / r.num_steps for r in self.runs)
                for s in STAGE_NAMES}
-        out["total"] = statistics.median(1e6 * sum(r.seconds.values()) / r.num_steps for r in self.runs)
+        out["total"] = statistics.median(1e6 * sum(seconds(r, s) for s in STAGE_NAMES) / r.num_steps
+                                         for r in self.runs)
         return out
 
     def us_per_mode_step(self) -> dict[str, dict[str, float]]:
@@ -265,7 +274,7 @@ class HostBench:
         """The figures as plain data (``--json``)."""
         modes = sorted(self.steps())
         return {"k": self.k, "graph_mode": self.graph_mode, "steps": self.steps(),
-                "us_per_step": self.us_per_step(),
+                "us_per_step": self.us_per_step(), "own_us_per_step": self.us_per_step(issuing=False),
                 "us_per_mode_step": self.us_per_mode_step(), "launches_by_stage": self.by_stage("launches"),
                 "device_ops_by_stage": self.by_stage("device_ops"),
                 "launches_per_mode_step": {m: self.launches_per_step(m) for m in modes}}
@@ -307,8 +316,8 @@ def run(model: str | None = None, k: int = 3, graph_mode: str = "full_and_piecew
             if i:
                 launches = {t: Counter(c) for t, c in rt.launches.items()}
                 figures = RunFigures(dict(clock_.seconds), dict(clock_.step_seconds), dict(clock_.steps),
-                                     launches, dict(rt.device_ops), dict(rt.events), rt.fake_seconds,
-                                     sum(rt.captured.values()))
+                                     launches, dict(rt.device_ops), dict(rt.events), dict(rt.device_entries),
+                                     rt.fake_seconds, sum(rt.captured.values()))
                 bench.runs.append(figures)
         fake.close()
     llm.engine.close()
@@ -316,23 +325,23 @@ def run(model: str | None = None, k: int = 3, graph_mode: str = "full_and_piecew
 
 
 def report(b: HostBench) -> list[str]:
-    us, steps, per_mode = b.us_per_step(), b.steps(), b.us_per_mode_step()
+    us, own, steps, per_mode = b.us_per_step(), b.us_per_step(issuing=False), b.steps(), b.us_per_mode_step()
     launches, ops = b.by_stage("launches"), b.by_stage("device_ops")
     lines = [(f"host cost per step on fake CUDA (no kernel time): K={b.k}, graph mode {b.graph_mode}, "
               f"{b.requests} requests, {b.tokens} tokens, {sum(steps.values())} steps a run "
               f"({', '.join(f'{m} {n}' for m, n in sorted(steps.items()))}), median of {len(b.runs)} runs"),
-             f"  {'stage':10s} {'us/step':>9s} {'launches/step':>14s} {'device ops/step':>16s}"
-             + "".join(f" {'us/' + m + ' step':>15s}" for m in sorted(steps))]
+             f"  {'stage':10s} {'us/step':>9s} {'own us/step':>12s} {'launches/step':>14s} "
+             f"{'device ops/step':>16s}" + "".join(f" {'us/' + m + ' step':>15s}" for m in sorted(steps))]
     for s in (*STAGE_NAMES, "total"):
         stage_launches = sum(launches.values()) if s == "total" else launches[s]
         stage_ops = sum(ops.values()) if s == "total" else ops[s]
-        lines.append(f"  {s:10s} {us[s]:9.1f} {stage_launches:14.2f} {stage_ops:16.2f}"
+        lines.append(f"  {s:10s} {us[s]:9.1f} {own[s]:12.1f} {stage_launches:14.2f} {stage_ops:16.2f}"
                      + "".join(f" {per_mode[m][s]:15.1f}" for m in sorted(steps)))
     for mode in sorted(steps):
         per = b.launches_per_step(mode)
         lines.append(f"  {mode} steps ({steps[mode]} a run): {sum(per.values()):.2f} launches each:")
         lines += [f"    {n:8.2f}  {name}" for name, n in per.items()]
-    lines.append("  taken off per op (the fake mode's entry): "
+    lines.append("  own us: without issuing the device ops either; the fake mode's entry per op, calibrated: "
                  + ", ".join(f"{kind} {1e6 * s:.1f} us" for kind, s in b.entries.items()))
     captured = b.runs[-1].captured
     if captured:
