@@ -77,6 +77,13 @@ for mode in none piecewise full full_and_piecewise; do
     [ "$ENGINE" = async ] || break
 done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+# The engine in bfloat16 on the GPU, judged by the CPU float32 reference (--verdict rescored: the reference
+# scores the engine's own output; a token within the calibrated bfloat16 tolerance of its pick is a near-tie,
+# one beyond it is structural and fails).
+bf16=(conformance run --engine "$ENGINE" --device cuda --dtype bfloat16 --verdict rescored
+      --reference-dtype float32 --reference-device cpu --tier default
+      --junit-xml "$REPORTS/conformance-bf16-rescored.xml" --report-json "$REPORTS/conformance-bf16-rescored.json")
+run_to "$REPORTS/conformance-bf16-rescored.log" "${bf16[@]}" || status=1
 run python ci/summarize_junit.py "$REPORTS"/*.xml --title "GPU runner (CUDA $EXPECTED_CUDA)" \
     --output "$REPORTS/summary.md"
 run cat "$REPORTS/summary.md"
@@ -101,6 +108,11 @@ if [ "$gpu_rc" = 0 ] || [ "$gpu_rc" = 5 ]; then  # 5: the selection holds no GPU
 else
     echo "$gpu" | tail -n 20
     echo "gpu_runner: the GPU-marked tests do not collect: pytest -m gpu $*" >&2
+    status=1
+fi
+if ! python -c 'import sys; from conformance.cli import build_parser; from conformance.verdict import calibrated_tolerance
+build_parser().parse_args(sys.argv[1:]); calibrated_tolerance("bfloat16", "float32")' "${bf16[@]:1}"; then
+    echo "gpu_runner: the bfloat16 pass (${bf16[*]}) does not parse, or bfloat16 has no calibrated tolerance" >&2
     status=1
 fi
 if ! python -c "import kernels.compile_check"; then

@@ -43,6 +43,7 @@ from conformance.workloads.scenario import DRAFTERS, MAMBA_CACHE_MODES
 from refengine.tools.errors import (
     OneLineParser,
     add_dtype_flag,
+    finite_number,
     float_above,
     int_at_least,
     one_line_warnings,
@@ -82,6 +83,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--enable-prefix-caching: where recurrent states are checkpointed (default: each scenario's "
         "own mode, else align)",
     )
+    _verdict_flags(p)
     p.add_argument("--drafter", choices=DRAFTERS, default=None,
                    help="run every speculating scenario with this drafter instead of its own (both engines; "
                    "a trigger tuned to the scenario's drafter that the run misses is then a warning)")
@@ -90,6 +92,23 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "cut:<layers>: the run's model cut to those layers, as `refengine make-draft-model` "
                    "does); --drafter eagle|eagle3: the head's folder in vLLM's layout (default: a seeded "
                    "head the suite makes for the model, conformance.eagle_heads)")
+
+
+def _verdict_flags(p: argparse.ArgumentParser) -> None:
+    from conformance.verdict import VERDICTS
+
+    p.add_argument("--verdict", choices=VERDICTS, default="exact",
+                   help="how the engine's tokens are judged: exact (bitwise the reference's, the default), "
+                   "rescored (the reference scores the engine's own output; a token within the calibrated "
+                   "tolerance of the reference's pick is a near-tie, one beyond it structural), auto (exact "
+                   "for an engine declaring 'bitwise' in the reference's dtype and device, else rescored)")
+    p.add_argument("--reference-dtype", choices=("float32", "bfloat16", "float16", "auto"), default=None,
+                   help="--verdict rescored: the reference's dtype (default: the run's --dtype)")
+    p.add_argument("--reference-device", default=None,
+                   help="--verdict rescored: the reference's device (default: the run's --device)")
+    p.add_argument("--tolerance", type=finite_number, default=None, metavar="NATS",
+                   help="--verdict rescored: this tolerance instead of the calibrated one "
+                   "(conformance/calibration.json)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,7 +217,50 @@ def build_parser() -> argparse.ArgumentParser:
     add_dtype_flag(mu, "the reference and the mutated async engine", default=None,
                    default_text=f"${session.ENV_DTYPE} or float32")
     mu.add_argument("--list", action="store_true", help="list the mutants and what they break")
+    _calibrate_parser(sub)
+    _triage_parser(sub)
     return parser
+
+
+def _calibrate_parser(sub) -> None:
+    from conformance.calibrate import DEFAULT_MODELS, ENGINE_DTYPES, ENGINES
+
+    cal = sub.add_parser("calibrate", help="measure the tolerances of --verdict rescored on this project's "
+                         "own engines and write the calibration table")
+    cal.add_argument("--families", default=",".join(DEFAULT_MODELS), metavar="MODELS",
+                     help="comma-separated models, one per family: 'default' (the embedded default model), "
+                     f"tiny:<family> or a checkpoint folder (default: {','.join(DEFAULT_MODELS)})")
+    cal.add_argument("--scenarios", action="append", default=[], metavar="ID",
+                     help="only this scenario (repeatable; default: the whole tier)")
+    cal.add_argument("--tier", default="default", choices=TIERS)
+    cal.add_argument("--dtypes", default=",".join(ENGINE_DTYPES), metavar="DTYPES",
+                     help="comma-separated engine dtypes, each scored against float32 and against itself "
+                     f"(default: {','.join(ENGINE_DTYPES)})")
+    cal.add_argument("--engines", default=",".join(ENGINES), metavar="ENGINES",
+                     help=f"comma-separated engines of this project (default: {','.join(ENGINES)})")
+    cal.add_argument("--out", default=None, metavar="FILE",
+                     help="where the table goes (default: the packaged conformance/calibration.json)")
+    cal.add_argument("--threads", type=int_at_least(1), default=1, help=THREADS_HELP)
+
+
+def _triage_parser(sub) -> None:
+    tr = sub.add_parser("triage", help="is a divergence a bug or numerics? run the engine and the "
+                        "reference on prompts, rerun the controls, say which, and write a scenario file that "
+                        "replays it")
+    _common(tr)
+    tr.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                    help="a text prompt (repeatable; needs a model with a tokenizer)")
+    tr.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
+                    help="a prompt as comma-separated token ids, e.g. 1,2,3 (repeatable)")
+    tr.add_argument("--scenario-file", default=None, metavar="FILE",
+                    help="the workload of this scenario file")
+    tr.add_argument("--max-tokens", type=int_at_least(1), default=16, help="tokens per prompt (default 16)")
+    tr.add_argument("-k", "--num-speculative-tokens", type=int_at_least(0), default=0, metavar="K",
+                    help="speculative tokens per step for the prompts (default 0)")
+    tr.add_argument("--spec-drafter", choices=DRAFTERS, default="mtp",
+                    help="the drafter of the prompts' run with -k (default mtp)")
+    tr.add_argument("--out", default="triage.json", metavar="FILE",
+                    help="the scenario file that replays the divergence (default triage.json)")
 
 
 def _selection(args) -> session.Selection:
@@ -215,6 +277,10 @@ def _selection(args) -> session.Selection:
         allow_unexercised=getattr(args, "allow_unexercised", False),
         drafter=getattr(args, "drafter", None),
         draft_model=getattr(args, "draft_model", None),
+        verdict=getattr(args, "verdict", "exact"),
+        reference_dtype=getattr(args, "reference_dtype", None),
+        reference_device=getattr(args, "reference_device", None),
+        tolerance=getattr(args, "tolerance", None),
     )
     if sel.device == "cpu":
         import torch
@@ -260,6 +326,7 @@ def cmd_run(args, out) -> int:
                                          f"support required feature(s) {', '.join(lacking)} "
                                          "(--require-feature): the gate fails before any scenario runs")
         dtype = run_dtype(sel.dtype, facts)
+        _check_verdict(sel, adapter, dtype, facts)  # VerdictError (no calibrated pair, ...): exit 2 up front
     except RUN_REFUSALS as e:
         return _ended_before_the_run(args, facts, 2, setting_message(e))
     except KeyboardInterrupt:
@@ -273,6 +340,15 @@ def cmd_run(args, out) -> int:
                          features=_features(adapter))
     except KeyboardInterrupt:  # before pytest's session started (it reports an interrupt of its own)
         return _ended_before_the_run(args, facts, 130, INTERRUPTED_BEFORE_THE_RUN, name="interrupted")
+
+
+def _check_verdict(sel, adapter, dtype: str, facts) -> None:
+    from conformance.model import run_dtype
+    from conformance.verdict import choose
+
+    ref = None if sel.reference_dtype is None else run_dtype(sel.reference_dtype, facts)
+    choose(sel.verdict, bitwise=adapter.supports("bitwise"), dtype=dtype, reference_dtype=ref,
+           device=sel.device, reference_device=sel.reference_device, tolerance=sel.tolerance)
 
 
 INTERRUPTED_BEFORE_THE_RUN = ("interrupted (KeyboardInterrupt) before the first scenario; no scenario ran, "
@@ -517,6 +593,44 @@ def cmd_mutate(args, out) -> int:
     return 0 if all(r.caught or r.untried for r in results) else 1
 
 
+def cmd_calibrate(args, out) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from conformance.calibrate import calibrate, format_table, write_table
+    from conformance.verdict import CALIBRATION_FILE
+
+    torch.set_num_threads(args.threads)
+    models = [m for m in args.families.split(",") if m]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    engines = [e for e in args.engines.split(",") if e]
+    bad = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
+    if bad or not dtypes:
+        raise ValueError(f"--dtypes: each must be float32, bfloat16 or float16, got {args.dtypes!r}")
+    if not engines or any(e not in ("reference", "async") for e in engines):
+        raise ValueError(f"--engines: each must be reference or async, got {args.engines!r}")
+    if args.scenarios:
+        session.select_scenarios(args.tier, args.scenarios, [])  # UnknownScenario before any work
+    print(f"conformance calibrate: engines {', '.join(engines)} in {', '.join(dtypes)}, scored by the "
+          f"reference in float32 and in each dtype, on {', '.join(models)}, tier {args.tier}"
+          + (f", scenarios {', '.join(args.scenarios)}" if args.scenarios else ""), file=out, flush=True)
+    partial = Path(args.out or CALIBRATION_FILE).with_suffix(".partial.json")  # what a long run measured
+    table = calibrate(models, args.scenarios or None, dtypes, engines, args.tier,
+                      log=lambda *a, **k: print(*a, file=out, **k),
+                      progress=lambda t: write_table(t, partial))
+    partial.unlink(missing_ok=True)
+    print(format_table(table), file=out)
+    print(f"calibration table written to {write_table(table, args.out)}", file=out)
+    return 0
+
+
+def cmd_triage(args, out) -> int:
+    from conformance.triage import run_triage
+
+    return run_triage(args, _selection(args), out)
+
+
 def main(argv: list[str] | None = None, out=None) -> int:
     """The ``conformance`` command. Called without ``argv`` it is the process's entry point (the console
     script, ``python -m conformance``) and ends the process with the command's status (130 on Ctrl-C,
@@ -540,6 +654,8 @@ def _run(args, out=None) -> int:
             "replay": cmd_replay,
             "fuzz": cmd_fuzz,
             "mutate": cmd_mutate,
+            "calibrate": cmd_calibrate,
+            "triage": cmd_triage,
         }
         return commands[args.command](args, out)
     except (UnknownEngine, UnknownScenario, ExpectationError, FileNotFoundError, ValueError, KeyError) as e:

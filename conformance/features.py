@@ -16,6 +16,8 @@ FEATURES = (
     "eagle_drafter",  # drafts with an EAGLE-1 / EAGLE-3 head (vLLM's "eagle" / "eagle3", a head folder)
     "prefix_caching",  # runs with EngineSettings.enable_prefix_caching / mamba_cache_mode
     # (reports num_cached_tokens)
+    "bitwise",  # runs the reference's kernels: its tokens, drafts and logits are bitwise the reference
+    # engine's in the same dtype on the same device (--verdict auto judges it exactly there, else rescored)
 )
 # What a scenario may need of the engine under test (conformance.harness.needed_features): drafters,
 # prefix caching, and "abort" (the instance's optional ``abort(request_id)``, found on the instance).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from conformance import checks, reference_cache
 from conformance.adapters import load_engine
@@ -14,6 +14,7 @@ from conformance.api import DRAFTER_FEATURES, EngineAdapter, RequestParams, RunS
 from conformance.model import ModelFacts
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
+from conformance.verdict import Verdict, choose
 from conformance.watchdog import DEFAULT_STEP_TIMEOUT, EngineHang, Watch, run_watched
 from conformance.workloads import EngineSettings, RequestSpec, Scenario, get_def, seed_of
 from conformance.workloads.scenario import EAGLE_DRAFTERS, TEXT_PARAMS
@@ -209,8 +210,20 @@ class Case:
     drafter: str | None = None
     draft_model: str | None = None
     tensor_parallel_size: int = 1  # the engine under test's ranks (``--tensor-parallel-size``); the oracle: 1
+    # How its tokens are judged (conformance.verdict): "exact" | "rescored" | "auto"; under "rescored" the
+    # reference runs (and scores) in ``reference_dtype`` on ``reference_device`` (None: the engine's), with
+    # ``tolerance`` nats instead of the calibrated one when given.
+    verdict: str = "exact"
+    reference_dtype: str | None = None
+    reference_device: str | None = None
+    tolerance: float | None = None
+    judged: Verdict = field(init=False, repr=False, compare=False)  # the verdict resolved (__post_init__)
 
     def __post_init__(self):
+        bitwise = self.verdict != "exact" and self.adapter.supports("bitwise")  # exact asks no adapter
+        object.__setattr__(self, "judged", choose(
+            self.verdict, bitwise=bitwise, dtype=self.dtype, reference_dtype=self.reference_dtype,
+            device=self.device, reference_device=self.reference_device, tolerance=self.tolerance))
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor parallel size must be >= 1, got {self.tensor_parallel_size}")
         if self.step_timeout is not None and self.step_timeout <= 0:
@@ -261,7 +274,21 @@ class Case:
             cmd += ["--draft-model", self.draft_model]
         if self.tensor_parallel_size != 1:
             cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.verdict != "exact":
+            cmd += ["--verdict", self.verdict]
+        for flag, value in (("--reference-dtype", self.reference_dtype),
+                            ("--reference-device", self.reference_device)):
+            if value is not None:
+                cmd += [flag, value]
+        if self.tolerance is not None:
+            cmd += ["--tolerance", repr(self.tolerance)]
         return shlex.join(cmd)
+
+    @property
+    def reference_where(self) -> dict:
+        """Where the reference side runs: the engine's dtype and device, or the verdict's reference's."""
+        return {"device": self.reference_device or self.device, "dtype": self.judged.reference_dtype,
+                "step_timeout": self.step_timeout}
 
     def adapter_for(self, scenario: Scenario) -> EngineAdapter:
         """The adapter to run ``scenario`` with: an engine selected as plain ``async`` runs in the
@@ -347,6 +374,9 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
         dtype=case.dtype,
         features=needed_features(scenario),
         family=case.facts.family,
+        verdict=case.judged.mode,
+        reference_dtype=case.judged.reference_dtype,
+        tolerance=case.judged.tolerance if case.judged.rescored else None,
     )
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)
@@ -406,7 +436,8 @@ def run_traces(scenario: Scenario, case: Case, fail_fast: bool = False) -> dict[
     ``fail_fast``: only the first two (``late_traces`` gives the others)."""
     ref_side = reference_adapter()
     where = {"device": case.device, "dtype": case.dtype, "step_timeout": case.step_timeout}
-    traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL, **where)}
+    traces = {"reference": run_workload(ref_side, scenario, case.facts, label=REFERENCE_LABEL,
+                                        **case.reference_where)}
     if traces["reference"].error is not None:
         return traces
     label = "reference (under test)" if case.engine == "reference" else case.engine
@@ -421,22 +452,28 @@ def late_traces(scenario: Scenario, case: Case, traces: dict[str, Trace]) -> dic
     """The "plain", "test-plain" and "cached" runs of ``run_traces``, given its first two."""
     ref_side = reference_adapter()
     where = {"device": case.device, "dtype": case.dtype, "step_timeout": case.step_timeout}
+    on_ref = case.reference_where  # the reference side: in the verdict's reference dtype
     label = "reference (under test)" if case.engine == "reference" else case.engine
     traces = dict(traces)
+    # The reference engine's runs are the engine under test's own only where it is bitwise the reference;
+    # where not, a batch-invariant engine is held to its own K=0 run (--verdict rescored).
+    same = case.engine == "reference" and (not case.judged.rescored or case.judged.bitwise_comparable)
+    own_plain = (not same and case.judged.rescored and not case.judged.bitwise_comparable
+                 and case.adapter.supports("batch_invariant") and bool(scenario.k or scenario.aborted))
     if scenario.k or scenario.aborted:
         traces["plain"] = run_workload(ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
-                                       settings=scenario.settings.plain(), **where)
-    if scenario.k and _differs(traces["plain"], traces["test"], scenario.aborted):
+                                       settings=scenario.settings.plain(), **on_ref)
+    if own_plain or (scenario.k and _differs(traces["plain"], traces["test"], scenario.aborted)):
         # spec-lossless fails: the engine under test without speculation says whether speculation is why
-        traces["test-plain"] = traces["plain"] if case.engine == "reference" else run_workload(
+        traces["test-plain"] = traces["plain"] if same else run_workload(
             case.adapter_for(scenario), scenario.without_aborts(), case.facts, label=f"{label} with K=0",
             settings=scenario.settings.plain(), **where, tensor_parallel_size=case.tensor_parallel_size)
     if scenario.caching:
-        traces["cached"] = traces["test"] if case.engine == "reference" else run_workload(
-            cached_reference_adapter(), scenario, case.facts, label=CACHED_LABEL, **where)
+        traces["cached"] = traces["test"] if same else run_workload(
+            cached_reference_adapter(), scenario, case.facts, label=CACHED_LABEL, **on_ref)
     if scenario.has_params:  # what each request's parameters must change ("params-change-output")
         traces["bare"] = run_workload(ref_side, scenario.without_params(), case.facts, label=BARE_LABEL,
-                                      settings=scenario.settings.uncached(), **where)
+                                      settings=scenario.settings.uncached(), **on_ref)
     return {k: v for k, v in traces.items() if k in ("plain", "test-plain", "cached", "bare")}
 
 
@@ -454,10 +491,16 @@ def _differs(plain: Trace, test: Trace, aborted) -> bool:
 
 def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
              scenario_file: str | None = None, fail_fast: bool = False, early: bool = False,
-             only: str | None = None) -> list[CheckResult]:
+             only: str | None = None, scores: dict | None = None) -> list[CheckResult]:
     """Every check over ``traces``. ``fail_fast``: up to the first failing one; ``early``: only the checks
     that read neither the "plain" nor the "cached" run (a check's declaration says whether it is late);
-    ``only``: that check alone."""
+    ``only``: that check alone. Under ``--verdict rescored`` the reference scores the engine's runs
+    (``scores``: that scoring, when already made) and each check is judged as the verdict says
+    (``checks.judge``)."""
+    if case.judged.rescored and scores is None:
+        from conformance.scoring import score_runs
+
+        scores = score_runs(scenario, case, traces)
     inputs = checks.CheckInputs(
         scenario,
         traces["reference"],
@@ -469,6 +512,8 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         traces.get("cached"),
         traces.get("test-plain"),
         traces.get("bare"),
+        verdict=case.judged,
+        scores=scores,
     )
     test = inputs.test
     results = []
@@ -482,7 +527,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         if lacks:
             results.append(CheckResult(c.name, NA, f"the engine's records lack {', '.join(lacks)}"))
             continue
-        result = c.fn(inputs)
+        result = checks.judge(c, inputs)
         if result.failed and result.request_id is not None and c.replay:
             result.details["replay"] = case.replay_command(scenario.id, result.request_id, scenario_file)
         results.append(result)

@@ -120,6 +120,16 @@ def pytest_addoption(parser):
     g.addoption("--conformance-draft-model", default=None, metavar="PATH",
                 help="with --conformance-drafter draft_model: the draft checkpoint (a folder, tiny:<family>, "
                 "or cut:<layers>); with eagle|eagle3: the head's folder (default: a seeded head)")
+    g.addoption("--conformance-verdict", default="exact", choices=("exact", "rescored", "auto"),
+                help="how the engine's tokens are judged: exact (bitwise the reference's), rescored (the "
+                "reference scores the engine's own output within a calibrated tolerance), auto (exact for an "
+                "engine declaring 'bitwise' in the reference's dtype and device, else rescored)")
+    g.addoption("--conformance-reference-dtype", default=None,
+                help="with --conformance-verdict rescored: the reference's dtype (default: the run's)")
+    g.addoption("--conformance-reference-device", default=None,
+                help="with --conformance-verdict rescored: the reference's device (default: the run's)")
+    g.addoption("--conformance-tolerance", type=float, default=None, metavar="NATS",
+                help="with --conformance-verdict rescored: this tolerance instead of the calibrated one")
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")
     g.addoption("--conformance-strict-expectations", action="store_true",
@@ -370,6 +380,10 @@ def _header(config) -> str:
             f", prefix caching {config.getoption('conformance_mamba_cache_mode') or 'on'} (engine under test)"
         )
     gate = _gate_description(config)
+    verdict = config.getoption("conformance_verdict")
+    if verdict != "exact":  # who judges the tokens: the reference in its dtype, by rescoring
+        ref = config.getoption("conformance_reference_dtype") or _dtype(config)
+        caching += f", verdict {verdict} (reference in {ref})"
     return (f"conformance: engine {engine}, tier {tier}, model {model}, dtype {_dtype(config)} (both engines)"
             f"{caching}; {describe(environment(probe_device=False))}" + (f"\nconformance gate: {gate}" if gate
                                                                         else ""))
@@ -455,7 +469,9 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         enable_prefix_caching=opt("conformance_enable_prefix_caching"),
         mamba_cache_mode=opt("conformance_mamba_cache_mode"), step_timeout=opt("conformance_step_timeout"),
         allow_unexercised=opt("conformance_allow_unexercised"), drafter=opt("conformance_drafter"),
-        draft_model=opt("conformance_draft_model"))
+        draft_model=opt("conformance_draft_model"),
+        verdict=opt("conformance_verdict"), reference_dtype=opt("conformance_reference_dtype"),
+        reference_device=opt("conformance_reference_device"), tolerance=opt("conformance_tolerance"))
 
 
 @pytest.fixture(scope="session")
@@ -465,6 +481,7 @@ def conformance_case(pytestconfig, conformance_selection):
     error per scenario."""
     from conformance.api import UnknownEngine
     from conformance.model import UnusableSetup
+    from conformance.verdict import VerdictError
 
     if conformance_selection.device == "cpu":
         import torch
@@ -472,7 +489,7 @@ def conformance_case(pytestconfig, conformance_selection):
         torch.set_num_threads(pytestconfig.getoption("conformance_threads"))
     try:
         case = conformance_selection.open_case()
-    except (UnknownEngine, UnusableSetup, FileNotFoundError) as e:
+    except (UnknownEngine, UnusableSetup, FileNotFoundError, VerdictError) as e:
         _end_run(pytestconfig, f"conformance: {e}")
     _require_features(pytestconfig, case.adapter)
     return case
@@ -544,7 +561,7 @@ def _refused_skip(config, result: ScenarioResult) -> str:
 
 
 RECORDED = ("engine", "model", "family", "dtype", "tier", "torch", "triton", "cuda", "device", "replay",
-            "failure_type", "failed_checks", RESULT_PROPERTY)
+            "failure_type", "failed_checks", "verdict", "reference_dtype", "tolerance", RESULT_PROPERTY)
 
 
 def _recorded_key(key: str) -> bool:
@@ -557,7 +574,10 @@ def _record(node, result: ScenarioResult) -> None:
     env = environment()
     node.user_properties += [("engine", result.engine), ("model", result.model), ("family", result.family),
                              ("dtype", result.dtype), ("tier", result.tier), ("torch", env["torch"]),
-                             ("triton", env["triton"]), ("cuda", env["cuda"]), ("device", env["device"])]
+                             ("triton", env["triton"]), ("cuda", env["cuda"]), ("device", env["device"]),
+                             ("verdict", result.verdict)]
+    if result.verdict == "rescored":  # who judged the tokens, within how many nats
+        node.user_properties += [("reference_dtype", result.reference_dtype), ("tolerance", result.tolerance)]
     if result.failed_checks:  # what a CI reader filters on: the checks that failed the scenario
         node.user_properties.append(("failed_checks", ",".join(result.failed_checks)))
     for c in result.failures[:1]:
@@ -705,7 +725,7 @@ class ResultCollector:
         report = build_json(self.results, engine=meta["engine"], tier=meta["tier"], model=meta["model"],
                             environment=environment(), elapsed=sum(r.duration_s for r in self.results),
                             family=meta["family"], dtype=meta["dtype"], device=meta["device"],
-                            gate=meta["gate"], run_errors=self.run_errors)
+                            gate=meta["gate"], run_errors=self.run_errors, verdict=meta["verdict"])
         report["interrupted"] = self.interrupted
         report["gate_failures"] = self.gate_failures
         write_json(path, report)
@@ -764,6 +784,7 @@ def run_meta(config, first: ScenarioResult | None = None) -> dict:
                                             or "embedded default model"),
         "family": first.family if first else "",
         "dtype": first.dtype if first else _dtype(config),
+        "verdict": first.verdict if first else opt("conformance_verdict"),
         "tier": opt("conformance_tier") or "default",
         "device": settings.pick(opt("conformance_device"), settings.ENV_DEVICE, "cpu"),
         "gate": gate_options(fail_on_skip=opt("conformance_fail_on_skip"),

@@ -29,8 +29,8 @@ def gate_options(*, fail_on_skip: bool = False, min_scenarios: int = 0, require_
 
 def junit_properties(meta: dict) -> list[tuple[str, str]]:
     """The run's JUnit (testsuite) properties from its metadata: engine, model, family, dtype, tier,
-    device and each gate option (``gate_<option>``); what is unknown is left out."""
-    named = ("engine", "model", "family", "dtype", "tier", "device")
+    device, the verdict and each gate option (``gate_<option>``); what is unknown is left out."""
+    named = ("engine", "model", "family", "dtype", "verdict", "tier", "device")
     props = [(k, str(meta[k])) for k in named if meta.get(k)]
     for key, value in (meta.get("gate") or {}).items():
         if value is None:
@@ -43,7 +43,7 @@ def junit_properties(meta: dict) -> list[tuple[str, str]]:
 
 def build_json(results: list[ScenarioResult], *, engine: str, tier: str, model: str, environment: dict,
                elapsed: float, family: str | None = None, dtype: str | None = None, device: str | None = None,
-               gate: dict | None = None, run_errors=()) -> dict:
+               gate: dict | None = None, run_errors=(), verdict: str | None = None) -> dict:
     """``run_errors``: (name, message) of each run-level error (``gate``, ``interrupted``), counted in
     ``summary.errors`` as the JUnit file counts its ``conformance::<name>`` testcases."""
     checks = [c for r in results for c in r.checks]
@@ -56,6 +56,9 @@ def build_json(results: list[ScenarioResult], *, engine: str, tier: str, model: 
         "model": model,
         "family": family if family is not None else next((r.family for r in results if r.family), ""),
         "dtype": dtype if dtype is not None else ", ".join(dtypes),
+        # how the scenarios' tokens were judged ("exact" | "rescored"; each scenario says its own too)
+        "verdict": verdict if verdict is not None else (", ".join(sorted({r.verdict for r in results}))
+                                                         or "exact"),
         "device": device if device is not None else environment.get("device", ""),
         "gate": gate if gate is not None else gate_options(),
         "environment": environment,

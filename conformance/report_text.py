@@ -31,6 +31,8 @@ def status_line(result: ScenarioResult, index: int | None = None, total: int | N
         detail = result.error.strip().splitlines()[-1]
     else:
         detail = _check_counts(result) + _stale_note(result)
+    if result.verdict == "rescored":
+        detail += "; verdict rescored"
     tail = f"  {result.duration_s:.1f} s" + (f" (elapsed {elapsed:.0f} s)" if elapsed is not None else "")
     return f"{prefix}{VERDICTS[result.outcome]:<5} {result.scenario_id}  [{detail}]{tail}"
 
@@ -65,7 +67,9 @@ def format_result(result: ScenarioResult, show_passing: bool = False) -> str:
         "  compared against  : reference engine (refengine, no graphs), same configuration",
         f"  model             : {result.model}",
         f"  configuration     : {result.settings}  (tier {result.tier})",
-        f"  dtype             : {result.dtype} (both engines)",
+        f"  dtype             : {result.dtype} (both engines)" if result.verdict != "rescored" else
+        f"  dtype             : {result.dtype} (engine under test), {result.reference_dtype} (reference)",
+        f"  verdict           : {result.judged_by}",
     ]
     if result.skipped:
         lines.append(f"  skipped: {result.skipped}")
@@ -147,11 +151,10 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
     refused = sum(bool(r.skipped) for r in by["fail"])  # skips the gate does not allow: counted failed
     refused_note = f" ({refused} of them skipped, which this run does not allow)" if refused else ""
     skipped_note = "" if refused and not by["skip"] else f", {len(by['skip'])} skipped"
-    dtypes = sorted({r.dtype for r in results})
     lines = [
         (
             f"{len(results)} scenarios in {elapsed:.1f} s"
-            + (f", both engines in {', '.join(dtypes)}" if dtypes else "")
+            + _dtypes_note(results)
             + f": {len(by['pass'])} passed, {len(failed)} failed{refused_note}, "
             f"{len(by['xfail'])} expected failures{skipped_note}; "
             f"{len(checks)} checks: {sum(c.status == PASS for c in checks)} passed, "
@@ -178,6 +181,16 @@ def format_summary(results: list[ScenarioResult], elapsed: float) -> str:
                 "strict expectations fail the run on it)"
             )
     return "\n".join(lines)
+
+
+def _dtypes_note(results: list[ScenarioResult]) -> str:
+    """", both engines in bfloat16", or under --verdict rescored who ran in what and who judged."""
+    exact = sorted({r.dtype for r in results if r.verdict != "rescored"})
+    rescored = sorted({(r.dtype, r.reference_dtype, r.tolerance) for r in results if r.verdict == "rescored"})
+    parts = [f"both engines in {', '.join(exact)}"] if exact else []
+    parts += [f"engine in {d}, rescored by the reference in {ref} (tolerance {tol:.4g} nats)"
+              for d, ref, tol in rescored]
+    return "".join(f", {p}" for p in parts)
 
 
 def distinct(traces: dict[str, Trace]) -> list[Trace]:

@@ -56,6 +56,19 @@ class ScenarioResult:
     features: list[str] = field(default_factory=list)  # the adapter features the scenario needs (FEATURES)
     skip_fails: bool = False  # a skip that the run refuses (--fail-on-skip, a required feature): a failure
     family: str = ""  # the model family (refengine.model.registry) of the checkpoint
+    # How its tokens were judged (conformance.verdict): "exact", or "rescored" by the reference in
+    # ``reference_dtype`` within ``tolerance`` nats (``dtype`` is then the engine under test's)
+    verdict: str = "exact"
+    reference_dtype: str = ""  # "" : the run's dtype (exact)
+    tolerance: float | None = None
+
+    @property
+    def judged_by(self) -> str:
+        """The verdict in words, as the reports say it."""
+        if self.verdict != "rescored":
+            return "exact (tokens, drafts and logits bitwise the reference's)"
+        return (f"rescored by the reference in {self.reference_dtype or self.dtype} (a token more than "
+                f"{self.tolerance:.4g} nats below its pick is structural)")
 
     @property
     def failures(self) -> list[CheckResult]:

@@ -85,6 +85,13 @@ def suite_args(
         args += ["--conformance-drafter", sel.drafter]
     if sel.draft_model is not None:
         args += ["--conformance-draft-model", sel.draft_model]
+    if sel.verdict != "exact":
+        args += ["--conformance-verdict", sel.verdict]
+    for flag, value in (("--conformance-reference-dtype", sel.reference_dtype),
+                        ("--conformance-reference-device", sel.reference_device),
+                        ("--conformance-tolerance", None if sel.tolerance is None else repr(sel.tolerance))):
+        if value is not None:
+            args += [flag, value]
     if strict:
         args.append("--conformance-strict-expectations")
     if sel.step_timeout is not None:
@@ -236,7 +243,7 @@ class RunPrinter:
                 f"{self.sel.mamba_cache_mode or 'of each scenario (else align)'}; the reference engine runs "
                 "without it"
             )
-        self._print(dtype_note(self.dtype))
+        self._print(self._judging())
         if self.features is not None:
             self._print(features_note(self.features))
         if self.sel.step_timeout is not None:
@@ -246,6 +253,23 @@ class RunPrinter:
             self._print(self.gate)
         if self.expectations:
             self._print(self.expectations)
+
+    def _judging(self) -> str:
+        """How the engine is judged: the dtype note of an exact run, else the verdict's own line."""
+        sel = self.sel
+        if sel.verdict == "exact":
+            return dtype_note(self.dtype)
+        from conformance.verdict import VerdictError, choose
+
+        try:
+            bitwise = bool((self.features or {}).get("bitwise"))
+            verdict = choose(sel.verdict, bitwise=bitwise, dtype=self.dtype,
+                             reference_dtype=sel.reference_dtype if sel.reference_dtype != "auto" else None,
+                             device=sel.device, reference_device=sel.reference_device,
+                             tolerance=sel.tolerance)
+        except VerdictError as e:  # the run itself ends on it, naming it
+            return f"verdict {sel.verdict}: {e}"
+        return verdict.describe() if verdict.rescored else dtype_note(self.dtype)
 
     def pytest_collectreport(self, report):
         if report.failed:

@@ -64,6 +64,13 @@ class Selection:
     allow_unexercised: bool = False  # a trigger a scenario misses is a warning, not a failure
     drafter: str | None = None  # every speculating scenario with this drafter (None: each its own)
     draft_model: str | None = None  # with drafter "draft_model": its checkpoint folder or "cut:<layers>"
+    # How its tokens are judged (conformance.verdict): "exact" | "rescored" | "auto"; the reference's dtype
+    # and device under "rescored" (None: the run's), and nats instead of the calibrated tolerance (None:
+    # calibrated)
+    verdict: str = "exact"
+    reference_dtype: str | None = None
+    reference_device: str | None = None
+    tolerance: float | None = None
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -72,6 +79,13 @@ class Selection:
 
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.reference_dtype is not None and self.reference_dtype not in DTYPE_CHOICES:
+            raise ValueError(f"reference dtype must be one of {', '.join(DTYPE_CHOICES)}, got "
+                             f"{self.reference_dtype!r}")
+        from conformance.verdict import VERDICTS
+
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
         if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise ValueError(f"mamba cache mode must be one of {', '.join(MAMBA_CACHE_MODES)}, "
                              f"got {self.mamba_cache_mode!r}")
@@ -106,6 +120,10 @@ class Selection:
             self.allow_unexercised,
             drafter=self.drafter,
             draft_model=self.draft_model,
+            verdict=self.verdict,
+            reference_dtype=None if self.reference_dtype is None else run_dtype(self.reference_dtype, facts),
+            reference_device=self.reference_device,
+            tolerance=self.tolerance,
         )
 
     def expectations(self) -> Expectations:

@@ -34,6 +34,7 @@ from conformance.checks.registry import (
     declared,
     declaring,
 )
+from conformance.checks.rescored import check_rescored, judge
 from conformance.checks.sanity import check_degenerate_run, check_output_records
 from conformance.checks.statistics import check_sampler_frequencies, check_spec_distribution
 from conformance.checks.structured import check_structured_outputs
@@ -80,6 +81,7 @@ __all__ = [
     "check_params_change_output",
     "check_pools_empty",
     "check_request_outputs",
+    "check_rescored",
     "check_restored_state",
     "check_runs",
     "check_sampler_frequencies",
@@ -94,6 +96,7 @@ __all__ = [
     "declared",
     "declaring",
     "first_difference",
+    "judge",
     "lacking",
     "token_window",
 ]

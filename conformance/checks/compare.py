@@ -337,7 +337,8 @@ def _spec_blame(plain: Trace, test_plain: Trace | None, skip) -> str:
             "matches plain greedy decoding, with drafts it differs")
 
 
-def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
+def check_request_outputs(reference: Trace, test: Trace, k: int,
+                          skip_prompts: set[str] | frozenset = frozenset()) -> CheckResult:
     """The public ``RequestOutput`` fields that no other check compares, and the counters' meaning.
 
     Every public field is compared exactly once across the checks, so one bug fails one check:
@@ -357,6 +358,8 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
     KV pool differently and may preempt other requests, or at other points), nor the counters of
     preempted or aborted requests (a preemption replaces verify steps by a re-prefill; an abort ends
     each engine's history wherever it reached that engine); those stay held to the per-engine rules.
+    ``skip_prompts``: requests whose prompts are not compared (a next turn whose earlier turn's output
+    may differ, under ``--verdict rescored``).
     """
     name = "request-outputs"
     if (missing := _missing(name, reference, test)) is not None:
@@ -379,7 +382,7 @@ def check_request_outputs(reference: Trace, test: Trace, k: int) -> CheckResult:
     texts = 0
     for rid in sorted(reference.requests):
         ref, got = reference.requests[rid], test.requests[rid]
-        fields = ["prompt_token_ids"]
+        fields = [] if rid in skip_prompts else ["prompt_token_ids"]
         if ref.seed is not None and got.seed is not None:
             fields.append("seed")
         if ref.text is not None and got.text is not None and ref.token_ids == got.token_ids:

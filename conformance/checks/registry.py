@@ -20,8 +20,9 @@ from typing import Any
 
 from conformance.results import CheckResult
 
-# The traces a check may read: the CheckInputs fields that hold one.
-TRACES = ("ref", "test", "plain", "cached", "test_plain", "bare")
+# The traces a check may read: the CheckInputs fields that hold one ("scored": the reference's scoring of
+# the engine under test's output under --verdict rescored, CheckInputs.scores).
+TRACES = ("ref", "test", "plain", "cached", "test_plain", "bare", "scored")
 # The runs made after the first two ("reference" and "test"): a check reading one is late.
 LATE_TRACES = frozenset({"plain", "cached", "test_plain", "bare"})
 
@@ -30,6 +31,7 @@ LATE_TRACES = frozenset({"plain", "cached", "test_plain", "bare"})
 REPORT_ORDER = (
     "runs",
     "tokens",
+    "rescored",
     "output-records",
     "acceptance",
     "drafts",
@@ -71,6 +73,10 @@ class CheckInputs:
     cached: Any = None  # Trace of the reference engine with the scenario's prefix caching, or None
     test_plain: Any = None  # Trace of the engine under test on the plain workload (K=0), or None
     bare: Any = None  # Trace of the reference engine on the same requests without their parameters, or None
+    verdict: Any = None  # conformance.verdict.Verdict of the run (None: exact)
+    # Under --verdict rescored: {"test" | "test-plain": {request id: conformance.scoring.RequestScore}}, the
+    # reference's scoring of those runs' outputs (None: exact)
+    scores: Any = None
     # What the checkpoint decides must happen too: a trigger or bound a model may miss (the scenario's
     # ``model_decides``, a parameter that cannot be shown to matter on this model) fails instead of being
     # "not exercised" (a gate that asks for every one, e.g. on the model the corpus is tuned to).
@@ -79,6 +85,12 @@ class CheckInputs:
     @property
     def aborted(self) -> set[str]:
         return set(self.scenario.aborted)
+
+    @property
+    def bitwise(self) -> bool:
+        """Whether the engine under test is bitwise the reference here: the verdict is exact, or rescored
+        with an engine that runs the reference's kernels in the reference's dtype on its device."""
+        return self.verdict is None or not self.verdict.rescored or self.verdict.bitwise_comparable
 
 
 @dataclass(frozen=True)

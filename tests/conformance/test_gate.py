@@ -37,7 +37,8 @@ def test_skips_are_reported_by_reason_and_feature(tiny_checkpoint, tmp_path):
     code, out = _run(DECLINING, tiny_checkpoint, tmp_path)
     assert code == 0, out  # without a gate option a skip is not a failure ...
     # ... but the header and the summary say what was and was not exercised, and why
-    assert "engine features: supports step_records, batch_invariant, pools; lacks mtp, scripted_drafter, " \
+    assert "engine features: supports step_records, batch_invariant, pools, bitwise; lacks mtp, " \
+           "scripted_drafter, " \
            "ngram_drafter, draft_model, eagle_drafter, prefix_caching (the scenarios needing them are " \
            "skipped" in out
     assert "gate: a failing check or an infrastructure error fails the run; skipped scenarios do not" in out

@@ -43,7 +43,9 @@ def test_gpu_runner_dry_run_prints_the_plan_and_checks_what_it_can():
                  f"python -m kernels.compile_check --targets sm_80,sm_90 > {reports}/compile-check.txt",
                  f"pytest -n auto -rxXfE -o junit_family=xunit1 --junitxml {reports}/tests.xml "
                  + "tests/test_lint.py",
-                 "conformance run --engine async:full_and_piecewise --device cuda --tier default"):
+                 "conformance run --engine async:full_and_piecewise --device cuda --tier default",
+                 ("conformance run --engine async --device cuda --dtype bfloat16 --verdict rescored "
+                  "--reference-dtype float32 --reference-device cpu --tier default")):
         assert line in plan, f"{line!r} not in the plan:\n{plan}"
     assert "tox: cu128" in done.stdout and "pytest selection: 1 test collected" in done.stdout
     assert not (REPO / "reports/never-written").exists(), "a dry run writes nothing"
