@@ -87,6 +87,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=DRAFTERS, default=None,
                    help="run every speculating scenario with this drafter instead of its own (both engines; "
                    "a trigger tuned to the scenario's drafter that the run misses is then a warning)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="tensor-parallel ranks of the engine under test (vLLM's own TP, e.g. over its CPU "
+                   "backend; refengine's engines run on one); the reference always runs on one")
     p.add_argument("--draft-model", default=None, metavar="PATH",
                    help="--drafter draft_model: the draft checkpoint (a folder, tiny:<family>, or "
                    "cut:<layers>: the run's model cut to those layers, as `refengine make-draft-model` "
@@ -277,6 +280,7 @@ def _selection(args) -> session.Selection:
         allow_unexercised=getattr(args, "allow_unexercised", False),
         drafter=getattr(args, "drafter", None),
         draft_model=getattr(args, "draft_model", None),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         verdict=getattr(args, "verdict", "exact"),
         reference_dtype=getattr(args, "reference_dtype", None),
         reference_device=getattr(args, "reference_device", None),
@@ -315,7 +319,11 @@ def cmd_run(args, out) -> int:
         sel = _selection(args)
         adapter = session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
         check_device("device", sel.device)
-        facts = describe_model(sel.model)  # the folder and its config; the weights load once, in the run
+        resolve = getattr(adapter, "resolve_model", None)  # an outside engine's geometry of a tiny:* preset
+        facts = describe_model(resolve(sel.model) if callable(resolve) else sel.model)  # weights load in the run
+        check = getattr(adapter, "check_model", None)  # a checkpoint the engine cannot load: one line, exit 2
+        if callable(check):
+            check(facts.path, run_dtype(sel.dtype, facts))
         session.select_scenarios(sel.tier, args.scenario, args.scenario_file)
         sel.expectations()  # ExpectationError for an unreadable file
         for flag, path in (("--report-json", args.report_json), ("--junit-xml", args.junit_xml)):

@@ -81,6 +81,8 @@ def run_workload(
                        dtype=dtype, tensor_parallel_size=tensor_parallel_size)
         engine = run_watched(lambda: call("start()", adapter.start, spec), watch, label)
         reference_cache.after_start(adapter, engine, spec)
+        if isinstance(getattr(engine, "block_size", None), int):  # an engine that picks its own block size
+            recorder.trace.block_size = engine.block_size
     except EngineHang as e:
         recorder.trace.error = f"{label}: {e}"
         return recorder.finish(settings.k > 0)
@@ -144,6 +146,8 @@ def run_workload(
         recorder.trace.num_engine_steps = progress["step"]
     else:
         _close(engine, recorder, watch, label)
+    if not adapter.supports("step_records") and "rows" not in recorder.trace.missing_fields:
+        recorder.trace.missing_fields.append("rows")  # the per-step checks are n/a, naming it
     trace = recorder.finish(settings.k > 0)
     reference_cache.put(cache_key, trace)
     return trace
@@ -319,6 +323,9 @@ def needed_features(scenario: Scenario) -> list[str]:
 
 def skip_reason(scenario: Scenario, case: Case) -> str | None:
     s, facts = scenario.settings, case.facts
+    refuses = getattr(case.adapter, "refuses", None)  # an outside engine's own limits, with the reason
+    if callable(refuses) and (why := refuses(scenario)) is not None:
+        return f"the engine under test cannot run it: {why}"
     if s.k and s.drafter == "mtp" and not facts.has_mtp:
         return "the model has no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)"
     if s.k and not case.adapter.supports(DRAFTER_FEATURES[s.drafter]):

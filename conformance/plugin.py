@@ -117,6 +117,8 @@ def pytest_addoption(parser):
     )
     g.addoption("--conformance-drafter", default=None, help="every speculating scenario with this drafter "
                 "(mtp, scripted, ngram, draft_model, eagle, eagle3; default: each scenario's own)")
+    g.addoption("--conformance-tensor-parallel-size", type=int, default=1, metavar="N",
+                help="tensor-parallel ranks of the engine under test (an outside engine's own TP; default 1)")
     g.addoption("--conformance-draft-model", default=None, metavar="PATH",
                 help="with --conformance-drafter draft_model: the draft checkpoint (a folder, tiny:<family>, "
                 "or cut:<layers>); with eagle|eagle3: the head's folder (default: a seeded head)")
@@ -470,6 +472,7 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         mamba_cache_mode=opt("conformance_mamba_cache_mode"), step_timeout=opt("conformance_step_timeout"),
         allow_unexercised=opt("conformance_allow_unexercised"), drafter=opt("conformance_drafter"),
         draft_model=opt("conformance_draft_model"),
+        tensor_parallel_size=opt("conformance_tensor_parallel_size"),
         verdict=opt("conformance_verdict"), reference_dtype=opt("conformance_reference_dtype"),
         reference_device=opt("conformance_reference_device"), tolerance=opt("conformance_tolerance"))
 
@@ -479,7 +482,7 @@ def conformance_case(pytestconfig, conformance_selection):
     """The engine adapter and the checkpoint's facts, opened once. An engine that cannot be loaded, or
     a checkpoint or device that cannot be used, ends the whole run here: one line, no traceback, no
     error per scenario."""
-    from conformance.api import UnknownEngine
+    from conformance.api import EngineRefused, UnknownEngine
     from conformance.model import UnusableSetup
     from conformance.verdict import VerdictError
 
@@ -489,7 +492,7 @@ def conformance_case(pytestconfig, conformance_selection):
         torch.set_num_threads(pytestconfig.getoption("conformance_threads"))
     try:
         case = conformance_selection.open_case()
-    except (UnknownEngine, UnusableSetup, FileNotFoundError, VerdictError) as e:
+    except (UnknownEngine, EngineRefused, UnusableSetup, FileNotFoundError, VerdictError) as e:
         _end_run(pytestconfig, f"conformance: {e}")
     _require_features(pytestconfig, case.adapter)
     return case
@@ -536,7 +539,9 @@ def conformance_expectations(pytestconfig, conformance_selection):
         exp = conformance_selection.expectations()
     except ExpectationError as e:
         _end_run(pytestconfig, f"conformance: {e}")
-    typos = unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES)
+    from conformance.findings import finding_ids
+
+    typos = unknown_entries(exp, [*scenario_ids("nightly"), *finding_ids()], CHECK_NAMES)
     if typos:
         warnings.warn(
             StaleExpectationWarning(f"{exp.source}: entries name no scenario or check: {', '.join(typos)}"),

@@ -85,6 +85,8 @@ def suite_args(
         args += ["--conformance-drafter", sel.drafter]
     if sel.draft_model is not None:
         args += ["--conformance-draft-model", sel.draft_model]
+    if sel.tensor_parallel_size != 1:
+        args += ["--conformance-tensor-parallel-size", str(sel.tensor_parallel_size)]
     if sel.verdict != "exact":
         args += ["--conformance-verdict", sel.verdict]
     for flag, value in (("--conformance-reference-dtype", sel.reference_dtype),
@@ -104,6 +106,8 @@ def suite_args(
         args += ["--conformance-drafter", sel.drafter]
     if sel.draft_model is not None:
         args += ["--conformance-draft-model", sel.draft_model]
+    if sel.tensor_parallel_size != 1:
+        args += ["--conformance-tensor-parallel-size", str(sel.tensor_parallel_size)]
     if min_scenarios:
         args += ["--conformance-min-scenarios", str(min_scenarios)]
     for feature in require_features:

@@ -64,6 +64,7 @@ class Selection:
     allow_unexercised: bool = False  # a trigger a scenario misses is a warning, not a failure
     drafter: str | None = None  # every speculating scenario with this drafter (None: each its own)
     draft_model: str | None = None  # with drafter "draft_model": its checkpoint folder or "cut:<layers>"
+    tensor_parallel_size: int = 1  # the engine under test's tensor-parallel ranks (an outside engine's TP)
     # How its tokens are judged (conformance.verdict): "exact" | "rescored" | "auto"; the reference's dtype
     # and device under "rescored" (None: the run's), and nats instead of the calibrated tolerance (None:
     # calibrated)
@@ -105,7 +106,14 @@ class Selection:
         from conformance.model import preflight, run_dtype
 
         adapter = resolve_engine(self.engine)
-        facts = preflight(self.model, self.device, self.dtype)
+        model = self.model
+        resolve = getattr(adapter, "resolve_model", None)
+        if callable(resolve):  # an outside engine's own geometry of a tiny:* preset (adapters/vllm.py)
+            model = resolve(model)
+        facts = preflight(model, self.device, self.dtype)
+        check = getattr(adapter, "check_model", None)
+        if callable(check):  # refuses a checkpoint it cannot load, in one line, before any work
+            check(facts.path, run_dtype(self.dtype, facts))
         return Case(
             self.engine,
             adapter,
@@ -120,6 +128,7 @@ class Selection:
             self.allow_unexercised,
             drafter=self.drafter,
             draft_model=self.draft_model,
+            tensor_parallel_size=self.tensor_parallel_size,
             verdict=self.verdict,
             reference_dtype=None if self.reference_dtype is None else run_dtype(self.reference_dtype, facts),
             reference_device=self.reference_device,

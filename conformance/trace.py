@@ -107,6 +107,8 @@ class Trace:
     # may count "prefix_cache_queries" and "prefix_cache_hits" (tokens looked up on admission, and served)
     occupancy: dict[str, int] | None = None
     error: str | None = None  # the engine raised (traceback text) or made no progress
+    # the KV block size the engine says it used, when it picks its own (None: the scenario's)
+    block_size: int | None = None
     num_engine_steps: int = 0
     aborts: dict[str, AbortTrace] = field(default_factory=dict)
     duplicate_outputs: list[str] = field(default_factory=list)  # requests handed back more than once
@@ -218,7 +220,7 @@ class Recorder:
             prompt_token_ids=_ints(out.prompt_token_ids),
             token_ids=_ints(out.token_ids),
             finish_reason=out.finish_reason,
-            acceptance=[(int(d), int(a)) for d, a in out.acceptance],
+            acceptance=[(int(d), int(a)) for d, a in getattr(out, "acceptance", None) or ()],
             num_preemptions=int(getattr(out, "num_preemptions", 0)),
             num_draft_tokens=_opt_int(getattr(out, "num_draft_tokens", None)),
             num_accepted_tokens=_opt_int(getattr(out, "num_accepted_tokens", None)),

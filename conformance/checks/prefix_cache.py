@@ -67,10 +67,11 @@ class Geometry:
     drop_last_block: bool = False
 
     @classmethod
-    def of(cls, settings) -> Geometry:
+    def of(cls, settings, block_size: int | None = None) -> Geometry:
+        """``block_size``: the one the engine reported using, when it picks its own (vLLM on CPU: 32 up)."""
         lookahead = 1 if settings.k and settings.drafter == "mtp" else 0
         drop = bool(settings.k) and settings.drafter in EAGLE_DRAFTERS
-        return cls(settings.block_size, settings.mamba_cache_mode or "align", lookahead, drop)
+        return cls(block_size or settings.block_size, settings.mamba_cache_mode or "align", lookahead, drop)
 
     def last_stop(self, num_prompt_tokens: int) -> int:
         """align: the prompt's last checkpoint (vLLM 0.32+), one block less with ``drop_last_block``."""
@@ -233,7 +234,7 @@ def bounds(
 ) -> Bounds:
     """The cached-token bounds of request ``rid`` in ``trace`` (``assume_no_eviction``: skip the pool rule,
     which tells what a cache that evicted nothing would have given)."""
-    g = Geometry.of(scenario.settings)
+    g = Geometry.of(scenario.settings, trace.block_size)
     prompt = tuple(trace.requests[rid].prompt_token_ids)
     upper = ceiling(prompt, upper_sources(rid, trace, timeline, g), g)
     aborted = set(scenario.aborted)
@@ -299,7 +300,7 @@ def _cached_tokens(c: CheckInputs) -> CheckResult:
 
 def _out_of_bounds(name: str, scenario, test: Trace, rid: str, got: int, b: Bounds) -> CheckResult:
     req = test.requests[rid]
-    g = Geometry.of(scenario.settings)
+    g = Geometry.of(scenario.settings, test.block_size)
     if got > b.upper:
         why = (
             f"more than the {b.upper} tokens the cache can hold for its prompt (from the requests that ran "
