@@ -320,7 +320,7 @@ def cmd_run(args, out) -> int:
         adapter = session.resolve_engine(sel.engine)  # UnknownEngine: exit 2 before anything runs
         check_device("device", sel.device)
         resolve = getattr(adapter, "resolve_model", None)  # an outside engine's geometry of a tiny:* preset
-        facts = describe_model(resolve(sel.model) if callable(resolve) else sel.model)  # weights load in the run
+        facts = describe_model(resolve(sel.model) if callable(resolve) else sel.model)  # weights: in the run
         check = getattr(adapter, "check_model", None)  # a checkpoint the engine cannot load: one line, exit 2
         if callable(check):
             check(facts.path, run_dtype(sel.dtype, facts))
