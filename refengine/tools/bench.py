@@ -20,20 +20,8 @@ import time
 from pathlib import Path
 
 from refengine.config import DEFAULT_ASYNC_GRAPH_MODE
+from refengine.tools.default_workload import bench_workload
 from refengine.tools.errors import OneLineParser, add_dtype_flag, int_at_least
-
-
-def _workload(llm, copies: int, seed: int):
-    import torch
-
-    from refengine.tools.default_workload import default_params, default_prompts
-
-    prompts = default_prompts()
-    if llm.tokenizer is None:  # a checkpoint without a tokenizer: token prompts of the same lengths
-        g = torch.Generator().manual_seed(seed)
-        vocab = llm.model_config.vocab_size
-        prompts = [torch.randint(0, vocab, (len(p),), generator=g).tolist() for p in prompts]
-    return prompts * copies, default_params()
 
 
 def _timed(llm, prompts, params) -> tuple[float, list]:
@@ -139,7 +127,7 @@ def profile_async(fast, copies: int, out_dir: str | Path, ops: bool = False) -> 
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    prompts, params = _workload(fast, copies, seed=0)
+    prompts, params = bench_workload(fast, copies, seed=0)
     activities = [ProfilerActivity.CPU]
     if torch.device(fast.config.device).type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -189,7 +177,7 @@ def measure(ref, fast, repeat: int, copies: int) -> dict:
     import torch
 
     device = fast.config.device
-    prompts, params = _workload(ref, copies, seed=0)
+    prompts, params = bench_workload(ref, copies, seed=0)
     for llm in (ref, fast):  # warm-up; on CUDA the whole workload, so every graph is captured before timing
         llm.generate(prompts if torch.device(device).type == "cuda" else prompts[:2], params)
     times = {"reference": [], "async": []}

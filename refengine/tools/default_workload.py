@@ -53,3 +53,16 @@ def default_prompts() -> list[str]:
 
 def default_params(max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens)
+
+
+def bench_workload(llm, copies: int, seed: int):
+    """The default workload for ``llm``, ``copies`` times over (``refengine bench`` and its fake-CUDA host
+    bench): the default prompts, or token prompts of the same lengths for a checkpoint without a tokenizer."""
+    import torch
+
+    prompts = default_prompts()
+    if llm.tokenizer is None:
+        g = torch.Generator().manual_seed(seed)
+        vocab = llm.model_config.vocab_size
+        prompts = [torch.randint(0, vocab, (len(p),), generator=g).tolist() for p in prompts]
+    return prompts * copies, default_params()

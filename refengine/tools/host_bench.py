@@ -286,12 +286,12 @@ def run(model: str | None = None, k: int = 3, graph_mode: str = "full_and_piecew
     """The host bench of the async engine on the default workload (or ``prompts`` / ``params``); ``settings``:
     more ``LLM`` settings (``block_size``, ...)."""
     from refengine import LLM
-    from refengine.tools.bench import _workload
+    from refengine.tools.default_workload import bench_workload
 
     llm = LLM(model=model, engine="async", num_speculative_tokens=k, graph_mode=graph_mode,
               max_num_seqs=max_num_seqs, **settings)
     if prompts is None:
-        prompts, params = _workload(llm, copies, seed=0)
+        prompts, params = bench_workload(llm, copies, seed=0)
     results, tokens = record_results(llm, prompts, params)
     with FakeRuntime() as rt:
         fake = fake_engine(llm, rt)
