@@ -308,6 +308,7 @@ def test_the_text_and_json_reports_name_the_verdict():
 # reference's.
 NOT_VISIBLE_IN_ANOTHER_DTYPE = {
     "host-optimistic-positions": "the scripted drafts it schedules (acceptance and logits digests only)",
+    "drafts-counted-from-host": "the drafts it verifies (acceptance only; the tokens stay the engine's own)",
     "chunk-end-drafter-token": "the drafter's inputs (drafts only)",
     "draft-model-state-not-rolled-back": "the draft model's proposals (acceptance, drafts, digests)",
     "draft-model-kv-not-rewound": "the draft model's proposals (acceptance, drafts, digests)",
