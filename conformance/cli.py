@@ -87,7 +87,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=DRAFTERS, default=None,
                    help="run every speculating scenario with this drafter instead of its own (both engines; "
                    "a trigger tuned to the scenario's drafter that the run misses is then a warning)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+    p.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, metavar="N",
                    help="tensor-parallel ranks of the engine under test (vLLM's own TP, e.g. over its CPU "
                    "backend; refengine's engines run on one); the reference always runs on one")
     p.add_argument("--draft-model", default=None, metavar="PATH",

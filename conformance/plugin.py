@@ -64,6 +64,34 @@ from conformance.watchdog import DEFAULT_STEP_TIMEOUT
 from conformance.workloads import TIERS, UnknownScenario, scenario_ids
 from conformance.workloads.scenario import MAMBA_CACHE_MODES
 
+
+def _int_at_least_1(text: str) -> int:
+    """``--conformance-tensor-parallel-size``: an integer >= 1, refused in one line otherwise."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _nats(text: str) -> float:
+    """``--conformance-tolerance``: a finite number of nats >= 0, refused in one line otherwise."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected nats >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected nats >= 0, got {value}")
+    return value
+
+
 SUITE_PATH = "conformance/suite/test_conformance.py"  # the shipped suite's test ids start with this
 SUITE_FILE = Path(__file__).resolve().parent / "suite" / "test_conformance.py"
 
@@ -117,7 +145,7 @@ def pytest_addoption(parser):
     )
     g.addoption("--conformance-drafter", default=None, help="every speculating scenario with this drafter "
                 "(mtp, scripted, ngram, draft_model, eagle, eagle3; default: each scenario's own)")
-    g.addoption("--conformance-tensor-parallel-size", type=int, default=1, metavar="N",
+    g.addoption("--conformance-tensor-parallel-size", type=_int_at_least_1, default=1, metavar="N",
                 help="tensor-parallel ranks of the engine under test (an outside engine's own TP; default 1)")
     g.addoption("--conformance-draft-model", default=None, metavar="PATH",
                 help="with --conformance-drafter draft_model: the draft checkpoint (a folder, tiny:<family>, "
@@ -130,7 +158,7 @@ def pytest_addoption(parser):
                 help="with --conformance-verdict rescored: the reference's dtype (default: the run's)")
     g.addoption("--conformance-reference-device", default=None,
                 help="with --conformance-verdict rescored: the reference's device (default: the run's)")
-    g.addoption("--conformance-tolerance", type=float, default=None, metavar="NATS",
+    g.addoption("--conformance-tolerance", type=_nats, default=None, metavar="NATS",
                 help="with --conformance-verdict rescored: this tolerance instead of the calibrated one")
     g.addoption("--conformance-xfail-file", default=None, help="TOML file of expected failures "
                 "(default: the engine's file in conformance/expectations/)")

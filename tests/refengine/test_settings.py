@@ -231,6 +231,14 @@ def test_graph_mode_any_case_through_llm():
 # with one line naming the flag and the value, and exit status 2 (pytest's usage error, 4, for the plugin).
 BAD_FLAGS = [
     ("conformance run", "--threads", "0"), ("conformance run", "--threads", "-1"),
+    ("conformance calibrate", "--threads", "-1"),
+    ("conformance triage", "--max-tokens", "-1"),
+    ("conformance triage", "--num-speculative-tokens", "-1"),
+    ("conformance triage", "--step-timeout", "-1"),
+    ("conformance triage", "--tensor-parallel-size", "-1"),
+    ("conformance triage", "--threads", "-1"),
+    ("conformance run", "--tensor-parallel-size", "0"), ("conformance replay", "--tensor-parallel-size", "-2"),
+    ("conformance fuzz", "--tensor-parallel-size", "0"),
     ("conformance replay", "--threads", "0"), ("conformance fuzz", "--threads", "-1"),
     ("conformance fuzz", "--examples", "0"), ("conformance fuzz", "--seed", "-1"),
     ("conformance fuzz", "--budget-seconds", "0"), ("conformance fuzz", "--shrink-seconds", "-5"),
