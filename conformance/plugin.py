@@ -66,8 +66,8 @@ from conformance.workloads.scenario import MAMBA_CACHE_MODES
 
 
 def _int_at_least_1(text: str) -> int:
-    """``--conformance-tensor-parallel-size``: an integer >= 1, refused in one line otherwise (the plugin imports
-    nothing of refengine, so not refengine.tools.errors.int_at_least, which the CLI uses)."""
+    """``--conformance-tensor-parallel-size``: an integer >= 1, refused in one line otherwise (the plugin
+    imports nothing of refengine, so not refengine.tools.errors.int_at_least, which the CLI uses)."""
     import argparse
 
     try:
