@@ -5,6 +5,12 @@ looks for ``async-full.toml`` first); any engine can point at its own with
 ``--conformance-xfail-file`` / ``--xfail-file``. A check listed there that fails is reported as an
 expected failure; one that no longer fails is *stale*: it is named in a warning so the entry gets
 removed (or fails the run under ``--conformance-strict-expectations``).
+
+An entry can hold for one checkpoint or one model family only: ``[models."<label>".expected-failures]``
+(the checkpoint as the run names it, ``--model``: ``tiny:llama``, a folder, or the label reports give it) and
+``[families.<family>.expected-failures]`` tables hold entries of the same form, which apply, beside the
+top-level ``[expected-failures]`` ones, only to scenarios run on that checkpoint or family. A divergence an
+engine shows on one model is then neither excused on the others nor reported stale there.
 """
 
 from __future__ import annotations
@@ -25,14 +31,42 @@ class ExpectationError(ValueError):
     pass
 
 
+SCOPES = ("models", "families")
+
+
 @dataclass(frozen=True)
 class Expectations:
     source: str | None = None
-    entries: dict[str, str] = field(default_factory=dict)  # "<scenario>/<check>" -> reason
+    entries: dict[str, str] = field(default_factory=dict)  # "<scenario>/<check>" -> reason, on every model
+    # (scope, name) -> entries that hold only there: ("models", "tiny:llama"), ("families", "nemotron_h")
+    scoped: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
 
-    def for_scenario(self, scenario_id: str) -> dict[str, str]:
+    def for_scenario(self, scenario_id: str, models: tuple[str, ...] = (),
+                     family: str | None = None) -> dict[str, str]:
+        """check -> reason for one scenario run on a checkpoint of ``family`` that ``models`` name (the
+        report's label, the name the run was given)."""
         prefix = scenario_id + "/"
-        return {k[len(prefix):]: v for k, v in self.entries.items() if k.startswith(prefix)}
+        out = {}
+        named = [self.scoped.get(("models", m)) for m in dict.fromkeys(models) if m]
+        for entries in (self.entries, self.scoped.get(("families", family or "")), *named):
+            out.update({k[len(prefix):]: v for k, v in (entries or {}).items() if k.startswith(prefix)})
+        return out
+
+    def all_keys(self) -> list[str]:
+        """Every "<scenario>/<check>" key, whichever scope holds it."""
+        return [*self.entries, *(k for entries in self.scoped.values() for k in entries)]
+
+    def count(self) -> int:
+        return len(self.all_keys())
+
+
+def _entries(path: Path, where: str, table) -> dict[str, str]:
+    if not isinstance(table, dict) or any(not isinstance(v, str) for v in table.values()):
+        raise ExpectationError(f"{path}: [{where}] must map \"<scenario>/<check>\" to a reason string")
+    bad = [k for k in table if k.count("/") != 1]
+    if bad:
+        raise ExpectationError(f"{path}: entry {bad[0]!r} in [{where}] is not \"<scenario-id>/<check>\"")
+    return dict(table)
 
 
 def load_expectations(path: str | Path) -> Expectations:
@@ -41,13 +75,21 @@ def load_expectations(path: str | Path) -> Expectations:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ExpectationError(f"cannot read expectations file {path}: {e}") from e
-    table = data.get(TABLE, {})
-    if not isinstance(table, dict) or any(not isinstance(v, str) for v in table.values()):
-        raise ExpectationError(f"{path}: [{TABLE}] must map \"<scenario>/<check>\" to a reason string")
-    bad = [k for k in table if k.count("/") != 1]
-    if bad:
-        raise ExpectationError(f"{path}: entry {bad[0]!r} is not \"<scenario-id>/<check>\"")
-    return Expectations(str(path), dict(table))
+    unknown = sorted(set(data) - {TABLE, *SCOPES})
+    if unknown:
+        raise ExpectationError(f"{path}: unknown table [{unknown[0]}] (expected [{TABLE}], "
+                               f"[models.\"<label>\".{TABLE}] or [families.<family>.{TABLE}])")
+    scoped = {}
+    for scope in SCOPES:
+        names = data.get(scope, {})
+        if not isinstance(names, dict):
+            raise ExpectationError(f"{path}: [{scope}] must hold one table per name")
+        for name, tables in names.items():
+            where = f'{scope}."{name}".{TABLE}'
+            if not isinstance(tables, dict) or set(tables) != {TABLE}:
+                raise ExpectationError(f"{path}: [{scope}.\"{name}\"] must hold exactly [{where}]")
+            scoped[(scope, name)] = _entries(path, where, tables[TABLE])
+    return Expectations(str(path), _entries(path, TABLE, data.get(TABLE, {})), scoped)
 
 
 def expectations_file_for(engine: str) -> Path | None:
@@ -66,7 +108,7 @@ def expectations_file_for(engine: str) -> Path | None:
 def unknown_entries(exp: Expectations, scenario_ids: list[str], check_names: tuple[str, ...]) -> list[str]:
     """Entries naming a scenario or check that does not exist (typos that would never match)."""
     out = []
-    for key in exp.entries:
+    for key in exp.all_keys():
         sid, check = key.split("/")
         if sid not in scenario_ids or (check != ANY_CHECK and check not in check_names):
             out.append(key)
@@ -86,7 +128,7 @@ class Verdict:
 
 
 def judge(result: ScenarioResult, exp: Expectations) -> Verdict:
-    listed = exp.for_scenario(result.scenario_id)
+    listed = exp.for_scenario(result.scenario_id, (result.model, result.model_name), result.family)
     failing = [c.check for c in result.failures]
     if result.skipped:
         return Verdict("skip", [], {}, [])

@@ -384,6 +384,7 @@ def run_scenario(scenario: str | Scenario, case: Case, scenario_file: str | None
         verdict=case.judged.mode,
         reference_dtype=case.judged.reference_dtype,
         tolerance=case.judged.tolerance if case.judged.rescored else None,
+        model_name=case.model_arg or "",
     )
     traces: dict[str, Trace] = {}
     result.skipped = skip_reason(scenario, case)

@@ -61,6 +61,9 @@ class ScenarioResult:
     verdict: str = "exact"
     reference_dtype: str = ""  # "" : the run's dtype (exact)
     tolerance: float | None = None
+    # The model as the run named it (--model: "tiny:llama", a folder, a hub id; "" for the embedded default),
+    # which an outside engine's adapter may have resolved to a checkpoint of its own (``model`` names that)
+    model_name: str = ""
 
     @property
     def judged_by(self) -> str:

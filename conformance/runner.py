@@ -197,7 +197,7 @@ def expectations_note(sel: session.Selection, strict: bool) -> str:
         )
     stale = ("fails the run (--strict-expectations)" if strict
              else "is a warning (--strict-expectations makes it fail the run)")
-    return (f"expected failures: {exp.source} ({len(exp.entries)} entries); a listed check that fails is an "
+    return (f"expected failures: {exp.source} ({exp.count()} entries); a listed check that fails is an "
             f"expected failure (XFAIL, exit 0), an entry that no longer fails {stale}")
 
 

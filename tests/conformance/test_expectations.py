@@ -75,3 +75,38 @@ def test_packaged_files():
         assert path is not None and load_expectations(path).entries == {}
     assert expectations_file_for("async:full").name == "async.toml"
     assert expectations_file_for("somepkg.mod:factory") is None
+
+
+def test_entries_scoped_to_a_model_or_family_hold_there_only(tmp_path):
+    f = tmp_path / "e.toml"
+    f.write_text(
+        '[expected-failures]\n"chunk-tails-k3/acceptance" = "everywhere"\n'
+        '[models."tiny:llama".expected-failures]\n"chunk-tails-k3/tokens" = "llama only"\n'
+        '[families.nemotron_h.expected-failures]\n"chunk-tails-k3/drafts" = "Mamba2 hybrids"\n'
+    )
+    exp = load_expectations(f)
+    assert exp.count() == 3
+    on = {"llama": ("/tmp/resolved", "tiny:llama", "llama"), "qwen3": ("tiny:qwen3", "", "qwen3"),
+          "nemotron": ("some/folder", "some/folder", "nemotron_h")}
+
+    def verdict(where, *failing):
+        r = _result(*failing)
+        r.model, r.model_name, r.family = on[where]
+        return judge(r, exp)
+
+    assert verdict("llama", "tokens", "acceptance").outcome == "xfail"
+    assert verdict("qwen3", "tokens", "acceptance").unexpected == ["tokens"]  # not excused on another model
+    assert verdict("qwen3", "acceptance").stale == []  # nor reported stale there
+    assert verdict("nemotron", "drafts", "acceptance").outcome == "xfail"
+    assert verdict("llama", "drafts").unexpected == ["drafts"]
+    assert sorted(verdict("llama").stale) == ["chunk-tails-k3/acceptance", "chunk-tails-k3/tokens"]
+    assert unknown_entries(exp, scenario_ids("nightly"), CHECK_NAMES) == []
+    f.write_text('[models."tiny:llama".expected-failures]\n"chunk-tails-k9/tokens" = "typo"\n')
+    typo = load_expectations(f)
+    assert unknown_entries(typo, scenario_ids("nightly"), CHECK_NAMES) == ["chunk-tails-k9/tokens"]
+    for bad in ('[modles."tiny:llama".expected-failures]\n"chunk-tails-k3/tokens" = "x"\n',
+                '[models."tiny:llama"]\n"chunk-tails-k3/tokens" = "x"\n',
+                '[families.llama.expected-failures]\n"no-slash" = "x"\n'):
+        f.write_text(bad)
+        with pytest.raises(ExpectationError):
+            load_expectations(f)
