@@ -8,7 +8,11 @@
    conformance suite at ``--conformance-tier nightly``, strict expectations and
    ``--conformance-fail-on-skip`` (a conformance scenario that skips fails: a gate that skipped what
    it exists for is not green; ``--allow-skips`` turns that off) -> tests.xml, tests.log. A scenario whose
-   reference run misses a workload trigger fails too: ``--allow-unexercised`` is refused here.
+   reference run misses a workload trigger fails too: ``--allow-unexercised`` is refused here. On the
+   models the corpus is tuned to (the embedded default model, a ``tiny:`` preset) the run also passes
+   ``--conformance-require-exercised``: a trigger or parameter the checkpoint decides must be exercised
+   too; on a checkpoint of the user's (``--model``, ``$CONFORMANCE_MODEL``) such a miss stays a warning
+   and a named gap of the summary.
 2. Reruns happen inside that same pytest run, with the pytest-rerunfailures plugin: a test that
    fails or errors with an *infrastructure* exception (InfrastructureError, out of memory, timeout,
    lost connection: the types in summarize_junit.INFRA_TYPES) is run again, at most
@@ -73,6 +77,8 @@ def suite_options(args: argparse.Namespace) -> list[str]:
         opts.append("--conformance-strict-expectations")
     if not args.allow_skips:
         opts.append("--conformance-fail-on-skip")
+    if on_a_preset(args.model):  # the corpus is tuned to it: every trigger and bound is reached there
+        opts.append("--conformance-require-exercised")
     if args.step_timeout is not None:
         opts += ["--conformance-step-timeout", str(args.step_timeout)]
     for flag, value in (("--conformance-engine", args.engine), ("--conformance-model", args.model),
@@ -80,6 +86,13 @@ def suite_options(args: argparse.Namespace) -> list[str]:
         if value:
             opts += [flag, value]
     return opts
+
+
+def on_a_preset(model: str | None) -> bool:
+    """Whether the suite runs on a model the corpus is tuned to: the embedded default model (no --model and
+    no $CONFORMANCE_MODEL) or a ``tiny:`` preset."""
+    model = model or os.environ.get("CONFORMANCE_MODEL")
+    return not model or model.startswith("tiny:")
 
 
 def rerun_options(reruns: int) -> list[str]:

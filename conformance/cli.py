@@ -4,7 +4,8 @@
   conformance run [--engine E] [--tier T] [--scenario ID ...] [--scenario-file F ...] [--model PATH]
                   [--dtype D] [--report-json F] [--junit-xml F] [--xfail-file F] [--strict-expectations]
                   [--enable-prefix-caching [--mamba-cache-mode align|all]] [--step-timeout S]
-                  [--fail-on-skip] [--min-scenarios N] [--require-feature F ...] [--allow-unexercised] [-x]
+                  [--fail-on-skip] [--min-scenarios N] [--require-feature F ...]
+                  [--allow-unexercised | --require-exercised] [-x]
   conformance replay (ID | --scenario-file F) [--request R] [--engine E] [--model PATH] [--dtype D]
   conformance fuzz [--engine E] [--seed N] [--examples N] [--budget-seconds S] [--out DIR] [--dtype D]
   conformance mutate [--mutant ID ...] [--dtype D]
@@ -15,7 +16,9 @@ run the same kernels, so they are compared exactly (tokens, acceptance, logits b
 scenario, in --mamba-cache-mode or each scenario's own mode; the reference engine runs without it.
 
 The gate of a CI run: --fail-on-skip (a skipped scenario fails), --require-feature F (the engine must
-support F and no scenario needing it may skip), --min-scenarios N (at least N scenarios must run).
+support F and no scenario needing it may skip), --min-scenarios N (at least N scenarios must run),
+--require-exercised (a trigger or parameter the checkpoint decides that the run did not exercise fails,
+instead of being a warning and a named gap of the summary: for the models the corpus is tuned to).
 --step-timeout S: an engine call that has not returned after S seconds fails its scenario.
 
 Exit status: 0 when every check passed (or failed as an expectations file lists), 1 when a check
@@ -158,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a trigger a scenario's reference run misses (the workload did not test what "
                       "it exists for on this model) is a warning, not a failure (default: it fails the "
                       "scenario)")
+    gate.add_argument("--require-exercised", action="store_true",
+                      help="every trigger and every parameter a scenario exists to exercise must be, also "
+                      "where the checkpoint decides (default: such a miss is a warning and a named gap of "
+                      "the summary, 'not exercised'); for the models the corpus is tuned to (the presets)")
     rp = sub.add_parser(
         "replay", help="rerun one scenario and print its steps (or one request's) step by step"
     )
@@ -278,6 +285,7 @@ def _selection(args) -> session.Selection:
         mamba_cache_mode=args.mamba_cache_mode,
         step_timeout=args.step_timeout,
         allow_unexercised=getattr(args, "allow_unexercised", False),
+        require_exercised=getattr(args, "require_exercised", False),
         drafter=getattr(args, "drafter", None),
         draft_model=getattr(args, "draft_model", None),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
@@ -378,7 +386,8 @@ def _ended_before_the_run(args, facts, code: int, message: str, name: str = "gat
         "tier": args.tier,
         "device": session.pick(args.device, session.ENV_DEVICE, "cpu"),
         "gate": gate_options(fail_on_skip=args.fail_on_skip, min_scenarios=args.min_scenarios,
-                             require_features=args.require_feature, step_timeout=args.step_timeout),
+                             require_features=args.require_feature, step_timeout=args.step_timeout,
+                             require_exercised=getattr(args, "require_exercised", False)),
     }
     written = write_run_error_reports(args.junit_xml, args.report_json, name, message, meta,
                                       environment(probe_device=False))

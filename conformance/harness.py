@@ -11,7 +11,7 @@ from conformance import checks, reference_cache
 from conformance.adapters import load_engine
 from conformance.adapters.refengine import cached_reference_adapter, reference_adapter
 from conformance.api import DRAFTER_FEATURES, EngineAdapter, RequestParams, RunSpec
-from conformance.model import ModelFacts
+from conformance.model import ModelFacts, cut_refused
 from conformance.results import NA, CheckResult, ScenarioResult
 from conformance.trace import Recorder, Trace
 from conformance.verdict import Verdict, choose
@@ -221,6 +221,9 @@ class Case:
     reference_dtype: str | None = None
     reference_device: str | None = None
     tolerance: float | None = None
+    # Every trigger and every bound the checkpoint decides must be exercised too (``--require-exercised``):
+    # a miss fails its check instead of being "not exercised" (a warning and a named gap in the reports).
+    require_exercised: bool = False
     judged: Verdict = field(init=False, repr=False, compare=False)  # the verdict resolved (__post_init__)
 
     def __post_init__(self):
@@ -230,6 +233,9 @@ class Case:
             device=self.device, reference_device=self.reference_device, tolerance=self.tolerance))
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor parallel size must be >= 1, got {self.tensor_parallel_size}")
+        if self.require_exercised and self.allow_unexercised:
+            raise ValueError("--require-exercised asks for every trigger, --allow-unexercised lets a "
+                             "missed one warn: give one of them")
         if self.step_timeout is not None and self.step_timeout <= 0:
             raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
@@ -332,10 +338,17 @@ def skip_reason(scenario: Scenario, case: Case) -> str | None:
         return f"the engine under test does not support the {s.drafter} drafter"
     if s.enable_prefix_caching and not case.adapter.supports("prefix_caching"):
         return "the engine under test does not support prefix caching"
+    cut = cut_refused(s.draft_model, facts) if s.k and s.drafter == "draft_model" else None
+    if cut is not None:
+        return cut
     if any(isinstance(r.prompt, str) for r in scenario.requests) and not facts.has_tokenizer:
         return "text prompts need a model with a tokenizer"
     if not facts.has_tokenizer and any(n in TEXT_PARAMS for r in scenario.requests for n, _ in r.params):
         return "stop strings, bad words and structured outputs need a model with a tokenizer"
+    if not facts.eos_token_ids and any(
+            n == "structured_outputs" for r in scenario.requests for n, _ in r.params):
+        return ("structured outputs need a model with an EOS token (config.json eos_token_id): a grammar "
+                "ends its output on one")
     bad = [
         t
         for r in scenario.requests
@@ -522,6 +535,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         traces.get("bare"),
         verdict=case.judged,
         scores=scores,
+        require_exercised=case.require_exercised,
     )
     test = inputs.test
     results = []

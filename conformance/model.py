@@ -16,6 +16,7 @@ class ModelFacts:
     has_mtp: bool
     has_tokenizer: bool
     family: str = ""  # the model family (refengine.model.registry), named in reports
+    num_layers: int = 0  # decoder layers (what a "cut:<layers>" draft model can keep; 0: not known)
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
@@ -112,7 +113,26 @@ def describe_model(model: str | None) -> ModelFacts:
         any(n.startswith("mtp.") for n in names),
         any((root / f).is_file() for f in TOKENIZER_FILES),
         family,
+        int(getattr(cfg, "num_hidden_layers", 0) or 0),
     )
+
+
+def cut_refused(draft_model: str | None, facts: ModelFacts) -> str | None:
+    """Why a ``cut:<layers>`` draft model cannot be cut from this checkpoint (it keeps a layer the model
+    does not have, e.g. "cut:0,3" of a model of 3 layers), or None (another draft model, or the layer
+    count is not known)."""
+    from refengine.model.loader import CheckpointError
+    from refengine.tools.draft_model import CUT_PREFIX, parse_layers
+
+    if not (draft_model or "").startswith(CUT_PREFIX) or not facts.num_layers:
+        return None
+    try:
+        parse_layers(draft_model[len(CUT_PREFIX):], facts.num_layers)
+    except CheckpointError:
+        n = facts.num_layers
+        return (f"its draft model {draft_model} keeps layers a model of {n} layer{'s' if n != 1 else ''} "
+                "does not have")
+    return None
 
 
 def _tensor_names(root: Path) -> set[str]:

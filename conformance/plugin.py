@@ -23,6 +23,8 @@ It stays inert until a test asks for the ``conformance_scenario`` fixture (the s
   --conformance-require-feature F the engine must support F; a scenario needing it may not skip
   --conformance-min-scenarios N   fewer than N scenarios ran (were not skipped): the run fails
   --conformance-allow-unexercised a trigger a scenario misses warns instead of failing the scenario
+  --conformance-require-exercised a trigger or parameter the checkpoint decides, not exercised, fails too
+                                  (default: a warning and a named gap of the summary)
 
 The run's header (only in runs that name the suite or collect its test) and the "conformance summary"
 say what was exercised: the skipped scenarios by reason, the features the scenarios needed, the checks
@@ -188,6 +190,10 @@ def pytest_addoption(parser):
     g.addoption("--conformance-allow-unexercised", action="store_true",
                 help="a trigger a scenario's reference run misses is a warning, not a failure (default: the "
                 "scenario fails; the nightly gate never allows it)")
+    g.addoption("--conformance-require-exercised", action="store_true",
+                help="every trigger and parameter a scenario exists to exercise must be, also where the "
+                "checkpoint decides (default: such a miss is a warning and a named gap, 'not exercised'); "
+                "for the models the corpus is tuned to")
     g.addoption("--conformance-min-scenarios", type=int, default=0, metavar="N",
                 help="fail the run when fewer than N scenarios ran (were not skipped)")
     g.addoption("--conformance-require-feature", action="append", default=[], metavar="FEATURE",
@@ -307,6 +313,10 @@ def _check_options(config) -> None:
     timeout = config.getoption("conformance_step_timeout")
     if timeout is not None and not timeout > 0:
         raise pytest.UsageError(f"conformance: --conformance-step-timeout must be > 0 seconds, got {timeout}")
+    if config.getoption("conformance_require_exercised") and \
+            config.getoption("conformance_allow_unexercised"):
+        raise pytest.UsageError("conformance: --conformance-require-exercised asks for every trigger, "
+                                "--conformance-allow-unexercised lets a missed one warn: give one of them")
     least = config.getoption("conformance_min_scenarios") or 0
     if least < 0:
         raise pytest.UsageError(f"conformance: --conformance-min-scenarios must be >= 0, got {least}")
@@ -425,6 +435,8 @@ def _gate_description(config) -> str:
     parts = []
     if config.getoption("conformance_allow_unexercised"):
         parts.append("a trigger a scenario misses is a warning (--allow-unexercised)")
+    if config.getoption("conformance_require_exercised"):
+        parts.append("a trigger or parameter a scenario does not exercise fails it (--require-exercised)")
     if config.getoption("conformance_fail_on_skip"):
         parts.append("a skipped scenario fails")
     required = config.getoption("conformance_require_feature")
@@ -503,7 +515,8 @@ def conformance_selection(pytestconfig, conformance_default_engine, conformance_
         draft_model=opt("conformance_draft_model"),
         tensor_parallel_size=opt("conformance_tensor_parallel_size"),
         verdict=opt("conformance_verdict"), reference_dtype=opt("conformance_reference_dtype"),
-        reference_device=opt("conformance_reference_device"), tolerance=opt("conformance_tolerance"))
+        reference_device=opt("conformance_reference_device"), tolerance=opt("conformance_tolerance"),
+        require_exercised=bool(opt("conformance_require_exercised")))
 
 
 @pytest.fixture(scope="session")
@@ -824,7 +837,8 @@ def run_meta(config, first: ScenarioResult | None = None) -> dict:
         "gate": gate_options(fail_on_skip=opt("conformance_fail_on_skip"),
                              min_scenarios=opt("conformance_min_scenarios"),
                              require_features=opt("conformance_require_feature"),
-                             step_timeout=opt("conformance_step_timeout")),
+                             step_timeout=opt("conformance_step_timeout"),
+                             require_exercised=opt("conformance_require_exercised")),
     }
 
 

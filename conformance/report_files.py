@@ -21,10 +21,11 @@ RUN_ERROR_TYPES = {"gate": "GateFailed", "interrupted": "Interrupted"}  # the ``
 
 
 def gate_options(*, fail_on_skip: bool = False, min_scenarios: int = 0, require_features=(),
-                 step_timeout: float | None = None) -> dict:
+                 step_timeout: float | None = None, require_exercised: bool = False) -> dict:
     """The options of the run's gate, as the JSON report and the JUnit properties name them."""
     return {"fail_on_skip": bool(fail_on_skip), "min_scenarios": int(min_scenarios or 0),
-            "require_features": list(require_features or ()), "step_timeout": step_timeout}
+            "require_features": list(require_features or ()), "step_timeout": step_timeout,
+            "require_exercised": bool(require_exercised)}
 
 
 def junit_properties(meta: dict) -> list[tuple[str, str]]:
@@ -72,8 +73,12 @@ def build_json(results: list[ScenarioResult], *, engine: str, tier: str, model: 
             "skipped": sum(r.outcome == "skip" for r in results),
             "checks_failed": sum(c.status == FAIL for c in checks),
             "checks_total": len(checks),
+            "not_exercised": sum(len(r.gaps) for r in results if not r.skipped and not r.error),
         },
         "run_errors": [{"name": name, "message": message} for name, message in run_errors],
+        # the named gaps: what a scenario that ran did not exercise on this checkpoint, and why (warnings)
+        "not_exercised": [{"scenario": r.scenario_id, **g} for r in results if not r.skipped and not r.error
+                          for g in r.gaps],
         "scenarios": [r.to_dict() for r in results],
     }
 

@@ -139,6 +139,21 @@ def format_coverage(results: list[ScenarioResult]) -> list[str]:
     if checks:
         never = f"; never applied (n/a in every scenario that ran): {', '.join(idle)}" if idle else ""
         lines.append(f"checks exercised: {len(names) - len(idle)} of {len(names)}{never}")
+    lines += format_gaps(results)
+    return lines
+
+
+def format_gaps(results: list[ScenarioResult]) -> list[str]:
+    """The named gaps: each trigger or parameter a scenario that ran did not exercise on this checkpoint,
+    with why it may not (a warning; ``--require-exercised`` fails them instead)."""
+    gaps = [(r.scenario_id, g) for r in results if not r.skipped and not r.error for g in r.gaps]
+    if not gaps:
+        return []
+    head = (f"not exercised: {len(gaps)} gap(s) in {len({sid for sid, _ in gaps})} scenario(s), which ran "
+            "and passed their other checks without testing this (a warning; --require-exercised fails them):")
+    lines = [head]
+    lines += [f"  not exercised: {sid}: {g['what']}" + (f" ({g['why']})" if g["why"] else "")
+              for sid, g in gaps]
     return lines
 
 

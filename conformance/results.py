@@ -74,6 +74,23 @@ class ScenarioResult:
                 f"{self.tolerance:.4g} nats below its pick is structural)")
 
     @property
+    def gaps(self) -> list[dict]:
+        """What the scenario ran without exercising (a trigger missed, a request whose parameters changed
+        nothing, where the checkpoint decides): ``{"check", "what", "why"}`` each, from the checks that said
+        so (``details["gaps"]``; a result of before them: ``details["not_exercised"]`` and its reasons)."""
+        out = []
+        for c in self.checks:
+            if c.failed:
+                continue
+            named = c.details.get("gaps")
+            if named is None:
+                reasons = c.details.get("reasons") or {}
+                named = [{"what": str(t), "why": reasons.get(t, "")}
+                         for t in c.details.get("not_exercised", ())]
+            out += [{"check": c.check, "what": g.get("what", ""), "why": g.get("why", "")} for g in named]
+        return out
+
+    @property
     def failures(self) -> list[CheckResult]:
         return [c for c in self.checks if c.failed]
 

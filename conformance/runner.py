@@ -102,6 +102,8 @@ def suite_args(
         args.append("--conformance-fail-on-skip")
     if sel.allow_unexercised:
         args.append("--conformance-allow-unexercised")
+    if sel.require_exercised:
+        args.append("--conformance-require-exercised")
     if sel.drafter is not None:
         args += ["--conformance-drafter", sel.drafter]
     if sel.draft_model is not None:
@@ -133,7 +135,8 @@ def run_suite(sel: session.Selection, *, out, verbose: bool = False, model_label
     printer = RunPrinter(out, sel, verbose, model_label or sel.model or "embedded default model",
                          expectations_note(sel, options.get("strict", False)), dtype or sel.dtype,
                          features=features,
-                         gate=gate_note(allow_unexercised=sel.allow_unexercised, **options))
+                         gate=gate_note(allow_unexercised=sel.allow_unexercised,
+                                        require_exercised=sel.require_exercised, **options))
     started = time.time()
     with _isolated_environment():
         code = pytest.main(["-p", "no:terminal", *suite_args(sel, **options)], plugins=[printer])
@@ -171,7 +174,7 @@ def features_note(features: dict[str, bool]) -> str:
 
 
 def gate_note(*, fail_on_skip: bool = False, min_scenarios: int = 0, require_features=(), step_timeout=None,
-              allow_unexercised: bool = False, **_) -> str:
+              allow_unexercised: bool = False, require_exercised: bool = False, **_) -> str:
     """What fails the run besides a failing check, said up front."""
     parts = ["a failing check or an infrastructure error fails the run"]
     parts.append("a skipped scenario fails it (--fail-on-skip)" if fail_on_skip
@@ -182,9 +185,15 @@ def gate_note(*, fail_on_skip: bool = False, min_scenarios: int = 0, require_fea
                      "skip)")
     if min_scenarios:
         parts.append(f"at least {min_scenarios} scenarios must run")
-    parts.append("a trigger a scenario misses is a warning (--allow-unexercised)" if allow_unexercised
-                 else "a trigger a scenario misses fails it (workload-triggers; --allow-unexercised warns "
-                 "instead)")
+    if require_exercised:
+        parts.append("a trigger or parameter a scenario does not exercise fails it, also one the checkpoint "
+                     "decides (--require-exercised)")
+    elif allow_unexercised:
+        parts.append("a trigger a scenario misses is a warning (--allow-unexercised)")
+    else:
+        parts.append("a trigger a scenario misses fails it (workload-triggers; --allow-unexercised warns "
+                     "instead), unless the checkpoint decides it: then it is not exercised, a warning and a "
+                     "named gap of the summary (--require-exercised fails it)")
     return "gate: " + "; ".join(parts)
 
 

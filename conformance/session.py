@@ -72,6 +72,9 @@ class Selection:
     reference_dtype: str | None = None
     reference_device: str | None = None
     tolerance: float | None = None
+    # A trigger or bound a checkpoint decides, missed, fails instead of being "not exercised" (a warning and
+    # a named gap): the gate of a run on the models the corpus is tuned to (--require-exercised)
+    require_exercised: bool = False
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -90,6 +93,9 @@ class Selection:
         if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise ValueError(f"mamba cache mode must be one of {', '.join(MAMBA_CACHE_MODES)}, "
                              f"got {self.mamba_cache_mode!r}")
+        if self.require_exercised and self.allow_unexercised:
+            raise ValueError("--require-exercised asks for every trigger, --allow-unexercised lets a "
+                             "missed one warn: give one of them")
         if self.step_timeout is not None and not self.step_timeout > 0:
             raise ValueError(f"step timeout must be > 0 seconds, got {self.step_timeout}")
         if self.mamba_cache_mode is not None and not self.enable_prefix_caching:
@@ -133,6 +139,7 @@ class Selection:
             reference_dtype=None if self.reference_dtype is None else run_dtype(self.reference_dtype, facts),
             reference_device=self.reference_device,
             tolerance=self.tolerance,
+            require_exercised=self.require_exercised,
         )
 
     def expectations(self) -> Expectations:

@@ -270,9 +270,10 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
     A request whose parameters changed nothing fails where they must have changed it on any model
     (``must_change``: a parameter was ignored); elsewhere the model decides (a penalty that moves no argmax
     on this checkpoint), and the request is "not exercised": a warning naming it, the check passes on the
-    others, and ``require_exercised`` (a gate asking for every one) makes it fail. Sampled requests are
-    held as a whole: a draw may come out greedy by chance, so one of them at least must differ (a
-    temperature both engines ignore fails)."""
+    others, and ``require_exercised`` (``--require-exercised``: a gate asking for every one) makes it fail;
+    each such request is a named gap (``details["gaps"]``: its parameters, and why they may not matter).
+    Sampled requests are held as a whole: a draw may come out greedy by chance, so one of them at least
+    must differ (a temperature both engines ignore fails)."""
     name = "params-change-output"
     if bare is None:
         return not_applicable(name, "no request carries a parameter that changes its tokens")
@@ -299,7 +300,8 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
                 continue
             return failed(
                 name, f"request {rid}: its parameters were ignored: {why}" if why else
-                f"request {rid}: its parameters changed nothing, and the run asks that each one matter",
+                f"request {rid}: its parameters changed nothing, and the run asks that each one matter "
+                "(--require-exercised)",
                 f"request {rid} with {r.sampling} gives the reference's output without them too "
                 f"({len(a.token_ids)} tokens, finish {a.finish_reason!r}): "
                 + (f"{why}, so on any model they must change it" if why else
@@ -324,10 +326,13 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
     result = passed(name, f"{changed} requests changed by their parameters, {same} without parameters "
                     f"unchanged{tail}")
     if unproven:
-        listed = "; ".join(f"{rid} ({_unproven(_spec(scenario, rid))})" for rid in unproven)
+        reasons = {rid: _unproven(_spec(scenario, rid)) for rid in unproven}
+        listed = "; ".join(f"{rid} ({why})" for rid, why in reasons.items())
         result = not_applicable(name, f"not exercised on this model: the parameters of {', '.join(unproven)} "
                                 f"changed nothing ({result.summary})")
-        result.details.update(not_exercised=unproven, warning=(
+        gaps = [{"what": f"request {rid}'s parameters ({_names(scenario, rid)})",
+                 "why": why} for rid, why in reasons.items()]
+        result.details.update(not_exercised=unproven, reasons=reasons, gaps=gaps, warning=(
             f"scenario {scenario.id}: the parameters of request(s) {listed} changed nothing on this model, "
             "which it may do, so the run does not show that they are applied"))
     return result
@@ -335,6 +340,10 @@ def check_params_change_output(scenario, reference: Trace, bare: Trace | None,
 
 def _spec(scenario, rid: str):
     return next(r for r in scenario.requests if r.request_id == rid)
+
+
+def _names(scenario, rid: str) -> str:
+    return ", ".join(n for n, _ in _spec(scenario, rid).params)
 
 
 # Why a parameter may change nothing on a checkpoint, where ``must_change`` did not show that it must.
@@ -365,7 +374,7 @@ def _unproven(spec) -> str:
         "sampled requests as a whole (one at least differs: a draw may come out greedy by chance); a request "
         "whose parameters need not change its output on this model (a penalty that moves no argmax; not an "
         "id outside `allowed_token_ids`, a stop before `min_tokens` or a stop string in the text without "
-        "them) is *not exercised* (a warning) unless the run asks for every one"
+        "them) is *not exercised* (a warning) unless the run asks for every one (`--require-exercised`)"
     ),
 )
 def _params_change_output(c: CheckInputs) -> CheckResult:

@@ -405,6 +405,11 @@ def unknown_trigger(names) -> str | None:
     return f"unknown trigger {unknown[0]!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
 
 
+# Why a forced trigger was missed without failing: the run let a miss warn.
+UNFORCED = ("forced only with the scenario's own drafter and settings; this run lets a miss warn "
+            "(--allow-unexercised or --drafter)")
+
+
 def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, cached: Trace | None = None,
                    require_exercised: bool = False) -> CheckResult:
     """Did the reference run hit the scenario's triggers? This judges the workload, not the engine.
@@ -416,9 +421,10 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
     default): a forced trigger missed fails, since the workload no longer tests what it exists for on any
     model. A trigger the model decides, missed, is "not exercised": not applicable, with a warning naming
     the scenario, the trigger and the reason (``details["warning"]``, ``details["not_exercised"]``), never a
-    pass; ``require_exercised`` (a gate that asks for every trigger, e.g. on the model the corpus is tuned
-    to) makes it fail too. Not strict (``--allow-unexercised``, or another drafter than the scenario's):
-    every miss is "not exercised".
+    pass; ``require_exercised`` (``--require-exercised``: a gate that asks for every trigger, e.g. on the
+    model the corpus is tuned to) makes every miss fail, whatever ``strict`` says. Not strict
+    (``--allow-unexercised``, or another drafter than the scenario's): every miss is "not exercised". Each
+    miss not failed is a named gap (``details["gaps"]``: what was not exercised, and why) for the reports.
     """
     name = "workload-triggers"
     if not scenario.triggers:
@@ -428,7 +434,7 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
         return failed(name, unknown)
     missed = [t for t in scenario.triggers if not _hit(t, scenario, reference, cached)]
     why = dict(scenario.model_decides)
-    failing = [t for t in missed if (strict and t not in why) or (require_exercised and t in why)]
+    failing = [t for t in missed if require_exercised or (strict and t not in why)]
     if failing:
         what = "; ".join(f"{t}: expected that {TRIGGERS[t][0]}" for t in failing)
         return failed(
@@ -436,8 +442,10 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
             f"the reference run never hit {', '.join(failing)}",
             f"scenario {scenario.id} exists to exercise {', '.join(scenario.triggers)}, but in the "
             f"reference run {what} - it did not happen, so this workload no longer tests what it is for"
-            + "".join(f"\n  {t} is the model's to reach ({why[t]}), and the run asks for every trigger"
-                      for t in failing if t in why),
+            + "".join(f"\n  {t} is " + (f"the model's to reach ({why[t]})" if t in why else
+                                         "forced on the scenario's own drafter and checkpoint")
+                      + ", and the run asks for every trigger (--require-exercised)"
+                      for t in failing if require_exercised),
             missed=missed,
         )
     if missed:
@@ -446,7 +454,8 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
         warning = (f"scenario {scenario.id}: trigger(s) not exercised on this model: {what}; the scenario "
                    "still ran and its other checks hold, but it did not test what it exists for")
         result.details.update(not_exercised=missed, reasons={t: why[t] for t in missed if t in why},
-                              warning=warning)
+                              warning=warning, gaps=[{"what": f"trigger {t}", "why": why.get(t, UNFORCED)}
+                                                     for t in missed])
         return result
     return passed(name, "reference run hit " + ", ".join(scenario.triggers))
 
@@ -461,7 +470,7 @@ def check_triggers(scenario: Scenario, reference: Trace, strict: bool = True, ca
         "all, on the reference engine's cached run); a trigger forced on any checkpoint fails when missed, "
         "unless `--allow-unexercised` makes it *not exercised* (n/a plus a warning naming the scenario); one "
         "the scenario says the model decides (its reason in the warning) is *not exercised* when missed, "
-        "and fails only where the run asks for every trigger"
+        "and fails only where the run asks for every trigger (`--require-exercised`, which fails any miss)"
     ),
 )
 def _workload_triggers(c: CheckInputs) -> CheckResult:

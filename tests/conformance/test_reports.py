@@ -58,6 +58,7 @@ def test_json_report_round_trips(tmp_path):
         "skipped": 1,
         "checks_failed": 1,
         "checks_total": 3,
+        "not_exercised": 0,
     }
     back = [ScenarioResult.from_dict(s) for s in data["scenarios"]]
     assert back == _results()

@@ -62,7 +62,7 @@ def test_a_required_feature_refused_up_front_writes_both_reports(tiny_checkpoint
     message, report = _gate_error(tmp_path)
     assert "does not support required feature(s) mtp (--require-feature)" in message
     assert report["gate"] == {"fail_on_skip": True, "min_scenarios": 0, "require_features": ["mtp"],
-                              "step_timeout": 600.0}
+                              "step_timeout": 600.0, "require_exercised": False}
     assert report["family"] == "qwen3_next" and report["dtype"] == "float32"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"reports written: {tmp_path / 'r.xml'}, {tmp_path / 'r.json'}" in err[0], err
@@ -137,10 +137,11 @@ def test_a_failing_scenario_names_its_checks_model_family_dtype_tier_and_gate(ti
     assert head["properties"]["gate_fail_on_skip"] == "false"
     assert head["properties"]["gate_min_scenarios"] == "1"
     assert head["properties"]["gate_step_timeout"] == "600"
+    assert head["properties"]["gate_require_exercised"] == "false"
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["dtype"] == "float32" and report["family"] == "qwen3_next"
     assert report["gate"] == {"fail_on_skip": False, "min_scenarios": 1, "require_features": [],
-                              "step_timeout": 600.0}
+                              "step_timeout": 600.0, "require_exercised": False}
     assert "How to read a failure" in out  # a check failed: the guide is printed
 
 
