@@ -23,6 +23,11 @@ REFERENCE_LABEL = "reference"
 PLAIN_LABEL = "plain greedy (K=0, no aborts)"
 CACHED_LABEL = "reference with prefix caching"
 BARE_LABEL = "reference without the request parameters"
+# Under --verdict rescored, an engine declaring "bitwise" judged by a reference in another dtype or on another
+# device (Verdict.bitwise_in_own_dtype) is held bitwise to the reference engine in its own dtype on its device
+# too: these runs (the keys of ``run_traces``; the labels are the exact verdict's, so the reference cache of
+# an exact run in that dtype serves them).
+OWN_DTYPE_TRACES = ("reference-own", "plain-own")
 
 
 class NoProgress(RuntimeError):
@@ -295,6 +300,14 @@ class Case:
         return shlex.join(cmd)
 
     @property
+    def own_dtype_where(self) -> dict | None:
+        """Where the reference runs the bitwise checks are held to run (the engine's dtype and device), under
+        a verdict that holds them to the reference in the engine's own dtype; else None."""
+        if not self.judged.bitwise_in_own_dtype:
+            return None
+        return {"device": self.device, "dtype": self.dtype, "step_timeout": self.step_timeout}
+
+    @property
     def reference_where(self) -> dict:
         """Where the reference side runs: the engine's dtype and device, or the verdict's reference's."""
         return {"device": self.reference_device or self.device, "dtype": self.judged.reference_dtype,
@@ -437,6 +450,12 @@ def _infrastructure_error(result: ScenarioResult, traces: dict[str, Trace]) -> b
     elif "bare" in traces and traces["bare"].error is not None:
         result.error = "the reference engine failed on the workload without request parameters:\n" + \
             traces["bare"].error
+    else:
+        for key in (k for k in OWN_DTYPE_TRACES if k in traces and traces[k].error is not None):
+            result.error = ("the reference engine in the engine's own dtype (the bitwise checks are held to "
+                            f"it) failed on the {'plain (K=0, no aborts) ' if key == 'plain-own' else ''}"
+                            "workload:\n" + traces[key].error)
+            break
     return result.error is not None
 
 
@@ -464,6 +483,9 @@ def run_traces(scenario: Scenario, case: Case, fail_fast: bool = False) -> dict[
     label = "reference (under test)" if case.engine == "reference" else case.engine
     traces["test"] = run_workload(case.adapter_for(scenario), scenario, case.facts, label=label, **where,
                                   tensor_parallel_size=case.tensor_parallel_size)
+    if (own := case.own_dtype_where) is not None:  # the bitwise checks are held to it
+        traces["reference-own"] = _own_dtype(run_workload(ref_side, scenario, case.facts,
+                                                          label=REFERENCE_LABEL, **own), case)
     if not fail_fast:
         traces.update(late_traces(scenario, case, traces))
     return traces
@@ -479,12 +501,18 @@ def late_traces(scenario: Scenario, case: Case, traces: dict[str, Trace]) -> dic
     # The reference engine's runs are the engine under test's own only where it is bitwise the reference;
     # where not, a batch-invariant engine is held to its own K=0 run (--verdict rescored).
     same = case.engine == "reference" and (not case.judged.rescored or case.judged.bitwise_comparable)
-    own_plain = (not same and case.judged.rescored and not case.judged.bitwise_comparable
+    own = case.own_dtype_where  # held bitwise to the reference in its own dtype: its plain run is that one's
+    own_plain = (not same and own is None and case.judged.rescored and not case.judged.bitwise_comparable
                  and case.adapter.supports("batch_invariant") and bool(scenario.k or scenario.aborted))
     if scenario.k or scenario.aborted:
         traces["plain"] = run_workload(ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
                                        settings=scenario.settings.plain(), **on_ref)
-    if own_plain or (scenario.k and _differs(traces["plain"], traces["test"], scenario.aborted)):
+        if own is not None:
+            traces["plain-own"] = _own_dtype(run_workload(
+                ref_side, scenario.without_aborts(), case.facts, label=PLAIN_LABEL,
+                settings=scenario.settings.plain(), **own), case)
+    plain = traces.get("plain-own", traces.get("plain"))
+    if own_plain or (scenario.k and _differs(plain, traces["test"], scenario.aborted)):
         # spec-lossless fails: the engine under test without speculation says whether speculation is why
         traces["test-plain"] = traces["plain"] if same else run_workload(
             case.adapter_for(scenario), scenario.without_aborts(), case.facts, label=f"{label} with K=0",
@@ -495,7 +523,14 @@ def late_traces(scenario: Scenario, case: Case, traces: dict[str, Trace]) -> dic
     if scenario.has_params:  # what each request's parameters must change ("params-change-output")
         traces["bare"] = run_workload(ref_side, scenario.without_params(), case.facts, label=BARE_LABEL,
                                       settings=scenario.settings.uncached(), **on_ref)
-    return {k: v for k, v in traces.items() if k in ("plain", "test-plain", "cached", "bare")}
+    return {k: v for k, v in traces.items() if k in ("plain", "plain-own", "test-plain", "cached", "bare")}
+
+
+def _own_dtype(trace: Trace, case: Case) -> Trace:
+    """A reference run in the engine's own dtype, named so in every report (the run itself, and the cache
+    key, are the exact verdict's)."""
+    trace.engine = f"{trace.engine} in {case.dtype} (the engine's own dtype)"
+    return trace
 
 
 def _differs(plain: Trace, test: Trace, aborted) -> bool:
@@ -537,6 +572,10 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         scores=scores,
         require_exercised=case.require_exercised,
     )
+    own = None  # the bitwise checks' inputs where they are held to the reference in the engine's own dtype
+    if case.judged.bitwise_in_own_dtype and "reference-own" in traces:
+        own = replace(inputs, ref=traces["reference-own"], plain=traces.get("plain-own"),
+                      verdict=case.judged.own_dtype())
     test = inputs.test
     results = []
     for c in checks.declared():
@@ -549,7 +588,7 @@ def evaluate(scenario: Scenario, traces: dict[str, Trace], case: Case,
         if lacks:
             results.append(CheckResult(c.name, NA, f"the engine's records lack {', '.join(lacks)}"))
             continue
-        result = checks.judge(c, inputs)
+        result = checks.judge(c, inputs, own)
         if result.failed and result.request_id is not None and c.replay:
             result.details["replay"] = case.replay_command(scenario.id, result.request_id, scenario_file)
         results.append(result)

@@ -54,6 +54,12 @@ class RefEngineAdapter:
     The async engine runs with its hazard checker on and its copies delayed: a host buffer touched
     while its asynchronous copy is pending then fails the run deterministically (naming the buffer)
     instead of racing silently, and every pending copy lands as late as it can.
+
+    Both declare "bitwise" (they run the reference's kernels: bitwise the reference engine in their own
+    dtype on their own device). So under ``--verdict rescored`` against a reference in another dtype their
+    bitwise checks are not given up but held to the reference engine in their own dtype
+    (``conformance.verdict.Verdict.bitwise_in_own_dtype``); an adapter that does not declare it (vLLM's) has
+    them n/a there.
     """
 
     def __init__(self, engine: str = "reference", graph_mode: str = "none", *, uncached: bool = False):

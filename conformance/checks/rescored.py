@@ -11,6 +11,13 @@ false) the checks that compare the two engines bitwise cannot hold. ``NOT_BITWIS
 n/a with the reason, or a narrower check of what still holds (the engine against its own K=0 run where
 it is batch-invariant, the per-engine rules of logprobs and stop reasons, ...). Checks not named there hold
 under any verdict and run as they are.
+
+Where the engine declares itself bitwise the reference in its own dtype (the adapter's ``bitwise``) but the
+reference scoring it runs in another dtype or on another device (``Verdict.bitwise_in_own_dtype``), those
+checks are not given up: each is held, as under the exact verdict, to the reference engine's runs in the
+engine's own dtype on its device (``judge``'s ``own``), and says so in its summary and details
+(``held_to``). The greedy tokens stay judged by 'rescored'; the seeded draws of sampled requests, which
+rescoring does not judge, are held to that reference bitwise ('tokens').
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ def check_rescored(c: CheckInputs) -> CheckResult:
         verdict.classify(m) == "structural" for m in s.margins)]
     details = {"tolerance": verdict.tolerance, "reference_dtype": verdict.reference_dtype,
                "requests": summaries}
+    if verdict.bitwise_in_own_dtype:  # the bitwise checks are held to the reference in the engine's dtype
+        details["bitwise_checks_held_to"] = verdict.dtype
     positions = sum(len(s.margins) for s in scored)
     near = [m for s in scored for m in s.margins if verdict.classify(m) == "near-tie"]
     skipped = len(scores) - len(scored)
@@ -79,9 +88,16 @@ def check_rescored(c: CheckInputs) -> CheckResult:
         return CheckResult(NAME, "pass", f"{len(scored)} requests, {positions} positions within "
                            f"{verdict.tolerance:.4g} nats of the pick of the reference in "
                            f"{verdict.reference_dtype}: {len(near)} near-tie(s){worst}, none "
-                           f"structural{tail}", details=details)
+                           f"structural{tail}{_held_tail(verdict)}", details=details)
     rid, s = structural[0]
     return _failure(c, rid, s, structural, details)
+
+
+def _held_tail(verdict) -> str:
+    if not verdict.bitwise_in_own_dtype:
+        return ""
+    return (f"; the bitwise checks held to the reference engine in {verdict.dtype}, the engine's own dtype, "
+            "in which it declares itself bitwise the reference")
 
 
 def _failure(c: CheckInputs, rid: str, s, structural, details: dict) -> CheckResult:
@@ -247,9 +263,56 @@ NOT_BITWISE = {
 }
 
 
-def judge(c: Check, inputs: CheckInputs) -> CheckResult:
-    """Check ``c`` over ``inputs`` under the run's verdict."""
+# ---- the bitwise checks held to the reference in the engine's own dtype -----------------------------------
+def held_note(c: CheckInputs) -> str:
+    """What holding a check to the reference in the engine's own dtype means, in words (``c``: the held
+    inputs, whose verdict is the engine's own dtype's)."""
+    return (f"held to the reference engine in {c.verdict.dtype}, the engine's own dtype, in which it "
+            "declares itself bitwise the reference")
+
+
+def _seeded_tokens(c: CheckInputs, own: CheckInputs) -> CheckResult:
+    """'tokens' where held: the greedy tokens are judged by 'rescored'; the sampled requests' seeded draws,
+    which rescoring does not judge, are held bitwise to the reference in the engine's dtype."""
+    name = "tokens"
+    sampled = {r.request_id for r in c.scenario.requests if r.samples} - c.aborted
+    greedy = f"greedy tokens judged by 'rescored' (the reference in {c.verdict.reference_dtype} scores them)"
+    if not sampled:
+        return not_applicable(name, f"{greedy}; no sampled request whose seeded draws to hold to the "
+                              f"reference engine in the engine's own dtype, {c.verdict.dtype}")
+    skip = {r.request_id for r in c.scenario.requests} - sampled
+    result = check_tokens(own.ref, own.test, name=name, skip=skip)
+    if result.status == "pass":
+        result.summary = (f"{len(sampled)} sampled request(s)' seeded draws identical, {held_note(own)}; "
+                          f"{greedy}")
+    return result
+
+
+def _held(c: Check, inputs: CheckInputs, own: CheckInputs) -> CheckResult:
+    if c.name == "tokens":
+        result = _seeded_tokens(inputs, own)
+    else:
+        result = c.fn(own)
+    if result.status == "n/a":
+        return result
+    note = held_note(own)
+    if note not in result.summary:
+        result.summary += f" ({note})"
+    if result.failed:
+        result.report = f"{note}:\n{result.report}" if result.report else note
+    result.details.setdefault("held_to", {"reference_dtype": own.verdict.dtype,
+                                          "why": "the engine declares itself bitwise the reference in its "
+                                                 "own dtype"})
+    return result
+
+
+def judge(c: Check, inputs: CheckInputs, own: CheckInputs | None = None) -> CheckResult:
+    """Check ``c`` over ``inputs`` under the run's verdict. ``own``: the same inputs with the reference
+    engine's runs in the engine's own dtype, where the verdict holds the bitwise checks to them
+    (``Verdict.bitwise_in_own_dtype``)."""
     if inputs.bitwise or c.name not in NOT_BITWISE:
         return c.fn(inputs)
+    if own is not None and inputs.verdict.bitwise_in_own_dtype:
+        return _held(c, inputs, own)
     rule = NOT_BITWISE[c.name]
     return not_applicable(c.name, rule) if isinstance(rule, str) else rule(inputs)

@@ -34,6 +34,26 @@ def test_auto_judges_a_bitwise_engine_exactly_only_in_the_references_dtype_and_d
     assert choose("rescored", bitwise=True, dtype="float32", tolerance=0.0).bitwise_comparable
 
 
+def test_rescored_holds_a_bitwise_engines_bitwise_checks_to_the_reference_in_its_own_dtype():
+    """An engine declaring 'bitwise' judged by a reference in another dtype (or on another device): its
+    bitwise checks are held to the reference engine in its own dtype; one not declaring it: n/a, as before."""
+    held = choose("rescored", bitwise=True, dtype="bfloat16", reference_dtype="float32", table=TABLE)
+    assert held.bitwise_in_own_dtype and not held.bitwise_comparable
+    assert "the bitwise checks are held to the reference engine in the engine's own dtype, bfloat16" in \
+        held.describe()
+    own = held.own_dtype()
+    assert (own.reference_dtype, own.bitwise_comparable) == ("bfloat16", True)
+    assert not own.bitwise_in_own_dtype
+    assert choose("auto", bitwise=True, dtype="float32", device="cuda", reference_device="cpu",
+                  tolerance=0.1).bitwise_in_own_dtype
+    for v in (choose("rescored", bitwise=False, dtype="bfloat16", reference_dtype="float32", table=TABLE),
+              choose("rescored", bitwise=True, dtype="float32", tolerance=0.0),  # comparable: kept as is
+              choose("exact", bitwise=True, dtype="bfloat16")):
+        assert not v.bitwise_in_own_dtype, v
+    assert "the bitwise checks are n/a, each saying why" in choose(
+        "rescored", bitwise=False, dtype="bfloat16", reference_dtype="float32", table=TABLE).describe()
+
+
 def test_exact_refuses_a_reference_it_cannot_compare_with_bitwise():
     with pytest.raises(VerdictError, match="verdict exact compares bitwise"):
         choose("exact", bitwise=True, dtype="bfloat16", reference_dtype="float32")
@@ -153,7 +173,8 @@ def _case(engine: str, model: str | None, dtype: str, reference_dtype: str | Non
 @pytest.mark.slow
 def test_a_bfloat16_run_passes_rescored_and_every_report_says_so(tmp_path):
     """The async engine in bfloat16 on the tiny Nemotron-H: a near-tie at mtp-k3's r00 (no false alarm); the
-    bitwise checks n/a, each with its reason; text, JSON and JUnit name the verdict."""
+    bitwise checks held to the reference engine in bfloat16, each saying so; text, JSON and JUnit name the
+    verdict."""
     import xml.etree.ElementTree as ET
 
     from tests.conformance.test_cli import run_cli
@@ -171,9 +192,15 @@ def test_a_bfloat16_run_passes_rescored_and_every_report_says_so(tmp_path):
     checks = {c["check"]: c for c in scenario["checks"]}
     assert checks["rescored"]["status"] == "pass"
     assert checks["rescored"]["details"]["requests"]["r00"]["near_ties"] >= 1  # a real divergence, judged
-    for name in ("tokens", "acceptance", "drafts", "logits-digests"):
-        assert checks[name]["status"] == "n/a" and "verdict rescored" in checks[name]["summary"], name
-    assert checks["spec-lossless"]["status"] == "pass" and "own K=0 run" in checks["spec-lossless"]["summary"]
+    # the async engine declares itself bitwise the reference in its own dtype: the bitwise checks are held to
+    # the reference engine in bfloat16, and say so; the greedy tokens are the rescoring's
+    assert ("the bitwise checks are held to the reference engine in the engine's own dtype, bfloat16" in out)
+    assert checks["rescored"]["details"]["bitwise_checks_held_to"] == "bfloat16"
+    assert checks["tokens"]["status"] == "n/a" and "judged by 'rescored'" in checks["tokens"]["summary"]
+    for name in ("acceptance", "drafts", "logits-digests", "spec-lossless"):
+        assert checks[name]["status"] == "pass", name
+        assert "held to the reference engine in bfloat16, the engine's own dtype" in checks[name]["summary"]
+        assert checks[name]["details"]["held_to"]["reference_dtype"] == "bfloat16", name
     case = ET.parse(tmp_path / "r.xml").getroot().find(".//testcase")
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert props["verdict"] == "rescored" and props["reference_dtype"] == "float32"
@@ -202,28 +229,67 @@ def test_the_calibrations_worst_divergence_of_a_pair_replays_as_a_near_tie(pair)
     assert worst["margin"] == pytest.approx(table["max_margin"], abs=1e-6)
 
 
-@pytest.mark.parametrize("engine,dtype,scenario", [("async", "bfloat16", "mtp-k3"),
-                                                   ("reference", "float16", "short-prompts-k0"),
-                                                   pytest.param("reference", "float16", "mtp-k3",
-                                                                marks=pytest.mark.slow)])
-def test_the_own_engines_in_bfloat16_and_float16_raise_no_false_alarm(engine, dtype, scenario):
+class _NotDeclaringBitwise:
+    """An engine adapter that does not declare 'bitwise' (the same engine underneath): nothing may be held
+    to the reference in its own dtype."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, f"{inner.name} (not declaring bitwise)"
+
+    def supports(self, feature: str) -> bool:
+        return feature != "bitwise" and self.inner.supports(feature)
+
+    def start(self, spec):
+        return self.inner.start(spec)
+
+
+SPECULATING = {"mtp-k3", "ngram-k3", "sampling-mixed-mtp-k3"}
+
+
+@pytest.mark.parametrize("engine,dtype,scenario,declared", [
+    ("async", "bfloat16", "mtp-k3", True),
+    ("reference", "float16", "short-prompts-k0", True),
+    pytest.param("async", "bfloat16", "mtp-k3", False, marks=pytest.mark.slow),
+    pytest.param("async", "bfloat16", "ngram-k3", True, marks=pytest.mark.slow),
+    pytest.param("async", "bfloat16", "sampling-mixed-mtp-k3", True, marks=pytest.mark.slow),
+    pytest.param("async", "bfloat16", "sampling-preemption-k0", True, marks=pytest.mark.slow),
+    pytest.param("reference", "float16", "mtp-k3", True, marks=pytest.mark.slow)])
+def test_the_own_engines_in_bfloat16_and_float16_raise_no_false_alarm(engine, dtype, scenario, declared):
     """On the tiny Nemotron-H: in bfloat16 mtp-k3's r00 flips a near-tie at output position 3, judged a
-    near-tie; nothing fails, the bitwise checks are n/a with the reason, and speculation is held to the
-    engine's own K=0 run."""
+    near-tie; nothing fails. The engines declare themselves bitwise the reference in their own dtype, so the
+    bitwise checks are held to the reference engine in that dtype (and pass); an adapter not declaring it has
+    them n/a with the reason, and its speculation held to the engine's own K=0 run."""
     from conformance.harness import run_scenario
 
-    result, traces = run_scenario(scenario, _case(engine, "tiny:nemotron_h", dtype))
+    case = _case(engine, "tiny:nemotron_h", dtype)
+    if not declared:
+        case = replace(case, adapter=_NotDeclaringBitwise(case.adapter))
+    result, traces = run_scenario(scenario, case)
     assert result.ok, [c.summary for c in result.failures]
     checks = {c.check: c for c in result.checks}
     assert checks["rescored"].status == "pass"
-    for name in ("tokens", "logits-digests"):
-        assert checks[name].status == "n/a" and "verdict rescored" in checks[name].summary, name
-    if scenario == "mtp-k3":
-        assert "test-plain" in traces and traces["test-plain"] is not traces["plain"]  # its own K=0 run
-        assert checks["spec-lossless"].status == "pass" and "own K=0 run" in checks["spec-lossless"].summary
-        for name in ("acceptance", "drafts"):
+    held = f"held to the reference engine in {dtype}, the engine's own dtype"
+    bitwise = ("logits-digests", "acceptance", "drafts") if scenario in SPECULATING else ("logits-digests",)
+    if declared:
+        assert checks["rescored"].details["bitwise_checks_held_to"] == dtype
+        assert traces["reference-own"].engine == f"reference in {dtype} (the engine's own dtype)"
+        for name in bitwise:
+            assert checks[name].status == "pass" and held in checks[name].summary, name
+        sampled = scenario.startswith("sampling")
+        assert checks["tokens"].status == ("pass" if sampled else "n/a"), checks["tokens"].summary
+        assert "greedy tokens judged by 'rescored'" in checks["tokens"].summary
+    else:
+        assert "reference-own" not in traces and "bitwise_checks_held_to" not in checks["rescored"].details
+        for name in ("tokens", *bitwise):
             assert checks[name].status == "n/a" and "verdict rescored" in checks[name].summary, name
-    if dtype == "bfloat16":
+    if scenario in SPECULATING:
+        spec = checks["spec-lossless"]
+        if declared:
+            assert "plain-own" in traces and spec.status == "pass" and held in spec.summary
+        else:
+            assert "test-plain" in traces and traces["test-plain"] is not traces["plain"]  # its own K=0 run
+            assert spec.status == "pass" and "own K=0 run" in spec.summary
+    if dtype == "bfloat16" and scenario == "mtp-k3":
         r00 = checks["rescored"].details["requests"]["r00"]
         assert r00["first_divergence"] == 3 and r00["near_ties"] == 1 and r00["structural"] == 0, r00
 
@@ -304,32 +370,53 @@ def test_the_text_and_json_reports_name_the_verdict():
     assert [s["verdict"] for s in report["scenarios"]] == ["exact", "rescored"]
 
 
-# Mutants whose every symptom lies where an engine that is not bitwise the reference cannot be held: they
-# are caught under --verdict rescored in the reference's own dtype (the bitwise checks kept, above), not in
-# bfloat16 against float32, where the engine's drafts, logits and draws may rightly differ from the
-# reference's.
-NOT_VISIBLE_IN_ANOTHER_DTYPE = {
-    "host-optimistic-positions": "the scripted drafts it schedules (acceptance and logits digests only)",
-    "drafts-counted-from-host": "the drafts it verifies (acceptance only; the tokens stay the engine's own)",
-    "chunk-end-drafter-token": "the drafter's inputs (drafts only)",
-    "draft-model-state-not-rolled-back": "the draft model's proposals (acceptance, drafts, digests)",
-    "draft-model-kv-not-rewound": "the draft model's proposals (acceptance, drafts, digests)",
-    "mamba2-padded-tail-saves-placeholders": "logits that never change a token on this model (digests)",
-    "params-logprobs-of-rejected-draft": "logprob values (compared bitwise only)",
-    **{m: "seeded draws, judged in distribution only once not bitwise" for m in (
-        "sampling-shared-noise", "sampling-seed-lost-beside-unseeded", "sampling-noise-by-row",
-        "sampling-noise-by-step", "sampling-unnormalised-residual", "sampling-top-p-before-temperature",
-        "sampling-reported-seed-not-used")},
-    **{m: "the EAGLE head's proposals (acceptance, drafts, digests)" for m in (
-        "eagle3-aux-neighbour-layer", "eagle3-d2t-not-applied", "eagle-kv-not-rewound",
-        "eagle-chain-target-hidden")},
-}
+# ---- an engine bitwise the reference in its own dtype, judged by the float32 reference ---------------------
+def _small(scenario_id: str, keep: tuple[str, ...], max_tokens: int, vocab_size: int):
+    """A few of a scenario's requests, shortened: one mutant's symptom in a fraction of the run."""
+    from conformance.workloads import get_def
+
+    scenario = get_def(scenario_id).materialize("default", vocab_size)
+    return replace(scenario, requests=tuple(replace(r, max_tokens=max_tokens) for r in scenario.requests
+                                            if r.request_id in keep))
+
+
+def test_a_bitwise_engines_draft_only_corruption_is_caught_in_bfloat16_against_float32():
+    """drafts-counted-from-host verifies the host's K draft positions, fillers included: its tokens stay its
+    own (nothing for the float32 rescoring to see), its acceptance does not. The async engine declares itself
+    bitwise the reference in its own dtype, so in bfloat16 judged by the float32 reference its acceptance is
+    held to the reference engine's run in bfloat16 and the mutant is caught; an adapter of the same engine
+    that does not declare 'bitwise' keeps 'acceptance' n/a, as before."""
+    from conformance.harness import run_scenario
+
+    case = _case("mutant:drafts-counted-from-host", None, "bfloat16")
+    assert case.judged.bitwise_in_own_dtype and not case.judged.bitwise_comparable
+    assert "the bitwise checks are held to the reference engine in the engine's own dtype, bfloat16" in \
+        case.judged.describe()
+    scenario = _small("ngram-k1", ("r00",), 17, case.facts.vocab_size)
+    result, traces = run_scenario(scenario, case, only="acceptance")
+    (acceptance,) = result.checks
+    assert acceptance.failed and acceptance.request_id == "r00", acceptance.summary
+    assert "held to the reference engine in bfloat16, the engine's own dtype" in acceptance.summary
+    assert acceptance.details["held_to"]["reference_dtype"] == "bfloat16"
+    assert "in bfloat16 (the engine's own dtype)" in acceptance.report  # the reference it was held to
+    assert (traces["reference"].engine, traces["reference-own"].engine) == (
+        "reference", "reference in bfloat16 (the engine's own dtype)")
+
+    undeclared = replace(case, adapter=_NotDeclaringBitwise(case.adapter))
+    assert not undeclared.judged.bitwise_in_own_dtype
+    result, traces = run_scenario(scenario, undeclared, only="acceptance")
+    (acceptance,) = result.checks
+    assert acceptance.status == "n/a" and "the engine is not bitwise the reference here" in acceptance.summary
+    assert "reference-own" not in traces
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant_id", [m.id for m in __import__("conformance.mutants").mutants.MUTANTS
-                                       if m.id not in NOT_VISIBLE_IN_ANOTHER_DTYPE])
-def test_every_mutant_that_shows_in_the_output_is_caught_in_bfloat16_against_float32(mutant_id):
-    """The bitwise checks n/a: what catches it is 'rescored' (a corruption does not hide inside the bfloat16
-    tolerance), the engine's own K=0 run, the per-engine rules and the invariants."""
+@pytest.mark.parametrize("mutant_id", [m.id for m in __import__("conformance.mutants").mutants.MUTANTS])
+def test_every_mutant_is_caught_in_bfloat16_against_float32(mutant_id):
+    """Every mutant, the engine in bfloat16 judged by the float32 reference: 'rescored' (a corruption does
+    not hide inside the bfloat16 tolerance), the per-engine rules and the invariants, and, this project's
+    engines declaring themselves bitwise the reference in their own dtype, the bitwise checks (acceptance,
+    drafts, logits digests, logprobs, seeded draws) held to the reference engine in bfloat16: a mutant whose
+    only symptom is one of those is caught too. On the embedded default model (a family's mixer mutants on
+    that family's tiny model)."""
     assert _first_failure(mutant_id, "bfloat16", "float32") is not None, mutant_id
