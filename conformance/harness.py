@@ -343,7 +343,7 @@ def needed_features(scenario: Scenario) -> list[str]:
 def skip_reason(scenario: Scenario, case: Case) -> str | None:
     s, facts = scenario.settings, case.facts
     refuses = getattr(case.adapter, "refuses", None)  # an outside engine's own limits, with the reason
-    if callable(refuses) and (why := refuses(scenario)) is not None:
+    if callable(refuses) and (why := refuses(scenario, facts.path)) is not None:
         return f"the engine under test cannot run it: {why}"
     if s.k and s.drafter == "mtp" and not facts.has_mtp:
         return "the model has no MTP head (mtp.* weights; `refengine add-mtp-head` adds one)"

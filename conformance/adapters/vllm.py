@@ -109,9 +109,14 @@ class VllmAdapter:
         lines += [f"mapped: {what} -> {how}" for what, how, _ in SEMANTIC_DIFFERENCES]
         return lines
 
-    def refuses(self, scenario) -> str | None:
-        """Why this engine cannot run ``scenario`` (skipped with the reason), or None."""
+    def refuses(self, scenario, model: str | None = None) -> str | None:
+        """Why this engine cannot run ``scenario`` on the checkpoint at ``model`` (skipped with the reason),
+        or None."""
         s = scenario.settings
+        if (s.enable_prefix_caching and s.mamba_cache_mode is not None and _is_hybrid(model)
+                and s.mamba_cache_mode not in (modes := mamba_cache_modes())):
+            return (f"vLLM {self.version}'s mamba_cache_mode takes {' or '.join(map(repr, modes))}, not "
+                    f"{s.mamba_cache_mode!r} (CacheConfig)")
         if any(r.samples for r in scenario.requests):
             return ("vLLM draws its own sampling noise (not refengine's function of seed and position): "
                     "sampled tokens are comparable in distribution only")
@@ -120,6 +125,15 @@ class VllmAdapter:
             return "vLLM refuses logit_bias and min_p with speculative decoding (SamplingParams validation)"
         if s.drafter == "scripted" and s.k:
             return "vLLM cannot take refengine's scripted drafter"
+        if _under_pressure(s) and _is_hybrid(model):
+            return ("KV pressure (a pool of the scenario's own blocks, under two requests of max_model_len) "
+                    "has no equivalent on a hybrid in vLLM, whose KV blocks are sized to hold its Mamba "
+                    "state (num_gpu_blocks_override below one request's need is refused at start-up)")
+        if s.k and s.drafter in ("eagle", "eagle3") and model is not None and _on_cpu():
+            head = _eagle_head(s, model)
+            problem = cpu_constraint(head, "float32")  # the head's geometry (its dtype is the run's)
+            if problem is not None:
+                return f"the suite's {s.drafter} head for this checkpoint ({head}): {problem}"
         return None
 
     def resolve_model(self, model: str | None) -> str | None:
@@ -193,6 +207,13 @@ def engine_args(spec: RunSpec, graph_mode: str | None = None) -> dict:
     return args
 
 
+def _under_pressure(s) -> bool:
+    """Whether the scenario's KV pool holds fewer tokens than two requests of ``max_model_len`` (the
+    preemption and eviction scenarios)."""
+    return (s.num_kv_blocks is not None and s.max_model_len is not None
+            and s.num_kv_blocks * s.block_size < 2 * s.max_model_len)
+
+
 def _vllm_blocks(s) -> int:
     """The scenario's KV budget in tokens (its blocks x its block size) in vLLM's blocks (block size 32 and
     up on CPU: vLLM picks its own), rounded up, and never below what one request of max_model_len needs."""
@@ -218,19 +239,31 @@ def speculative_config(spec: RunSpec) -> dict:
         return {"method": "draft_model", "model": draft_model_path(spec.model, s.draft_model),
                 "num_speculative_tokens": s.k}
     if s.drafter in ("eagle", "eagle3"):
-        from conformance.eagle_heads import head_for
-        from refengine.tools.tiny_models import resolve_draft
-
-        head = resolve_draft(s.drafter, s.draft_model) or head_for(spec.model, s.drafter)
-        return {"method": s.drafter, "model": head,
-                "num_speculative_tokens": s.k}
+        return {"method": s.drafter, "model": _eagle_head(s, spec.model), "num_speculative_tokens": s.k}
     raise EngineRefused(f"engine 'vllm': no vLLM speculative method for drafter {s.drafter!r}")
+
+
+def _eagle_head(s, model: str | None) -> str:
+    """The EAGLE head's folder: the scenario's own (``draft_model``), or the suite's seeded head."""
+    from conformance.eagle_heads import head_for
+    from refengine.tools.tiny_models import resolve_draft
+
+    return resolve_draft(s.drafter, s.draft_model) or head_for(model, s.drafter)
 
 
 def _config(path: str | None) -> dict:
     if path is None or not (Path(path) / "config.json").is_file():
         return {}
     return json.loads((Path(path) / "config.json").read_text())
+
+
+def mamba_cache_modes() -> tuple[str, ...]:
+    """The Mamba prefix-cache modes the installed vLLM's ``CacheConfig`` accepts (its ``MambaCacheMode``)."""
+    import typing
+
+    from vllm.config.cache import MambaCacheMode
+
+    return tuple(typing.get_args(MambaCacheMode))
 
 
 def _is_hybrid(path: str | None) -> bool:

@@ -173,3 +173,45 @@ def test_cudagraph_modes_are_engine_names(monkeypatch):
     assert full.name == "vllm:full_and_piecewise" and full.graph_mode == "full_and_piecewise"
     with pytest.raises(UnknownEngine, match="unknown vLLM cudagraph mode 'fast'"):
         load_engine("vllm:fast")
+
+
+def test_a_mamba_cache_mode_the_installed_vllm_lacks_is_a_named_skip(monkeypatch, tmp_path):
+    """vLLM 0.32's CacheConfig takes mamba_cache_mode 'align' or 'none': a hybrid's 'all' scenario is skipped
+    with that reason (read from vLLM's MambaCacheMode), not run into vLLM's validation error."""
+    from dataclasses import replace
+
+    from conformance.workloads import get_def
+
+    cache = types.ModuleType("vllm.config.cache")
+    cache.MambaCacheMode = typing.Literal["align", "none"]
+    monkeypatch.setitem(sys.modules, "vllm.config.cache", cache)
+    a = object.__new__(adapter.VllmAdapter)
+    a.version = "0.0-stub"
+    hybrid, dense = tmp_path / "h", tmp_path / "d"
+    for folder, arch in ((hybrid, "NemotronHForCausalLM"), (dense, "LlamaForCausalLM")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    sc = get_def("prefix-system-prompt-k0").materialize("default", 256)
+    all_mode = replace(sc, settings=replace(sc.settings, enable_prefix_caching=True, mamba_cache_mode="all"))
+    assert a.refuses(all_mode, str(hybrid)) == ("vLLM 0.0-stub's mamba_cache_mode takes 'align' or 'none', "
+                                                "not 'all' (CacheConfig)")
+    assert a.refuses(all_mode, str(dense)) is None  # a dense model has no Mamba cache to configure
+    align = replace(sc, settings=replace(sc.settings, enable_prefix_caching=True, mamba_cache_mode="align"))
+    assert a.refuses(align, str(hybrid)) is None
+
+
+def test_kv_pressure_on_a_hybrid_is_a_named_skip(monkeypatch, tmp_path):
+    from conformance.workloads import get_def
+
+    cache = types.ModuleType("vllm.config.cache")
+    cache.MambaCacheMode = typing.Literal["align", "none"]
+    monkeypatch.setitem(sys.modules, "vllm.config.cache", cache)
+    a = object.__new__(adapter.VllmAdapter)
+    a.version = "0.0-stub"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NemotronHForCausalLM"]}))
+    pressure = get_def("preemption-k0").materialize("default", 256)
+    assert pressure.settings.num_kv_blocks is not None
+    assert "KV pressure" in a.refuses(pressure, str(tmp_path))
+    roomy = get_def("prefix-multi-turn-k1").materialize("default", 256)  # 256 blocks of 4: no pressure
+    assert roomy.settings.num_kv_blocks is not None and a.refuses(roomy, str(tmp_path)) is None
+    assert a.refuses(pressure, None) is None  # a dense model (no config to read): vLLM takes the override
