@@ -148,13 +148,15 @@ class StagedWrites:
 
     def unpack(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The pieces as views of ``flat`` (``packed()`` copied to the device), each in its own shape and
-        dtype."""
-        out, at, as_bytes = {}, 0, None
+        dtype: ``flat`` viewed once per dtype, then one slice per piece (and a view for its shape unless it
+        is 1-D), so a step's admissions cost a view or two per piece, not three."""
+        out, at, typed = {}, 0, {}
         for name, t in self.pieces.items():
-            if t.dtype == torch.int64:
-                out[name] = flat[at: at + t.numel()].view(t.shape)
-            else:
-                as_bytes = flat.view(torch.uint8) if as_bytes is None else as_bytes
-                out[name] = as_bytes[8 * at: 8 * at + _nbytes(t)].view(t.dtype).view(t.shape)
+            base = typed.get(t.dtype)
+            if base is None:
+                base = typed[t.dtype] = flat if t.dtype == torch.int64 else flat.view(t.dtype)
+            first = at * (8 // t.element_size())  # pieces start on a word
+            piece = base[first: first + t.numel()]
+            out[name] = piece if t.dim() == 1 else piece.view(t.shape)
             at += _words(t)
         return out

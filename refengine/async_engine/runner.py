@@ -312,7 +312,7 @@ class AsyncRunner:
         [Np, F]: the step's row table on the device."""
         shape = plan.shape
         self.stage(plan)
-        rows = StepRows.view(padded)
+        rows = self.graphs.rows(padded)
 
         def finish_over(staged):  # a FULL graph's second part, captured with the first
             return lambda: self.finish(shape, rows, *staged)
@@ -324,14 +324,15 @@ class AsyncRunner:
         shape, (padded, (step, hidden)) = plan.shape, fut.staged
         fut.staged = None
         out = self.graphs.run(shape, padded, self._inert,
-                              lambda: self.finish(shape, StepRows.view(padded), step, hidden), part=2)
+                              lambda: self.finish(shape, self.graphs.rows(padded), step, hidden), part=2)
         self._outputs(plan, padded, fut, out)
 
     def _execute(self, plan: StepPlan, padded: torch.Tensor, fut: StepFuture) -> None:
         """Device timeline: ``padded`` [Np, F] is the step's row table, copied from the host."""
         shape = plan.shape
         self.stage(plan)
-        out = self.graphs.run(shape, padded, self._inert, lambda: self.program(shape, StepRows.view(padded)))
+        rows = self.graphs.rows(padded)
+        out = self.graphs.run(shape, padded, self._inert, lambda: self.program(shape, rows))
         self._outputs(plan, padded, fut, out)
 
     def _outputs(self, plan: StepPlan, padded: torch.Tensor, fut: StepFuture, out: StepOutputs) -> None:
@@ -340,7 +341,7 @@ class AsyncRunner:
         if self.check_inputs and out.drafts is not None and out.drafts.first_pass_ids is not None:
             t = shape.num_tokens
             fut.drafter_ids = (to_host(out.drafts.first_pass_ids[:t]), to_host(out.step.qsl[: n + 1]),
-                               to_host(StepRows.view(padded).idx[:n]), to_host(out.step.positions[:t]),
+                               to_host(self.graphs.rows(padded).idx[:n]), to_host(out.step.positions[:t]),
                                self.vocab_size)
         fut.results.copy_(out.results, non_blocking=True)
         if fut.next_drafts is not None:

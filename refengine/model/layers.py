@@ -17,8 +17,9 @@ SOFTPLUS_THRESHOLD = 20.0  # as torch.nn.functional.softplus: identity above it
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """1 / (1 + exp(-x)), computed in float32, returned in x.dtype."""
-    return (1.0 / (1.0 + torch.exp(-x.float()))).to(x.dtype)
+    """1 / (1 + exp(-x)), computed in float32, returned in x.dtype. ``1.0 / y`` is torch's
+    ``y.reciprocal() * 1.0``: the reciprocal alone has its bits, one launch fewer."""
+    return torch.exp(-x.float()).add_(1.0).reciprocal_().to(x.dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -56,6 +57,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(init)  # [dim]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
+        if x.dim() == 2:  # the kernel's own shape: no views around it
+            return kernels.rms_norm(x, self.weight, self.eps, zero_centered=self.zero_centered)
         shape = x.shape
         y = kernels.rms_norm(
             x.reshape(-1, shape[-1]), self.weight, self.eps, zero_centered=self.zero_centered
@@ -113,13 +116,16 @@ class PartialRotary(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:  # q [T, Hq, D], k [T, Hkv, D], positions [T]
         cos, sin = self.cos_sin(positions)
-        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+        half = self.rotary_dim // 2
+        # [T, 1, rd] once for q and k; the sine's first half negated, so rotate_half(x) * sin is
+        # roll(x, half) * signed (-(b * s) == b * (-s) exactly: the same bits as the negated halves)
+        cos = cos.to(q.dtype)[:, None, :]
+        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(q.dtype)[:, None, :]
+        return self._apply(q, cos, signed), self._apply(k, cos, signed)
 
-    def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _apply(self, x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D]; cos and ``signed`` (the sine, first half negated) [T, 1, rd] in x's dtype."""
         rd = self.rotary_dim
-        cos = cos.to(x.dtype)[:, None, :]  # [T, 1, rd]
-        sin = sin.to(x.dtype)[:, None, :]
         rot, rest = x[..., :rd], x[..., rd:]
-        half = rd // 2
-        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-        return torch.cat((rot * cos + rotated * sin, rest), dim=-1)
+        rotated = rot.roll(rd // 2, dims=-1)  # [b, a] of rot = [a, b]
+        return torch.cat((rot * cos + rotated * signed, rest), dim=-1)

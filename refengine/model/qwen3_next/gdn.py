@@ -65,13 +65,17 @@ class GatedDeltaNet(nn.Module):
         b = self.in_proj_b(x)  # [T, Hv]
         a = self.in_proj_a(x)  # [T, Hv]
         conv_state, ssm_state = ctx.states[cache_key]
+        # The gates of every token at once (elementwise: a token's bits do not depend on its neighbours),
+        # gathered per group below: one set of launches for both groups of a mixed step.
+        g = -torch.exp(self.A_log.float()) * softplus(a.float() + self.dt_bias.float())  # [T, Hv] fp32, <= 0
+        beta = sigmoid(b.float())  # [T, Hv] fp32
 
         core = x.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
         for group, is_prefill in ((ctx.recurrent.prefill, True), (ctx.recurrent.decode, False)):
             if group is None or group.token_indices.numel() == 0:
                 continue
             out = self._run_group(
-                group, is_prefill, ctx.recurrent_prefill_chunked, qkv, a, b, conv_state, ssm_state
+                group, is_prefill, ctx.recurrent_prefill_chunked, qkv, g, beta, conv_state, ssm_state
             )  # [Tg, Hv, Dv]
             core.index_copy_(0, group.token_indices, out)
 
@@ -84,8 +88,8 @@ class GatedDeltaNet(nn.Module):
         is_prefill: bool,
         chunked: bool,
         qkv: torch.Tensor,  # [T, C]
-        a: torch.Tensor,  # [T, Hv]
-        b: torch.Tensor,  # [T, Hv]
+        g_all: torch.Tensor,  # [T, Hv] fp32, the gates
+        beta_all: torch.Tensor,  # [T, Hv] fp32
         conv_state: torch.Tensor,  # [S, C, W-1+K]
         ssm_state: torch.Tensor,  # [S, Hv, Dk, Dv] float32
     ) -> torch.Tensor:
@@ -110,10 +114,8 @@ class GatedDeltaNet(nn.Module):
         k = k.reshape(tg, self.num_k_heads, self.head_k_dim).contiguous()  # [Tg, Hk, Dk]
         v = v.reshape(tg, self.num_v_heads, self.head_v_dim).contiguous()  # [Tg, Hv, Dv]
 
-        a_g = a.index_select(0, idx).float()  # [Tg, Hv]
-        g = -torch.exp(self.A_log.float()) * softplus(a_g + self.dt_bias.float())  # [Tg, Hv] fp32, <= 0
-        beta = sigmoid(b.index_select(0, idx).float())  # [Tg, Hv] fp32
-        g, beta = g.contiguous(), beta.contiguous()
+        g = g_all.index_select(0, idx)  # [Tg, Hv] fp32, <= 0 (contiguous)
+        beta = beta_all.index_select(0, idx)  # [Tg, Hv] fp32
 
         if is_prefill and chunked:
             return kernels.chunk_gated_delta_rule(
