@@ -81,19 +81,29 @@ def _params_mixed(k: int, pattern: str = "hash", tiers=TIERS) -> ScenarioDef:
 
 def _text(b, k: int) -> None:
     """Stop strings and bad words over a small alphabet (allowed ids: bytes of the letters), so the strings
-    come up; one prompt with max_tokens 2 and 3 so that one of them completes its stop string at the cap."""
+    come up; one prompt with max_tokens 2 and 3 so that one of them completes its stop string at the cap.
+
+    The unrestricted r07 takes a seat a restricted request left ("slot-reused-unrestricted") whatever the
+    model: r01-r06 all carry parameters, and r00, the one unrestricted request ahead of it, is done by
+    step 2 (9 tokens: the prefill's and two all-accept windows of K+1). r07 (7th in the queue, 3 seats)
+    needs five of r00-r06 finished first, and r03 (no stop: 1 + ceil((n - 1) / 4) steps), r05 and r06
+    (arriving at step 2) finish at step 3 at the earliest, so it is admitted at a step s >= 4; a seat free
+    at s that was not at s - 1 was left by a request finishing at s - 1 >= 3, one of r01-r06."""
     letters = [ord(c) for c in "abc "]
     n = b.size(16, 40)
-    b.add(6, n)  # unrestricted
+    b.add(6, 9)  # unrestricted, beside the others; done by step 2 (see above)
     b.add(7, n, params={"allowed_token_ids": letters[:2], "stop": ["bab", "aaa"], "logprobs": 1})
     b.add(9, n, params={"allowed_token_ids": letters, "stop": ["c a", "bb"],
                         "include_stop_str_in_output": True})
     b.add(8, n, params={"allowed_token_ids": letters, "bad_words": ["a", "cb"], "logprobs": 2})
-    b.add(5, n, arrival=1, params={"stop": ["e"], "include_stop_str_in_output": True, "logprobs": 0})
+    # held to the one id of "e": its first token, the prefill's, completes the kept stop string "e" on any
+    # model (left free, the text of the tiny checkpoints never held an "e", so the stop changed nothing)
+    b.add(5, n, arrival=1, params={"allowed_token_ids": [ord("e")], "stop": ["e"],
+                                   "include_stop_str_in_output": True, "logprobs": 0})
     shared = b.prompt(6)
     for m in (2, 3):
         b.add_ids(shared, m, arrival=2, params={"allowed_token_ids": letters[:2], "stop": ["ab"]})
-    b.add(10, n, arrival=3)  # unrestricted, onto a seat a restricted request leaves
+    b.add(10, n, arrival=3)  # unrestricted, onto a seat a restricted request leaves (forced: see above)
     # Requests held to the one id of "a": "aaa" completes at the third token, inside the first verify window
     # (all-accept) and across it and the prefill's; "aa" at max_tokens 2. Whatever the model, where ids are
     # bytes (the byte-level tokenizer).
@@ -113,7 +123,7 @@ def _params_text(k: int, pattern: str = "all-accept", tiers=TIERS) -> ScenarioDe
          "unrestricted-beside-restricted", "slot-reused-unrestricted"),
         tiers,
         model_decides=tuple((t, BYTES) for t in ("stop-string-in-window", "stop-string-across-windows",
-                                                 "stop-string-at-length", "slot-reused-unrestricted")),
+                                                 "stop-string-at-length")),
     )
 
 
