@@ -24,8 +24,10 @@ def test_the_row_views_follow_the_padded_size_and_the_table():
 def test_unpacked_pieces_keep_their_dtypes_shapes_and_values():
     w = StagedWrites()
     pieces = {"a": torch.arange(5), "b": torch.tensor([True, False, True]), "c": torch.rand(3, 2),
-              "d": torch.arange(6, dtype=torch.int32).reshape(2, 3), "e": torch.zeros(0, 2, dtype=torch.int64),
-              "f": torch.arange(7, dtype=torch.int64).reshape(7, 1), "g": torch.tensor([3, 4], dtype=torch.int16)}
+              "d": torch.arange(6, dtype=torch.int32).reshape(2, 3),
+              "e": torch.zeros(0, 2, dtype=torch.int64),
+              "f": torch.arange(7, dtype=torch.int64).reshape(7, 1),
+              "g": torch.tensor([3, 4], dtype=torch.int16)}
     for name, t in pieces.items():
         w.add(name, t)
     out = w.unpack(w.packed().clone())
