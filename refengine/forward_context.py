@@ -82,6 +82,10 @@ class ForwardContext:
     # ``aux_layers`` (each [T, H]); empty: the model captures nothing. A model calls ``capture_aux``.
     aux_layers: tuple[int, ...] = ()
     aux_hidden: list = field(default_factory=list)  # [T, H] per id of ``aux_layers``, once the model ran
+    # A piecewise step's runner of the token-wise pieces (``refengine.model.pieces``): ``pieces(key, fn,
+    # *inputs)`` returns what ``fn(*inputs)`` returns, from a graph captured once per key and input shapes
+    # (``refengine.async_engine.graphs.PieceGraphs``); None: every piece runs eagerly.
+    pieces: object = None
 
     def capture_aux(self, layer: int, x: torch.Tensor) -> None:
         """A model calls it before decoder layer ``layer`` with the residual stream ``x`` [T, H] entering."""

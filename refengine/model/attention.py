@@ -58,6 +58,11 @@ class PagedGQA(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 cache_key: int | str) -> torch.Tensor:  # x [T, in], positions [T] int64 -> [T, H]
+        parts = self.pre(x, positions)
+        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
+
+    def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Token-wise: q [T, Hq, D], k, v [T, Hkv, D], contiguous, q/k normed and rotated."""
         num_tokens, d = x.shape[0], self.head_dim
         q = self.q_proj(x).view(num_tokens, self.num_heads, d)  # [T, Hq, D]
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
@@ -66,8 +71,15 @@ class PagedGQA(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, k, positions)
-        o = paged_attend(q.contiguous(), k.contiguous(), v.contiguous(), ctx, cache_key, self.scale)
-        return self.o_proj(o.reshape(num_tokens, self.num_heads * d))  # o [T, Hq, D]
+        return q.contiguous(), k.contiguous(), v.contiguous()
+
+    def core(self, parts: tuple, positions: torch.Tensor, ctx: ForwardContext,
+             cache_key: int | str) -> tuple[torch.Tensor]:
+        q, k, v = parts
+        return (paged_attend(q, k, v, ctx, cache_key, self.scale),)  # [T, Hq, D]
+
+    def post(self, q, k, v, o) -> torch.Tensor:  # o [T, Hq, D] -> [T, H]
+        return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim))
 
 
 class GatedAttention(nn.Module):
@@ -104,18 +116,27 @@ class GatedAttention(nn.Module):
         ctx: ForwardContext,
         cache_key: int | str,
     ) -> torch.Tensor:  # [T, H]
+        parts = self.pre(x, positions)
+        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
+
+    def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Token-wise: q [T, Hq, D], k, v [T, Hkv, D] (contiguous, q/k normed and rotated), gate [T, Hq*D]."""
         num_tokens, d = x.shape[0], self.head_dim
         q_gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * d)  # [T, Hq, 2D]
         q = q_gate[..., :d]  # [T, Hq, D]
         gate = q_gate[..., d:].reshape(num_tokens, self.num_heads * d)  # [T, Hq*D]
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, d)  # [T, Hkv, D]
-
         q = self.q_norm(q)
         k = self.k_norm(k)
         q, k = self.rotary(q, k, positions)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return q.contiguous(), k.contiguous(), v.contiguous(), gate
 
-        o = paged_attend(q, k, v, ctx, cache_key, self.scale)  # [T, Hq, D]
-        o = o.reshape(num_tokens, self.num_heads * d) * sigmoid(gate)
+    def core(self, parts: tuple, positions: torch.Tensor, ctx: ForwardContext,
+             cache_key: int | str) -> tuple[torch.Tensor]:
+        q, k, v, _ = parts
+        return (paged_attend(q, k, v, ctx, cache_key, self.scale),)  # [T, Hq, D]
+
+    def post(self, q, k, v, gate, o) -> torch.Tensor:  # gate [T, Hq*D], o [T, Hq, D] -> [T, H]
+        o = o.reshape(o.shape[0], self.num_heads * self.head_dim) * sigmoid(gate)
         return self.o_proj(o)

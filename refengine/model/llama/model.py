@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from refengine.forward_context import ForwardContext
+from refengine.model import pieces
 from refengine.model.attention import PagedGQA
 from refengine.model.cache_specs import PagedKV
 from refengine.model.layers import MLP, Linear, PartialRotary, RMSNorm
@@ -83,7 +84,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 cache_key: int | str) -> torch.Tensor:  # [T, H] -> [T, H]
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx, cache_key)
+        return pieces.run(self.stages(ctx, cache_key), (x, positions))[0]
+
+    def stages(self, ctx: ForwardContext, cache_key: int | str) -> list[pieces.Stage]:
+        """The block over (x, positions): the attention's token-wise parts and the MLP are pure stages."""
+        return pieces.mixer_block(self.input_layernorm, self.self_attn, ctx, cache_key,
+                                  tail=self._mlp_residual)
+
+    def _mlp_residual(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -100,11 +108,17 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:  # input_ids, positions [T] int64 -> [T, H] post norm
-        x = self.embed_tokens(input_ids)  # [T, H]
+        stages = [pieces.pure(self._embed)]
         for i, layer in enumerate(self.layers):
-            ctx.capture_aux(i, x)
-            x = layer(x, positions, ctx, i)
-        return self.norm(x)
+            stages += pieces.aux_stage(ctx, i) + layer.stages(ctx, i)
+        stages.append(pieces.pure(self._final_norm))
+        return pieces.run(stages, (input_ids, positions), ctx.pieces)[0]
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return self.embed_tokens(input_ids), positions  # [T, H]
+
+    def _final_norm(self, x: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return (self.norm(x),)
 
 
 class LlamaForCausalLM(nn.Module):

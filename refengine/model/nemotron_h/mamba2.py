@@ -59,18 +59,30 @@ class Mamba2Mixer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 cache_key: int | str) -> torch.Tensor:
-        """x [T, H] (already through the block's norm) -> [T, H]; positions are not used."""
-        num_tokens = x.shape[0]
+        """x [T, H] (already through the block's norm) -> [T, H]."""
+        parts = self.pre(x, positions)
+        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
+
+    def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Token-wise: in_proj split into z [T, I], xbc [T, C], dt [T, Hm] (views of one projection)."""
         proj = self.in_proj(x)  # [T, I + C + Hm]
-        z, xbc, dt = torch.split(proj, [self.inner, self.conv_dim, self.num_heads], dim=-1)
+        return tuple(torch.split(proj, [self.inner, self.conv_dim, self.num_heads], dim=-1))
+
+    def core(self, parts: tuple, positions: torch.Tensor, ctx: ForwardContext,
+             cache_key: int | str) -> tuple[torch.Tensor]:
+        """The conv and the scan per group, over the step's recurrent metadata: y [T, I]."""
+        z, xbc, dt = parts
         conv_state, ssm_state = ctx.states[cache_key]
-        y = x.new_zeros(num_tokens, self.inner)  # [T, I]
+        y = z.new_zeros(z.shape[0], self.inner)  # [T, I]
         for group, is_prefill in ((ctx.recurrent.prefill, True), (ctx.recurrent.decode, False)):
             if group is None or group.token_indices.numel() == 0:
                 continue
             chunked = is_prefill and ctx.recurrent_prefill_chunked
             out = self._run_group(group, is_prefill, chunked, positions, xbc, dt, conv_state, ssm_state)
             y.index_copy_(0, group.token_indices, out)
+        return (y,)
+
+    def post(self, z, xbc, dt, y) -> torch.Tensor:  # y, z [T, I] -> [T, H]
         return self.out_proj(self.norm(y, z.contiguous()))
 
     def _run_group(

@@ -17,6 +17,7 @@ from torch import nn
 
 import kernels
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
+from refengine.model import pieces
 from refengine.model.attention import PagedGQA
 from refengine.model.cache_specs import MTP_CACHE_KEY, PagedKV
 from refengine.model.layers import Linear, RMSNorm
@@ -135,9 +136,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 cache_key: int | str) -> torch.Tensor:  # [T, H] -> [T, H]
-        h = self.norm(x)
-        h = self.mixer(h, positions, ctx, cache_key) if self.uses_context else self.mixer(h)
-        return x + h
+        return pieces.run(self.stages(ctx, cache_key), (x, positions))[0]
+
+    def stages(self, ctx: ForwardContext, cache_key: int | str) -> list[pieces.Stage]:
+        """The block over (x, positions): an MLP or MoE block is one pure stage; a Mamba2 or attention
+        block's mixer splits around its core."""
+        return pieces.mixer_block(self.norm, self.mixer, ctx, cache_key)
 
 
 class NemotronHModel(nn.Module):
@@ -153,11 +157,17 @@ class NemotronHModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:  # [T] int64 -> [T, H] post norm_f
-        x = self.embeddings(input_ids)
+        stages = [pieces.pure(self._embed)]
         for i, layer in enumerate(self.layers):
-            ctx.capture_aux(i, x)
-            x = layer(x, positions, ctx, i)
-        return self.norm_f(x)
+            stages += pieces.aux_stage(ctx, i) + layer.stages(ctx, i)
+        stages.append(pieces.pure(self._final_norm))
+        return pieces.run(stages, (input_ids, positions), ctx.pieces)[0]
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return self.embeddings(input_ids), positions
+
+    def _final_norm(self, x: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return (self.norm_f(x),)
 
 
 class MTPBlock(Block):
@@ -199,14 +209,23 @@ class NemotronHMTPHead(nn.Module):
         attn: AttnMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, Hkv, D]
         step: int = 0,  # draft step; the one MTP step serves every K
+        piece_graphs=None,  # a piecewise step's piece graphs, None: eager (``refengine.model.pieces``)
+        name: str = "mtp",  # this pass's name among the step's forwards
     ) -> torch.Tensor:  # [T, H] post final_layernorm
-        first, last = self.layers[0], self.layers[-1]
-        e = first.enorm(self._shared[0](input_ids))
-        x = first.eh_proj(torch.cat([e, first.hnorm(hidden)], dim=-1))
         ctx = ForwardContext(attn=attn, recurrent=RecurrentMetadata(), kv_caches={MTP_CACHE_KEY: kv_cache})
+        stages = [pieces.pure(self._fuse)]
         for layer in self.layers:
-            x = layer(x, positions, ctx, MTP_CACHE_KEY)
-        return last.final_layernorm(x)
+            stages += layer.stages(ctx, MTP_CACHE_KEY)
+        stages.append(pieces.pure(self._final_norm))
+        return pieces.run(stages, (input_ids, hidden, positions), piece_graphs, name)[0]
+
+    def _fuse(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        first = self.layers[0]
+        e = first.enorm(self._shared[0](input_ids))
+        return first.eh_proj(torch.cat([e, first.hnorm(hidden)], dim=-1)), positions
+
+    def _final_norm(self, x: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return (self.layers[-1].final_layernorm(x),)
 
 
 class NemotronHForCausalLM(nn.Module):

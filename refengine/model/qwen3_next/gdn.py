@@ -59,18 +59,28 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 cache_key: int | str) -> torch.Tensor:
         """x [T, H] (already through input_layernorm) -> [T, H]; positions are not used (no RoPE)."""
+        parts = self.pre(x, positions)
+        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
+
+    def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Token-wise: qkv [T, C], z [T, Hv, Dv], the gates g (<= 0) and beta [T, Hv] fp32."""
         num_tokens = x.shape[0]
         qkv = self.in_proj_qkv(x)  # [T, C]
         z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
         b = self.in_proj_b(x)  # [T, Hv]
         a = self.in_proj_a(x)  # [T, Hv]
-        conv_state, ssm_state = ctx.states[cache_key]
         # The gates of every token at once (elementwise: a token's bits do not depend on its neighbours),
-        # gathered per group below: one set of launches for both groups of a mixed step.
+        # gathered per group in ``core``: one set of launches for both groups of a mixed step.
         g = -torch.exp(self.A_log.float()) * softplus(a.float() + self.dt_bias.float())  # [T, Hv] fp32, <= 0
         beta = sigmoid(b.float())  # [T, Hv] fp32
+        return qkv, z, g, beta
 
-        core = x.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
+    def core(self, parts: tuple, positions: torch.Tensor, ctx: ForwardContext,
+             cache_key: int | str) -> tuple[torch.Tensor]:
+        """The conv and the delta rule per group, over the step's recurrent metadata: core [T, Hv, Dv]."""
+        qkv, _z, g, beta = parts
+        conv_state, ssm_state = ctx.states[cache_key]
+        core = qkv.new_zeros(qkv.shape[0], self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
         for group, is_prefill in ((ctx.recurrent.prefill, True), (ctx.recurrent.decode, False)):
             if group is None or group.token_indices.numel() == 0:
                 continue
@@ -78,9 +88,11 @@ class GatedDeltaNet(nn.Module):
                 group, is_prefill, ctx.recurrent_prefill_chunked, qkv, g, beta, conv_state, ssm_state
             )  # [Tg, Hv, Dv]
             core.index_copy_(0, group.token_indices, out)
+        return (core,)
 
+    def post(self, qkv, z, g, beta, core) -> torch.Tensor:  # core, z [T, Hv, Dv] -> [T, H]
         y = self.norm(core, z)  # [T, Hv, Dv]
-        return self.out_proj(y.reshape(num_tokens, self.value_dim))
+        return self.out_proj(y.reshape(core.shape[0], self.value_dim))
 
     def _run_group(
         self,

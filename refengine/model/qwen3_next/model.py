@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
+from refengine.model import pieces
 from refengine.model.cache_specs import MTP_CACHE_KEY, PagedKV, RecurrentState
 from refengine.model.layers import Linear, RMSNorm
 from refengine.model.qwen3_next.config import FULL, Qwen3NextConfig
@@ -37,8 +38,14 @@ class DecoderLayer(nn.Module):
         ctx: ForwardContext,
         cache_key: int | str,  # key into ctx.kv_caches / ctx.states
     ) -> torch.Tensor:  # [T, H]
-        h = getattr(self, self.mixer_name)(self.input_layernorm(x), positions, ctx, cache_key)
-        x = x + h
+        return pieces.run(self.stages(ctx, cache_key), (x, positions))[0]
+
+    def stages(self, ctx: ForwardContext, cache_key: int | str) -> list[pieces.Stage]:
+        """The block over (x, positions): the mixer's token-wise parts and the MLP are pure stages."""
+        return pieces.mixer_block(self.input_layernorm, getattr(self, self.mixer_name), ctx, cache_key,
+                                  tail=self._mlp_residual)
+
+    def _mlp_residual(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -56,11 +63,17 @@ class Qwen3NextModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:  # input_ids, positions [T] int64 -> [T, H] post final norm
-        x = self.embed_tokens(input_ids)
+        stages = [pieces.pure(self._embed)]
         for i, layer in enumerate(self.layers):
-            ctx.capture_aux(i, x)
-            x = layer(x, positions, ctx, i)
-        return self.norm(x)
+            stages += pieces.aux_stage(ctx, i) + layer.stages(ctx, i)
+        stages.append(pieces.pure(self._final_norm))
+        return pieces.run(stages, (input_ids, positions), ctx.pieces)[0]
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return self.embed_tokens(input_ids), positions
+
+    def _final_norm(self, x: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return (self.norm(x),)
 
 
 class Qwen3NextMTPHead(nn.Module):
@@ -89,14 +102,21 @@ class Qwen3NextMTPHead(nn.Module):
         attn: AttnMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, Hkv, D]
         step: int = 0,  # draft step; picks mtp.layers[step % num_mtp_layers]
+        piece_graphs=None,  # a piecewise step's piece graphs, None: eager (``refengine.model.pieces``)
+        name: str = "mtp",  # this pass's name among the step's forwards
     ) -> torch.Tensor:  # [T, H] post mtp.norm
-        embed = self._shared[0]
-        e = self.pre_fc_norm_embedding(embed(input_ids))
-        h = self.pre_fc_norm_hidden(hidden)
-        x = self.fc(torch.cat([e, h], dim=-1))
         ctx = ForwardContext(attn=attn, recurrent=RecurrentMetadata(), kv_caches={MTP_CACHE_KEY: kv_cache})
-        x = self.layers[step % len(self.layers)](x, positions, ctx, MTP_CACHE_KEY)
-        return self.norm(x)
+        layer = self.layers[step % len(self.layers)]
+        stages = [pieces.pure(self._fuse), *layer.stages(ctx, MTP_CACHE_KEY), pieces.pure(self._final_norm)]
+        return pieces.run(stages, (input_ids, hidden, positions), piece_graphs, name)[0]
+
+    def _fuse(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        e = self.pre_fc_norm_embedding(self._shared[0](input_ids))
+        h = self.pre_fc_norm_hidden(hidden)
+        return self.fc(torch.cat([e, h], dim=-1)), positions
+
+    def _final_norm(self, x: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
+        return (self.norm(x),)
 
 
 class Qwen3NextForCausalLM(nn.Module):
