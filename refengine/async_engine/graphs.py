@@ -1,8 +1,10 @@
 """Graph modes: which steps replay a FULL graph, and the padded sizes every replay is built for.
 
 ``none``: eager. ``piecewise``: the token axis is padded to a capture size, per-request metadata
-stays unpadded; nothing is captured (on CUDA too): it reproduces the padding a piecewise capture
-would need, so its effects on the kernels are tested, but it runs eagerly. ``full``: uniform
+stays unpadded; on CUDA the model's token-wise pieces (``refengine.model.pieces``: projections, norms,
+gates, MLPs, residual adds; everything but attention and the recurrent kernels) replay graphs captured
+once per padded token count (``PieceGraphs``), the cores and the rest of the step run eagerly; on CPU
+all of it runs eagerly on the same padding. ``full``: uniform
 decode batches (every row a decode of 1+K tokens, no prefill) run the whole step program (target,
 verification, commit, drafting) as one graph padded to a capture size *in requests*; other
 batches run eager. ``full_and_piecewise``: FULL for uniform decodes, piecewise padding for the rest.
@@ -167,3 +169,92 @@ class StepGraphs:
             outputs = program()
         static.copy_(real)
         return graph, outputs
+
+
+# vLLM's default largest capture size: a larger step's pieces run eagerly (its device time dwarfs the host's)
+MAX_PIECE_TOKENS = 512
+
+
+class PieceGraphs:
+    """A piecewise step's pieces (``refengine.model.pieces``) as graphs: one per piece key and input
+    shapes, so per padded token count, captured at its first use and replayed after.
+
+    A piece's inputs that are another piece's outputs are read where that piece left them (a captured
+    output sits at one address); any other input (the step's ids, a core's output) is copied into the
+    piece's own input buffer before the replay: one copy each. The outputs are the same tensors on every
+    replay, so a piece's outputs hold until its next replay, a later step's. All graphs share one memory
+    pool (they replay one after another on one stream). ``emulate`` (tests, on CPU): the same bookkeeping
+    with a replay that reruns the piece captured first over its input buffers into its output tensors,
+    so a piece that read anything but its inputs reads the first step's and the run goes wrong.
+    """
+
+    def __init__(self, device, *, emulate: bool = False, max_tokens: int = MAX_PIECE_TOKENS):
+        self.device = device
+        self.emulate = emulate
+        self.max_tokens = max_tokens  # larger steps run their pieces eagerly (their host cost is small)
+        # (key, input shapes, dtypes) -> (graph, inputs, borrowed, outputs)
+        self._entries: dict[tuple, tuple] = {}
+        self._owned: dict[int, torch.Tensor] = {}  # id -> every tensor a graph returns (kept alive)
+        self._pool = None
+        self.replays = 0  # pieces replayed so far
+
+    def live(self, num_tokens_padded: int) -> bool:
+        return (self.device.type == "cuda" or self.emulate) and num_tokens_padded <= self.max_tokens
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def token_counts(self) -> set[int]:
+        """The padded token counts pieces were captured for (each piece's first input is [T, ...])."""
+        return {shapes[0][0][0] for _, shapes in self._entries}
+
+    def __call__(self, key, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs))
+        entry = self._entries.get(full)
+        if entry is None:
+            entry = self._entries[full] = self._capture(fn, inputs)
+        graph, static, borrowed, outputs = entry
+        for buffer, t, other in zip(static, inputs, borrowed):
+            if buffer is t:
+                continue
+            if other:
+                raise RuntimeError(f"piece {key}: an input captured as another piece's output came from "
+                                   "elsewhere this step (the forward's data flow changed between steps)")
+            buffer.copy_(t)
+        graph.replay()
+        self.replays += 1
+        return outputs
+
+    def _capture(self, fn, inputs: tuple[torch.Tensor, ...]) -> tuple:
+        borrowed = tuple(id(t) in self._owned for t in inputs)  # another piece's outputs, read in place
+        static = tuple(t if other else t.clone() for t, other in zip(inputs, borrowed))
+        if self.emulate:
+            graph = _Replayed(fn, static)
+            outputs = graph.outputs
+        else:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn(*static)  # warm-up (kernels compiled outside the capture); a piece writes only its outputs
+            torch.cuda.current_stream().wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = tuple(fn(*static))
+        self._owned.update((id(t), t) for t in outputs)
+        return graph, static, borrowed, outputs
+
+
+class _Replayed:
+    """A CPU stand-in for a captured piece: ``replay`` reruns the first piece over its input buffers and
+    writes the results into the output tensors it made at capture."""
+
+    def __init__(self, fn, static: tuple[torch.Tensor, ...]):
+        self.fn, self.static = fn, static
+        self.outputs = tuple(t if any(t is s for s in static) else t.clone() for t in fn(*static))
+
+    def replay(self) -> None:
+        for out, t in zip(self.outputs, self.fn(*self.static)):
+            if out is not t:
+                out.copy_(t)

@@ -49,13 +49,14 @@ import torch
 import kernels
 from kernels.input_prep import post_update, prepare_inputs
 from refengine import sampling as seeded
-from refengine.async_engine.graphs import StepGraphs, StepShape
+from refengine.async_engine.graphs import PieceGraphs, StepGraphs, StepShape
 from refengine.async_engine.inputs import StepRows
 from refengine.async_engine.metadata import MetadataBuilder
 from refengine.async_engine.planner import StepPlan
 from refengine.async_engine.processing import logprob_tables
 from refengine.async_engine.state import DeviceState
 from refengine.async_engine.stream import Event, HostBuffer, HostRing, Stream
+from refengine.config import GraphMode
 from refengine.drafters.base import DraftInputs, DraftOutputs, attn_shapes, check_vocab_ids
 from refengine.forward_context import AttnMetadata, ForwardContext, RecurrentMetadata
 from refengine.grammar import apply_bitmask
@@ -223,6 +224,8 @@ class AsyncRunner:
         width = StepRows.width(num_checkpoint_columns)
         # the steps' device row tables; FULL steps: one captured program per padded request count
         self.graphs = StepGraphs(self.device, max_rows, width)
+        # piecewise steps: the model's token-wise pieces, one graph per piece and padded token count
+        self.pieces = PieceGraphs(self.device)
         self.check_inputs = check_inputs  # debug mode: read drafter ids back and refuse bad ones
         self.vocab_size = vocab_size
         self.sink_checkpoint = sink_checkpoint
@@ -365,7 +368,16 @@ class AsyncRunner:
     def forward(self, shape: StepShape, rows: StepRows) -> tuple[PreparedStep, torch.Tensor]:
         """The program's first part: inputs prepared on the device and the model run (hidden [Tp, H])."""
         step = self.prepare(shape, rows, self.state.num_computed)
-        return step, self.run(step)
+        return step, self.run(step, self._pieces(shape))
+
+    def _pieces(self, shape: StepShape) -> PieceGraphs | None:
+        """The piece graphs a step's model forward replays: a PIECEWISE step's on CUDA, else None (eager). A
+        step run in parts (structured outputs) runs eagerly: its forward's outputs must hold until ``finish``,
+        and a later step's forward may replay the same pieces before that."""
+        piecewise = shape.mode is GraphMode.PIECEWISE and not shape.grammar
+        if piecewise and self.pieces.live(shape.num_tokens_padded):
+            return self.pieces
+        return None
 
     def finish(self, shape: StepShape, rows: StepRows, step: PreparedStep,
                hidden: torch.Tensor) -> StepOutputs:
@@ -375,7 +387,7 @@ class AsyncRunner:
         self.commit(rows, verified)
         if shape.processors:  # the processors' output counts advance by the kept tokens (no request reads
             self.state.processors.advance(rows.idx, verified.sampled)  # them in a step without processors)
-        kept, drafts = self.draft(rows, step, hidden, verified)
+        kept, drafts = self.draft(rows, step, hidden, verified, self._pieces(shape))
         if self.num_checkpoint_columns:  # after the drafter: a draft model's first pass writes its states
             self.checkpoint(rows, step, verified)
         st = self.state
@@ -465,11 +477,11 @@ class AsyncRunner:
         ids = torch.where(got, torch.stack([rows.block_id0, rows.block_id1], 1), self.state.sink_block)
         self.state.block_table[slot, at.clamp(min=0)] = ids.to(torch.int32)
 
-    def run(self, step: PreparedStep) -> torch.Tensor:
+    def run(self, step: PreparedStep, pieces: PieceGraphs | None = None) -> torch.Tensor:
         ctx = ForwardContext(attn=step.attn, recurrent=step.recurrent, kv_caches=self.caches.kv,
                              states=self.caches.states,
                              recurrent_prefill_chunked=self.recurrent_prefill_chunked,
-                             aux_layers=self.aux_layers)
+                             aux_layers=self.aux_layers, pieces=pieces)
         hidden = self.model(step.input_ids, step.positions, ctx)
         if self.aux_layers:
             step.aux_hidden = ctx.aux_hidden_states()
@@ -560,8 +572,8 @@ class AsyncRunner:
         self.caches.save_checkpoints(slots[:, :1].expand_as(column).flatten(), column.flatten(),
                                      slots.gather(1, column).flatten(), dst.flatten())
 
-    def draft(self, rows: StepRows, step: PreparedStep, hidden: torch.Tensor,
-              v: Verified) -> tuple[torch.Tensor, DraftOutputs | None]:
+    def draft(self, rows: StepRows, step: PreparedStep, hidden: torch.Tensor, v: Verified,
+              pieces: PieceGraphs | None = None) -> tuple[torch.Tensor, DraftOutputs | None]:
         """Returns the kept positions per row [Np] and what the proposer reports (None without one)."""
         sampling = rows.is_sampling.bool()
         rejected = rows.num_draft_positions - (v.num_valid.long() - 1)
@@ -572,7 +584,8 @@ class AsyncRunner:
             idx=rows.idx, query_start_loc=step.qsl, is_sampling=sampling, backup_token=rows.backup_token,
             kept=kept, input_ids=step.input_ids, positions=step.positions, hidden=hidden, attn=step.attn,
             recurrent=step.recurrent, is_decode=rows.is_decode.bool(),
-            recurrent_prefill_chunked=self.recurrent_prefill_chunked, aux_hidden=step.aux_hidden))
+            recurrent_prefill_chunked=self.recurrent_prefill_chunked, aux_hidden=step.aux_hidden,
+            pieces=pieces))
         st = self.state
         st.draft_tokens[rows.idx] = torch.where(sampling[:, None], out.drafts, st.draft_tokens[rows.idx])
         proposed = (

@@ -84,6 +84,7 @@ class DraftInputs:
     is_decode: torch.Tensor | None = None  # [Np] bool, rows of the decode group (verify rows)
     recurrent_prefill_chunked: bool = False  # the target's prefill form
     aux_hidden: torch.Tensor | None = None  # [Tp, n*H] the drafter's ``aux_layers`` states, None without
+    pieces: object = None  # a piecewise step's piece graphs (``ForwardContext.pieces``); None: eager
 
     @property
     def num_tokens_padded(self) -> int:

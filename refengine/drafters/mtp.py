@@ -125,7 +125,7 @@ class MTPDeviceProposer:
         # back as ``first_pass_ids``; a read here would sync inside a captured graph); until then the head
         # is fed them clamped, so a bad id reads no memory outside the embedding.
         fed = ids.clamp(0, ctx.vocab_size - 1) if ctx.check_inputs else ids
-        mtp_hidden = model.mtp(fed, d.hidden, d.positions, d.attn, kv)
+        mtp_hidden = model.mtp(fed, d.hidden, d.positions, d.attn, kv, piece_graphs=d.pieces, name="mtp")
         hidden = mtp_hidden[d.last_kept().clamp(max=d.num_tokens_padded - 1)]  # [Np]
         drafts = [model.compute_logits(hidden).argmax(dim=-1)]
         live = d.is_sampling
@@ -146,7 +146,8 @@ class MTPDeviceProposer:
             attn = AttnMetadata(query_start_loc=qsl, seq_lens=seq_lens, block_table=table_rows,
                                 slot_mapping=slots[order])
             shapes.update(attn_shapes("drafter_chain", attn))
-            hidden = model.mtp(drafts[-1][order], hidden[order], pos[order], attn, kv)[rank]
+            hidden = model.mtp(drafts[-1][order], hidden[order], pos[order], attn, kv, piece_graphs=d.pieces,
+                               name=f"mtp-chain{step}")[rank]
             drafts.append(model.compute_logits(hidden).argmax(dim=-1))
         table = torch.stack(drafts, dim=1)
         return DraftOutputs(table, ids, table[:, :-1], shapes)

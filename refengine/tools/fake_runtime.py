@@ -282,6 +282,7 @@ class FakeRuntime:
 
         names = {"Stream": FakeStream, "Event": lambda *a, **k: FakeEvent(rt), "stream": stream,
                  "current_stream": lambda *a: current, "CUDAGraph": lambda: FakeGraph(rt), "graph": graph,
+                 "graph_pool_handle": lambda: None,
                  "synchronize": lambda *a: None, "_sleep": lambda cycles: None}
         with _patched(torch.cuda, names):
             yield

@@ -38,6 +38,7 @@ import kernels
 from refengine import LLM, SamplingParams
 from refengine.async_engine import engine as async_engine_module
 from refengine.async_engine import runner as runner_module
+from refengine.async_engine.graphs import PieceGraphs
 from refengine.async_engine.inputs import StagedWrites, StepRows
 from refengine.async_engine.runner import StepOutputs
 from refengine.config import GraphMode
@@ -265,6 +266,9 @@ class AsyncTwin:
                                        hazard_check=engine.stream.hazard_check)
         self.runner = self.engine.runner
         assert self.runner.device.type == "cuda" and self.engine.state.num_computed.is_cuda
+        # The twin runs step programs without capturing them (fake CUDA has no graphs); piecewise steps
+        # go through the piece driver's emulated replays, so their pieces' device work is checked too.
+        self.runner.pieces = PieceGraphs(self.runner.device, emulate=True)
 
     def stage(self, snap) -> list[str]:
         """Replay ``runner.stage`` for a recorded plan; returns the ops that made CPU tensors."""
