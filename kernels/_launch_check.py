@@ -285,6 +285,20 @@ SPECS: dict[str, LaunchSpec] = {
         {"x": Ptr(FLOATS, rows("stride_x", 1)), "y": Ptr("=x", rows("stride_y", 1))},
         lambda a: (a.x.shape[0], _cdiv(a.H, a.BH)),
         requires=(("H = the row width of x and y", lambda a: a.H == a.x.shape[1] == a.y.shape[1]),)),
+    "silu_mul_kernel": LaunchSpec(
+        {"gate": Ptr(FLOATS, rows("stride_gate", 1)), "up": Ptr("=gate", rows("stride_up", 1)),
+         "y": Ptr("=gate", rows("stride_y", 1))},
+        lambda a: (a.gate.shape[0], _cdiv(a.I, a.BI)),
+        requires=(("I = the row width of gate, up and y",
+                   lambda a: a.I == a.gate.shape[1] == a.up.shape[1] == a.y.shape[1]),)),
+    "gdn_gating_kernel": LaunchSpec(
+        {"a_log": Ptr(FLOATS, CONTIGUOUS), "a": Ptr(FLOATS, rows("stride_a", 1)),
+         "dt_bias": Ptr(FLOATS, CONTIGUOUS), "b": Ptr(FLOATS, rows("stride_b", 1)),
+         "g": Ptr(_F32, CONTIGUOUS), "beta": Ptr(_F32, CONTIGUOUS)},
+        lambda a: (_cdiv(a.T, a.BT),),
+        requires=(("HV = the heads of a, b, g, A_log and dt_bias, BHV >= HV, T = the rows of a",
+                   lambda a: a.HV == a.a.shape[1] == a.b.shape[1] == a.g.shape[1] == a.a_log.shape[0]
+                   == a.dt_bias.shape[0] and a.BHV >= a.HV and a.T == a.a.shape[0] == a.g.shape[0]),)),
 }
 
 

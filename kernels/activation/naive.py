@@ -1,14 +1,21 @@
-"""Reference for ``relu2``: ``relu(x) ** 2``, squared in float32 and rounded once to ``x.dtype``.
+"""References for ``relu2`` and ``silu_mul``.
+
+``relu2``: ``relu(x) ** 2``, squared in float32 and rounded once to ``x.dtype``.
 
 A 16-bit square computed by torch (float32 arithmetic, one rounding) gives the same bits, so this
 equals transformers' ``square(relu(x))`` in every dtype.
+
+``silu_mul``: SwiGLU's ``silu(gate) * up``, the silu computed in float32 as ``g / (1 + exp(-g))`` (the
+same bits wherever an element sits: ``torch.sigmoid`` on CPU treats a tensor's tail elements on another
+code path) and rounded to the inputs' dtype, then multiplied by ``up`` (a 16-bit torch product: float32
+arithmetic, one rounding).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.activation.contract import check_relu2_inputs
+from kernels.activation.contract import check_relu2_inputs, check_silu_mul_inputs
 
 
 def naive_relu2(x: torch.Tensor) -> torch.Tensor:
@@ -16,3 +23,10 @@ def naive_relu2(x: torch.Tensor) -> torch.Tensor:
     check_relu2_inputs(x)
     r = torch.clamp_min(x.float(), 0.0)
     return (r * r).to(x.dtype)
+
+
+def naive_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gate, up [M, I]`` -> ``silu(gate) * up [M, I]`` in their dtype."""
+    check_silu_mul_inputs(gate, up)
+    g32 = gate.float()
+    return (g32 / (1.0 + torch.exp(-g32))).to(gate.dtype) * up

@@ -532,6 +532,44 @@ RELU2_ROWS = (
 )
 
 
+def silu_mul_base() -> dict:
+    g = generator(17)
+    return {"gate": 3 * torch.randn(4, 20, generator=g), "up": torch.randn(4, 20, generator=g)}
+
+
+def one_projection(inputs: dict) -> None:
+    """gate and up as the bfloat16 halves of one [M, 2I] projection: a row stride of 2I."""
+    inputs["gate"], inputs["up"] = bf16(torch.cat([inputs["gate"], inputs["up"]], 1)).split(20, 1)
+
+
+SILU_MUL_ROWS = (
+    Row("contiguous float32", silu_mul_base),
+    Row("bfloat16 halves of one projection (a row stride)", variant(silu_mul_base, one_projection)),
+    Row("gate with a stride over I", variant(silu_mul_base, gate=strided)),
+    Row("bfloat16 up with a float32 gate", variant(silu_mul_base, up=bf16),
+        "silu_mul: up must be gate's dtype (float32), got bfloat16"),
+    Row("up of another width", variant(silu_mul_base, up=lambda u: u[:, :19]), "silu_mul: up must be"),
+)
+
+
+def gdn_gating_base() -> dict:
+    g = generator(18)
+    return {"a_log": torch.randn(3, generator=g), "a": 4 * torch.randn(5, 3, generator=g),
+            "dt_bias": torch.randn(3, generator=g), "b": 4 * torch.randn(5, 3, generator=g)}
+
+
+GDN_GATING_ROWS = (
+    Row("float32 parameters and projections", gdn_gating_base),
+    Row("bfloat16 projections with a row stride", variant(gdn_gating_base, a=lambda a: bf16(a)[::2],
+                                                          b=lambda b: bf16(b)[::2])),
+    Row("bfloat16 parameters, a with a stride over Hv", variant(gdn_gating_base, a_log=bf16, a=strided)),
+    Row("b with other heads", variant(gdn_gating_base, b=lambda b: b[:, :2]), "gdn_gating: b must be"),
+    Row("dt_bias as [1, Hv]", variant(gdn_gating_base, dt_bias=lambda d: d[None]),
+        "gdn_gating: dt_bias must be"),
+    Row("int64 a", variant(gdn_gating_base, a=long), "gdn_gating: a must be a float32"),
+)
+
+
 # --------------------------------------------------------------------------------------------- MoE
 
 def moe_base() -> dict:
@@ -804,6 +842,8 @@ OPS = {
     "ssd_chunk_scan": Op(kernels.ssd_chunk_scan, SSD_ROWS, 5e-3),
     "gated_group_rms_norm": Op(kernels.gated_group_rms_norm, GATED_GROUP_RMS_NORM_ROWS, 2e-3),
     "relu2": Op(kernels.relu2, RELU2_ROWS, 2e-3),
+    "silu_mul": Op(kernels.silu_mul, SILU_MUL_ROWS, 2e-3),
+    "gdn_gating": Op(kernels.gdn_gating, GDN_GATING_ROWS, 2e-3),
     "prepare_inputs": Op(kernels.input_prep.prepare_inputs, PREPARE_ROWS, 0.0),
     "post_update": Op(kernels.input_prep.post_update, POST_ROWS, 0.0),
 }
@@ -906,6 +946,7 @@ def test_the_error_names_the_op_the_argument_what_was_expected_and_what_was_give
 # before launching (fused_moe sorts its (token, slot) pairs by expert id).
 TRITON_MODULES = (
     "activation.triton_relu2",
+    "activation.triton_silu_mul",
     "attention.triton_paged_attention",
     "conv1d.triton_conv1d",
     "gated_delta_rule.triton_chunk_cumsum",
@@ -914,6 +955,7 @@ TRITON_MODULES = (
     "gated_delta_rule.triton_chunk_state",
     "gated_delta_rule.triton_chunk_wy",
     "gated_delta_rule.triton_recurrent",
+    "gdn_gating.triton_gdn_gating",
     "input_prep.triton_input_prep",
     "kv_cache.triton_kv_cache",
     "linear.triton_linear",
