@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 import kernels
-from refengine.forward_context import ForwardContext, RecurrentGroup
+from refengine.forward_context import ForwardContext, RecurrentGroup, scatter_groups
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
-from refengine.model.layers import GatedRMSNorm, Linear, sigmoid, softplus
+from refengine.model.layers import GatedRMSNorm, Linear
 from refengine.model.qwen3_next.config import Qwen3NextConfig
 
 
@@ -71,8 +71,7 @@ class GatedDeltaNet(nn.Module):
         a = self.in_proj_a(x)  # [T, Hv]
         # The gates of every token at once (elementwise: a token's bits do not depend on its neighbours),
         # gathered per group in ``core``: one set of launches for both groups of a mixed step.
-        g = -torch.exp(self.A_log.float()) * softplus(a.float() + self.dt_bias.float())  # [T, Hv] fp32, <= 0
-        beta = sigmoid(b.float())  # [T, Hv] fp32
+        g, beta = kernels.gdn_gating(self.A_log, a, self.dt_bias, b)  # [T, Hv] fp32: g <= 0, beta in (0, 1)
         return qkv, z, g, beta
 
     def core(self, parts: tuple, positions: torch.Tensor, ctx: ForwardContext,
@@ -80,15 +79,16 @@ class GatedDeltaNet(nn.Module):
         """The conv and the delta rule per group, over the step's recurrent metadata: core [T, Hv, Dv]."""
         qkv, _z, g, beta = parts
         conv_state, ssm_state = ctx.states[cache_key]
-        core = qkv.new_zeros(qkv.shape[0], self.num_v_heads, self.head_v_dim)  # [T, Hv, Dv]
+        outputs = []
         for group, is_prefill in ((ctx.recurrent.prefill, True), (ctx.recurrent.decode, False)):
             if group is None or group.token_indices.numel() == 0:
                 continue
             out = self._run_group(
                 group, is_prefill, ctx.recurrent_prefill_chunked, qkv, g, beta, conv_state, ssm_state
             )  # [Tg, Hv, Dv]
-            core.index_copy_(0, group.token_indices, out)
-        return (core,)
+            outputs.append((group, out))
+        shape = (qkv.shape[0], self.num_v_heads, self.head_v_dim)
+        return (scatter_groups(outputs, qkv, shape),)  # [T, Hv, Dv]
 
     def post(self, qkv, z, g, beta, core) -> torch.Tensor:  # core, z [T, Hv, Dv] -> [T, H]
         y = self.norm(core, z)  # [T, Hv, Dv]
@@ -105,13 +105,12 @@ class GatedDeltaNet(nn.Module):
         conv_state: torch.Tensor,  # [S, C, W-1+K]
         ssm_state: torch.Tensor,  # [S, Hv, Dk, Dv] float32
     ) -> torch.Tensor:
-        idx = group.token_indices  # [Tg]
         qsl = group.query_start_loc  # [Ng+1]
         slots = group.state_indices  # [Ng] or [Ng, K+1]
         if is_prefill and slots.dim() == 2:
             slots = slots[:, 0].contiguous()  # a prefill reads and writes its first slot only
         weight = self.conv1d.weight  # [C, W]
-        x = qkv.index_select(0, idx)  # [Tg, C]
+        x = group.gather(qkv)  # [Tg, C]
         if is_prefill:
             x = kernels.causal_conv1d_fn(
                 x, weight, conv_state, qsl, slots, group.has_initial_state, activation="silu"
@@ -126,8 +125,8 @@ class GatedDeltaNet(nn.Module):
         k = k.reshape(tg, self.num_k_heads, self.head_k_dim).contiguous()  # [Tg, Hk, Dk]
         v = v.reshape(tg, self.num_v_heads, self.head_v_dim).contiguous()  # [Tg, Hv, Dv]
 
-        g = g_all.index_select(0, idx)  # [Tg, Hv] fp32, <= 0 (contiguous)
-        beta = beta_all.index_select(0, idx)  # [Tg, Hv] fp32
+        g = group.gather(g_all)  # [Tg, Hv] fp32, <= 0 (contiguous)
+        beta = group.gather(beta_all)  # [Tg, Hv] fp32
 
         if is_prefill and chunked:
             return kernels.chunk_gated_delta_rule(
