@@ -41,6 +41,31 @@ class RecurrentGroup:
     has_initial_state: torch.Tensor | None = None  # [Ng] bool; prefill group only
     num_valid: torch.Tensor | None = None  # [Ng] int32, tokens the previous step kept (bonus included);
     # speculative decode group only (vLLM's kernels call it ``num_accepted_tokens``).
+    # (start, stop) on the host where ``token_indices`` is that range of the flat axis (the async engine's
+    # groups): the group's tokens are then a view (``gather``), not a copy; None: gathered by index.
+    token_range: tuple[int, int] | None = None
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's rows of ``x`` [T, ...] -> [Tg, ...] (a view where the group is a range)."""
+        if self.token_range is None:
+            return x.index_select(0, self.token_indices)
+        start, stop = self.token_range
+        return x[start:stop]
+
+
+def scatter_groups(outputs: list[tuple[RecurrentGroup, torch.Tensor]], like: torch.Tensor,
+                   shape: tuple[int, ...]) -> torch.Tensor:
+    """Each group's output [Tg, ...] at its tokens of a [T, ...] = ``shape`` tensor (``like``'s dtype and
+    device), zeros where no group has a token (padding). One group that is the whole axis: its output."""
+    if len(outputs) == 1 and outputs[0][0].token_range == (0, shape[0]):
+        return outputs[0][1]
+    out = like.new_zeros(shape)
+    for group, y in outputs:
+        if group.token_range is None:
+            out.index_copy_(0, group.token_indices, y)
+        else:
+            out[group.token_range[0]:group.token_range[1]] = y
+    return out
 
 
 @dataclass

@@ -56,6 +56,7 @@ class MetadataBuilder:
                 query_start_loc=query_start_loc[: nd + 1],
                 state_indices=slots if self.num_speculative_tokens else slots[:, 0].contiguous(),
                 num_valid=num_valid,
+                token_range=(0, shape.num_decode_tokens),
             )
         if n_pad > nd:
             start, stop = shape.num_decode_tokens, shape.num_tokens
@@ -64,5 +65,6 @@ class MetadataBuilder:
                 query_start_loc=query_start_loc[nd:] - start,
                 state_indices=st.state_slots[idx[nd:], 0].contiguous(),
                 has_initial_state=rows.has_initial_state[nd:].bool(),
+                token_range=(start, stop),
             )
         return attn, recurrent

@@ -167,7 +167,7 @@ def chain_metadata(live: torch.Tensor, positions: torch.Tensor, scratch: torch.T
     recurrent = RecurrentMetadata(decode=RecurrentGroup(
         token_indices=torch.arange(n, dtype=torch.int64, device=dev), query_start_loc=qsl,
         state_indices=state[:, None].expand(n, k + 1).contiguous(),
-        num_valid=torch.ones(n, dtype=torch.int32, device=dev)))
+        num_valid=torch.ones(n, dtype=torch.int32, device=dev), token_range=(0, n)))
     return order, attn, recurrent
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import kernels
-from refengine.forward_context import ForwardContext, RecurrentGroup
+from refengine.forward_context import ForwardContext, RecurrentGroup, scatter_groups
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
 from refengine.model.layers import Linear, softplus
 from refengine.model.nemotron_h.config import NemotronHConfig
@@ -73,14 +73,14 @@ class Mamba2Mixer(nn.Module):
         """The conv and the scan per group, over the step's recurrent metadata: y [T, I]."""
         z, xbc, dt = parts
         conv_state, ssm_state = ctx.states[cache_key]
-        y = z.new_zeros(z.shape[0], self.inner)  # [T, I]
+        outputs = []
         for group, is_prefill in ((ctx.recurrent.prefill, True), (ctx.recurrent.decode, False)):
             if group is None or group.token_indices.numel() == 0:
                 continue
             chunked = is_prefill and ctx.recurrent_prefill_chunked
             out = self._run_group(group, is_prefill, chunked, positions, xbc, dt, conv_state, ssm_state)
-            y.index_copy_(0, group.token_indices, out)
-        return (y,)
+            outputs.append((group, out))  # [Tg, I]
+        return (scatter_groups(outputs, z, (z.shape[0], self.inner)),)  # [T, I]
 
     def post(self, z, xbc, dt, y) -> torch.Tensor:  # y, z [T, I] -> [T, H]
         return self.out_proj(self.norm(y, z.contiguous()))
@@ -96,13 +96,12 @@ class Mamba2Mixer(nn.Module):
         conv_state: torch.Tensor,  # [S, C, W-1+K]
         ssm_state: torch.Tensor,  # [S, Hm, P, N] float32
     ) -> torch.Tensor:  # [Tg, I]
-        idx = group.token_indices  # [Tg]
         qsl = group.query_start_loc  # [Ng+1]
         slots = group.state_indices  # [Ng] or [Ng, K+1]
         if is_prefill and slots.dim() == 2:
             slots = slots[:, 0].contiguous()  # a prefill reads and writes its first slot only
         weight, bias = self.conv1d.weight, self.conv1d.bias
-        h = xbc.index_select(0, idx)  # [Tg, C]
+        h = group.gather(xbc)  # [Tg, C]
         if is_prefill:
             h = kernels.causal_conv1d_fn(h, weight, conv_state, qsl, slots, group.has_initial_state,
                                          bias=bias, activation="silu")
@@ -114,10 +113,10 @@ class Mamba2Mixer(nn.Module):
         xs = xs.reshape(tg, self.num_heads, self.head_dim).contiguous()  # [Tg, Hm, P]
         b = b.reshape(tg, self.n_groups, self.state_size).contiguous()  # [Tg, G, N]
         c = c.reshape(tg, self.n_groups, self.state_size).contiguous()  # [Tg, G, N]
-        dt = softplus(dt_raw.index_select(0, idx).float() + self.dt_bias.float())  # [Tg, Hm] fp32, no clamp
+        dt = softplus(group.gather(dt_raw).float() + self.dt_bias.float())  # [Tg, Hm] fp32, no clamp
         a = -torch.exp(self.A_log.float())  # [Hm] fp32
         if chunked:
-            starts = _start_positions(positions.index_select(0, idx), qsl)  # [Ng] int32
+            starts = _start_positions(group.gather(positions), qsl)  # [Ng] int32
             init = group.has_initial_state  # [Ng] bool
             y = kernels.ssd_chunk_scan(xs, dt, a, b, c, self.D, ssm_state, qsl, slots, init,
                                        start_positions=starts, chunk_size=self.chunk_size)
