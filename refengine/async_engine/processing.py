@@ -78,14 +78,18 @@ class ProcessorState:
         ``token_rows`` [n, L] their committed tokens (prompt, then outputs of a resumed request)."""
         idx, v = idx.long(), self.vocab_size
         self.allowed[idx] = (w["proc.restricted"] == 0)[:, None].expand(-1, v)
+        # the sparse writes' sizes are the staged tensors' shapes (host metadata): an empty one is skipped
         a = w["proc.allowed"]
-        self.allowed[idx[a[:, 0]], a[:, 1]] = True
+        if a.shape[0]:
+            self.allowed[idx[a[:, 0]], a[:, 1]] = True
         self.bias[idx] = 0.0
         at = w["proc.bias.at"]
-        self.bias[idx[at[:, 0]], at[:, 1]] = w["proc.bias"]
+        if at.shape[0]:
+            self.bias[idx[at[:, 0]], at[:, 1]] = w["proc.bias"]
         self.stop_mask[idx] = False
         s = w["proc.stop"]
-        self.stop_mask[idx[s[:, 0]], s[:, 1]] = True
+        if s.shape[0]:
+            self.stop_mask[idx[s[:, 0]], s[:, 1]] = True
         self.min_tokens[idx] = w["proc.min_tokens"]
         self.factors[idx] = w["proc.factors"]
         self.bad_prefix[idx] = w["proc.bad_prefix"]
