@@ -12,6 +12,7 @@ from kernels.linear import linear
 from kernels.mamba2 import selective_state_update, ssd_chunk_scan
 from kernels.moe import fused_moe, moe_route, moe_route_sigmoid
 from kernels.norm import gated_group_rms_norm, gated_rms_norm, rms_norm
+from kernels.rotary import rotary_embedding
 from kernels.verify import greedy_verify
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "relu2",
     "reshape_and_cache",
     "rms_norm",
+    "rotary_embedding",
     "selective_state_update",
     "silu_mul",
     "ssd_chunk_scan",

@@ -291,6 +291,13 @@ SPECS: dict[str, LaunchSpec] = {
         lambda a: (a.gate.shape[0], _cdiv(a.I, a.BI)),
         requires=(("I = the row width of gate, up and y",
                    lambda a: a.I == a.gate.shape[1] == a.up.shape[1] == a.y.shape[1]),)),
+    "rotary_kernel": LaunchSpec(
+        {"x": Ptr(FLOATS, rows("stride_x_t", "stride_x_h", 1)),
+         "y": Ptr("=x", rows("stride_y_t", "stride_y_h", 1)), "positions": Ptr(INDEX, CONTIGUOUS)},
+        lambda a: (a.x.shape[0], _cdiv(a.H, a.BH)),
+        requires=(("H, D = x's and y's heads and width, 2 * HALF <= D, BHALF >= HALF, T = the positions",
+                   lambda a: a.H == a.x.shape[1] == a.y.shape[1] and a.D == a.x.shape[2] == a.y.shape[2]
+                   and 2 * a.HALF <= a.D and a.BHALF >= a.HALF and a.positions.shape[0] == a.x.shape[0]),)),
     "gdn_gating_kernel": LaunchSpec(
         {"a_log": Ptr(FLOATS, CONTIGUOUS), "a": Ptr(FLOATS, rows("stride_a", 1)),
          "dt_bias": Ptr(FLOATS, CONTIGUOUS), "b": Ptr(FLOATS, rows("stride_b", 1)),

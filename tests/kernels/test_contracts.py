@@ -570,6 +570,26 @@ GDN_GATING_ROWS = (
 )
 
 
+def rotary_base() -> dict:
+    g = generator(19)
+    return {"q": torch.randn(3, 2, 12, generator=g), "k": torch.randn(3, 1, 12, generator=g),
+            "positions": torch.tensor([0, 5, 300]), "rotary_dim": 8, "theta": 10000.0}
+
+
+ROTARY_ROWS = (
+    Row("contiguous float32, a partial rotation", rotary_base),
+    Row("bfloat16, int32 positions", variant(rotary_base, q=bf16, k=bf16, positions=lambda p: p.int())),
+    Row("q with a stride over heads", variant(rotary_base, q=lambda q: torch.cat([q, q], 2)[..., :12])),
+    Row("q with a stride over D", variant(rotary_base, q=strided)),
+    Row("k of another head width", variant(rotary_base, k=lambda k: k[..., :10]),
+        "rotary_embedding: k must be"),
+    Row("an odd rotary_dim", variant(rotary_base, rotary_dim=5),
+        "rotary_embedding: rotary_dim must be an even int from 2 to D = 12, got 5"),
+    Row("float positions", variant(rotary_base, positions=lambda p: p.float()),
+        "rotary_embedding: positions must be an int32 or int64 tensor"),
+)
+
+
 # --------------------------------------------------------------------------------------------- MoE
 
 def moe_base() -> dict:
@@ -844,6 +864,7 @@ OPS = {
     "relu2": Op(kernels.relu2, RELU2_ROWS, 2e-3),
     "silu_mul": Op(kernels.silu_mul, SILU_MUL_ROWS, 2e-3),
     "gdn_gating": Op(kernels.gdn_gating, GDN_GATING_ROWS, 2e-3),
+    "rotary_embedding": Op(kernels.rotary_embedding, ROTARY_ROWS, 2e-3),
     "prepare_inputs": Op(kernels.input_prep.prepare_inputs, PREPARE_ROWS, 0.0),
     "post_update": Op(kernels.input_prep.post_update, POST_ROWS, 0.0),
 }
@@ -963,6 +984,7 @@ TRITON_MODULES = (
     "mamba2.triton_state_update",
     "moe.triton_moe",
     "norm.triton_rms_norm",
+    "rotary.triton_rotary",
     "verify.triton_greedy_verify",
 )
 NOT_LAUNCHED = {"fused_moe": {"topk_ids"}}
