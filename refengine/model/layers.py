@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import kernels
+from kernels.rotary import naive_cos_sin, naive_rotate
 
 SOFTPLUS_THRESHOLD = 20.0  # as torch.nn.functional.softplus: identity above it
 
@@ -86,11 +87,16 @@ class MLP(nn.Module):
 
 
 class PartialRotary(nn.Module):
-    """NeoX-style RoPE on the first ``rotary_dim`` dims of each head (rotate_half pairs i, i + rd/2).
+    """NeoX-style RoPE on the first ``rotary_dim`` dims of each head (rotate_half pairs i, i + rd/2):
+    ``kernels.rotary_embedding``, one launch for q and k each.
 
-    Holds no tensors: the inverse frequencies are recomputed in float32 on the positions' device,
-    so casting the model to another dtype never touches them.
+    Holds no tensors: the inverse frequencies ``theta^(-2i/rd)`` are computed in float32 on the positions'
+    device (inside the kernel on CUDA), so casting the model to another dtype never touches them. A
+    subclass whose frequencies are not those (``plain`` False) gives its own ``cos_sin``; the rotation is
+    the kernels' reference then.
     """
+
+    plain = True  # the frequencies are theta^(-2i/rd)
 
     def __init__(self, rotary_dim: int, theta: float) -> None:
         super().__init__()
@@ -99,27 +105,11 @@ class PartialRotary(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> cos, sin [T, rd] float32."""
-        rd = self.rotary_dim
-        exponent = torch.arange(0, rd, 2, dtype=torch.float32, device=positions.device) / rd
-        inv_freq = 1.0 / (self.theta**exponent)  # [rd/2]
-        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rd/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, rd]
-        return emb.cos(), emb.sin()
+        return naive_cos_sin(positions, self.rotary_dim, self.theta)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:  # q [T, Hq, D], k [T, Hkv, D], positions [T]
-        cos, sin = self.cos_sin(positions)
-        half = self.rotary_dim // 2
-        # [T, 1, rd] once for q and k; the sine's first half negated, so rotate_half(x) * sin is
-        # roll(x, half) * signed (-(b * s) == b * (-s) exactly: the same bits as the negated halves)
-        cos = cos.to(q.dtype)[:, None, :]
-        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(q.dtype)[:, None, :]
-        return self._apply(q, cos, signed), self._apply(k, cos, signed)
-
-    def _apply(self, x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
-        """x [T, H, D]; cos and ``signed`` (the sine, first half negated) [T, 1, rd] in x's dtype."""
-        rd = self.rotary_dim
-        rot, rest = x[..., :rd], x[..., rd:]
-        rotated = rot.roll(rd // 2, dims=-1)  # [b, a] of rot = [a, b]
-        return torch.cat((rot * cos + rotated * signed, rest), dim=-1)
+        if self.plain:
+            return kernels.rotary_embedding(q, k, positions, self.rotary_dim, self.theta)
+        return naive_rotate(q, k, *self.cos_sin(positions))

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from kernels.gated_delta_rule.naive import chunk_gated_delta_rule_dense, l2_normalize
 from kernels.norm.naive import naive_rms_norm
+from kernels.rotary.naive import naive_rotate
 from refengine.model.attention import GatedAttention
 from refengine.model.qwen3_next.gdn import GatedDeltaNet
 from refengine.model.qwen3_next.model import DecoderLayer, Qwen3NextForCausalLM
@@ -77,7 +78,7 @@ def attention_qkv(mod: GatedAttention, x: torch.Tensor, positions: torch.Tensor)
     v = F.linear(x, mod.v_proj.weight).view(b, t, mod.num_kv_heads, d)
     q = rms_norm(q, mod.q_norm.weight, mod.q_norm.eps)
     k = rms_norm(k, mod.k_norm.weight, mod.k_norm.eps)
-    q, k = mod.rotary(q, k, positions)
+    q, k = naive_rotate(q, k, *mod.rotary.cos_sin(positions))  # batched [B, T, H, D], differentiable
     r = mod.num_heads // mod.num_kv_heads
     k, v = k.repeat_interleave(r, dim=2), v.repeat_interleave(r, dim=2)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), gate

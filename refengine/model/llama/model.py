@@ -34,6 +34,7 @@ class Rotary(PartialRotary):
     def __init__(self, head_dim: int, theta: float, scaling: Llama3Scaling | None) -> None:
         super().__init__(head_dim, theta)
         self.scaling = scaling
+        self.plain = scaling is None  # unscaled: the frequencies of ``kernels.rotary_embedding``
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:  # [D/2] float32
         rd = self.rotary_dim
