@@ -106,3 +106,15 @@ def aux_stage(ctx, layer: int) -> list[Stage]:
         return (x, *rest)
 
     return [core(capture)]
+
+
+def decoder_stack(embed, layers, final_norm, input_ids: torch.Tensor, positions: torch.Tensor,
+                  ctx) -> torch.Tensor:
+    """A decoder's forward: ``embed(input_ids)`` [T, H], each layer's stages (layer i's cache key i, the
+    auxiliary capture before it), ``final_norm``; run over ``ctx.pieces``. input_ids, positions [T] ->
+    [T, H]."""
+    stages = [pure(lambda ids, pos: (embed(ids), pos))]
+    for i, layer in enumerate(layers):
+        stages += aux_stage(ctx, i) + layer.stages(ctx, i)
+    stages.append(pure(lambda x, pos: (final_norm(x),)))
+    return run(stages, (input_ids, positions), ctx.pieces)[0]

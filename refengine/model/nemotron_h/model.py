@@ -157,17 +157,7 @@ class NemotronHModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:  # [T] int64 -> [T, H] post norm_f
-        stages = [pieces.pure(self._embed)]
-        for i, layer in enumerate(self.layers):
-            stages += pieces.aux_stage(ctx, i) + layer.stages(ctx, i)
-        stages.append(pieces.pure(self._final_norm))
-        return pieces.run(stages, (input_ids, positions), ctx.pieces)[0]
-
-    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
-        return self.embeddings(input_ids), positions
-
-    def _final_norm(self, x: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
-        return (self.norm_f(x),)
+        return pieces.decoder_stack(self.embeddings, self.layers, self.norm_f, input_ids, positions, ctx)
 
 
 class MTPBlock(Block):

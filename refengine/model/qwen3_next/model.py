@@ -63,17 +63,7 @@ class Qwen3NextModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:  # input_ids, positions [T] int64 -> [T, H] post final norm
-        stages = [pieces.pure(self._embed)]
-        for i, layer in enumerate(self.layers):
-            stages += pieces.aux_stage(ctx, i) + layer.stages(ctx, i)
-        stages.append(pieces.pure(self._final_norm))
-        return pieces.run(stages, (input_ids, positions), ctx.pieces)[0]
-
-    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
-        return self.embed_tokens(input_ids), positions
-
-    def _final_norm(self, x: torch.Tensor, positions: torch.Tensor) -> pieces.Carry:
-        return (self.norm(x),)
+        return pieces.decoder_stack(self.embed_tokens, self.layers, self.norm, input_ids, positions, ctx)
 
 
 class Qwen3NextMTPHead(nn.Module):
