@@ -34,9 +34,22 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _start(argv: list[str], cwd, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *argv], cwd=cwd, env={**_env(), **(env or {})},
+# Python's arguments run after Ctrl-C's disposition is set back to the default. A test run started in the
+# background of a shell without job control (``pytest ... &``) has SIGINT ignored, which every child
+# inherits, and a Python started with it ignored installs no KeyboardInterrupt handler: the signal would
+# never arrive. An exec keeps a default disposition (an ignored one it would keep too).
+WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                       "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def _popen(args: list[str], cwd, env: dict[str, str]) -> subprocess.Popen:
+    """``python *args`` with SIGINT at its default disposition, whatever the test run's is."""
+    return subprocess.Popen([sys.executable, "-c", WITH_DEFAULT_SIGINT, *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _start(argv: list[str], cwd, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return _popen(["-m", *argv], cwd, {**_env(), **(env or {})})
 
 
 def _finish(proc: subprocess.Popen, first: str = "") -> tuple[int, str, str]:
@@ -148,8 +161,7 @@ sys.exit(process_main("swallowing", body))
 def test_an_interrupt_an_extension_turns_into_another_error_still_exits_130(tmp_path):
     """Found by the wide loop: ``mutate`` interrupted while loading weights exited 2, the checkpoint
     "cannot be used", because the KeyboardInterrupt came back from safetensors as a TypeError."""
-    proc = subprocess.Popen([sys.executable, "-c", SWALLOWING], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _popen(["-c", SWALLOWING], tmp_path, _env())
     first = proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     code, out, err = _finish(proc, first)
@@ -184,8 +196,7 @@ def test_an_interrupt_inside_a_weakref_callback_stops_the_work_and_exits_130(tmp
     exception Python cannot raise there. It printed "Exception ignored" and the search went on to its end:
     exit 1 with the failing check it found, or 130 only after the whole search since an interrupt that
     surfaced elsewhere counts as one."""
-    proc = subprocess.Popen([sys.executable, "-c", IN_A_CALLBACK], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _popen(["-c", IN_A_CALLBACK], tmp_path, _env())
     first = proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     code, out, err = _finish(proc, first)
