@@ -13,6 +13,7 @@ import kernels
 from refengine.forward_context import ForwardContext
 from refengine.model.cache_specs import PagedKV
 from refengine.model.layers import Linear, PartialRotary, RMSNorm, sigmoid
+from refengine.model.pieces import SplitMixer
 
 if TYPE_CHECKING:  # a family's view; importing it at run time would make this shared module a family's
     from refengine.model.qwen3_next.config import Qwen3NextConfig
@@ -30,7 +31,7 @@ def paged_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Forward
     )
 
 
-class PagedGQA(nn.Module):
+class PagedGQA(SplitMixer):
     """Grouped-query attention: q/k/v projections (no bias) from ``in_width`` inputs, optional per-head q/k
     RMSNorm, optional RoPE (``rotary(q, k, positions)``), paged attention at scale D^-0.5, ``o_proj`` back
     to ``hidden``. Parameter names are the checkpoints' (``q_proj`` ... ``o_proj``, ``q_norm``, ``k_norm``).
@@ -56,11 +57,6 @@ class PagedGQA(nn.Module):
             self.q_norm = self.k_norm = None
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                cache_key: int | str) -> torch.Tensor:  # x [T, in], positions [T] int64 -> [T, H]
-        parts = self.pre(x, positions)
-        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
-
     def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Token-wise: q [T, Hq, D], k, v [T, Hkv, D], contiguous, q/k normed and rotated."""
         num_tokens, d = x.shape[0], self.head_dim
@@ -82,7 +78,7 @@ class PagedGQA(nn.Module):
         return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim))
 
 
-class GatedAttention(nn.Module):
+class GatedAttention(SplitMixer):
     """q_proj yields, per head, D query dims then D gate dims; the output is attn * sigmoid(gate).
 
     Cache: ``ctx.kv_caches[cache_key] = (k_cache, v_cache)``, each [blocks, block_size, Hkv, D].
@@ -108,16 +104,6 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # weight [D], zero-centred
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)  # weight [D], zero-centred
         self.rotary = PartialRotary(cfg.rotary_dim, cfg.rope_theta)
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [T, H], already through input_layernorm
-        positions: torch.Tensor,  # [T] int64
-        ctx: ForwardContext,
-        cache_key: int | str,
-    ) -> torch.Tensor:  # [T, H]
-        parts = self.pre(x, positions)
-        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
 
     def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Token-wise: q [T, Hq, D], k, v [T, Hkv, D] (contiguous, q/k normed and rotated), gate [T, Hq*D]."""

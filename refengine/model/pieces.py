@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 Carry = tuple[torch.Tensor, ...]
 
@@ -71,12 +72,29 @@ def _chained(fns: list[Callable[..., Carry]]) -> Callable[..., Carry]:
     return piece
 
 
+class SplitMixer(nn.Module):
+    """A mixer that reads the forward context, split around its core for ``mixer_block``: a subclass gives
+    ``pre(h, positions) -> parts``, ``core(parts, positions, ctx, cache_key) -> outputs`` and
+    ``post(*parts, *outputs) -> [T, H]``; called whole, it runs the three in order."""
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx, cache_key: int | str) -> torch.Tensor:
+        parts = self.pre(x, positions)  # x [T, H] (through the block's norm) -> [T, H]
+        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
+
+
+class StagedLayer(nn.Module):
+    """A decoder layer given as ``stages(ctx, cache_key)`` over (x, positions); called whole, its stages run
+    eagerly."""
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx, cache_key: int | str) -> torch.Tensor:
+        return run(self.stages(ctx, cache_key), (x, positions))[0]  # [T, H] -> [T, H]
+
+
 def mixer_block(norm, mixer, ctx, cache_key, tail: Callable | None = None) -> list[Stage]:
-    """``x + mixer(norm(x))`` (then ``tail(x)``) as stages over (x, positions). A mixer that reads the
-    context splits as ``pre(h, positions) -> parts`` (pure), ``core(parts, positions, ctx, cache_key) ->
-    outputs`` (eager) and ``post(*parts, *outputs) -> [T, H]`` (pure); one without ``core`` (an MLP, a MoE)
-    is called ``mixer(h)`` inside the piece."""
-    if not hasattr(mixer, "core"):
+    """``x + mixer(norm(x))`` (then ``tail(x)``) as stages over (x, positions). A ``SplitMixer``'s ``pre`` and
+    ``post`` are pure stages around its ``core`` (eager); any other mixer (an MLP, a MoE) is called
+    ``mixer(h)`` inside the piece."""
+    if not isinstance(mixer, SplitMixer):
         def whole(x, positions):
             x = x + mixer(norm(x))
             return (x if tail is None else tail(x)), positions

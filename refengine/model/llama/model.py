@@ -72,7 +72,7 @@ class Attention(PagedGQA):
                          qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(pieces.StagedLayer):
     """x + self_attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
@@ -82,10 +82,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=False)  # weight [H]
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
                                                 zero_centered=False)  # weight [H]
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                cache_key: int | str) -> torch.Tensor:  # [T, H] -> [T, H]
-        return pieces.run(self.stages(ctx, cache_key), (x, positions))[0]
 
     def stages(self, ctx: ForwardContext, cache_key: int | str) -> list[pieces.Stage]:
         """The block over (x, positions): the attention's token-wise parts and the MLP are pure stages."""

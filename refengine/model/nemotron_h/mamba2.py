@@ -16,6 +16,7 @@ from refengine.forward_context import ForwardContext, RecurrentGroup, scatter_gr
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
 from refengine.model.layers import Linear, softplus
 from refengine.model.nemotron_h.config import NemotronHConfig
+from refengine.model.pieces import SplitMixer
 
 
 class Conv1d(nn.Module):
@@ -27,7 +28,7 @@ class Conv1d(nn.Module):
         self.bias = nn.Parameter(torch.empty(channels)) if bias else None  # [C]
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(SplitMixer):
     """State per slot: ``ctx.states[cache_key] = (conv_state [S, C, W-1+K],
     ssm_state [S, Hm, P, N] fp32)``."""
 
@@ -56,12 +57,6 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.empty(self.num_heads))  # [Hm]
         self.norm = GroupGatedNorm(self.inner, self.inner // self.n_groups, self.eps)  # weight [I]
         self.out_proj = Linear(self.inner, hidden)  # [H, I]
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                cache_key: int | str) -> torch.Tensor:
-        """x [T, H] (already through the block's norm) -> [T, H]."""
-        parts = self.pre(x, positions)
-        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
 
     def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Token-wise: in_proj split into z [T, I], xbc [T, C], dt [T, Hm] (views of one projection)."""

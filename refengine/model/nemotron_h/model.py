@@ -124,7 +124,7 @@ def _make_mixer(cfg: NemotronHConfig, kind: str) -> nn.Module:
     return BLOCKS[kind][0](cfg)
 
 
-class Block(nn.Module):
+class Block(pieces.StagedLayer):
     """x + mixer(norm(x))."""
 
     def __init__(self, cfg: NemotronHConfig, kind: str) -> None:
@@ -133,10 +133,6 @@ class Block(nn.Module):
         self.uses_context = BLOCKS[kind][1]
         self.norm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon, zero_centered=False)  # weight [H]
         self.mixer = _make_mixer(cfg, kind)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                cache_key: int | str) -> torch.Tensor:  # [T, H] -> [T, H]
-        return pieces.run(self.stages(ctx, cache_key), (x, positions))[0]
 
     def stages(self, ctx: ForwardContext, cache_key: int | str) -> list[pieces.Stage]:
         """The block over (x, positions): an MLP or MoE block is one pure stage; a Mamba2 or attention

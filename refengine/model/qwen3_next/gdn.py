@@ -9,6 +9,7 @@ import kernels
 from refengine.forward_context import ForwardContext, RecurrentGroup, scatter_groups
 from refengine.model.cache_specs import SLOT, WINDOW, RecurrentState
 from refengine.model.layers import GatedRMSNorm, Linear
+from refengine.model.pieces import SplitMixer
 from refengine.model.qwen3_next.config import Qwen3NextConfig
 
 
@@ -20,7 +21,7 @@ class CausalConv1d(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, width))  # [C, W], tap W-1 = current token
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(SplitMixer):
     """One GDN mixer.
 
     Per token: qkv -> causal conv + SiLU -> q/k/v; gates g = -exp(A_log) * softplus(a + dt_bias) and
@@ -55,12 +56,6 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))  # [Hv]
         self.norm = GatedRMSNorm(self.head_v_dim, cfg.rms_norm_eps)  # weight [Dv]
         self.out_proj = Linear(self.value_dim, hidden)  # [H, Hv*Dv]
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                cache_key: int | str) -> torch.Tensor:
-        """x [T, H] (already through input_layernorm) -> [T, H]; positions are not used (no RoPE)."""
-        parts = self.pre(x, positions)
-        return self.post(*parts, *self.core(parts, positions, ctx, cache_key))
 
     def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Token-wise: qkv [T, C], z [T, Hv, Dv], the gates g (<= 0) and beta [T, Hv] fp32."""

@@ -18,7 +18,7 @@ from refengine.model.qwen3_next.mixers import mixer_class
 from refengine.model.qwen3_next.moe import make_mlp
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(pieces.StagedLayer):
     """Pre-norm residual block: x + mixer(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
 
     def __init__(self, cfg: Qwen3NextConfig, layer_type: str, layer_index: int) -> None:
@@ -30,15 +30,6 @@ class DecoderLayer(nn.Module):
         self.mlp = make_mlp(cfg, layer_index)  # dense SwiGLU or sparse MoE, by transformers' rule
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # weight [H]
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [T, H]
-        positions: torch.Tensor,  # [T] int64
-        ctx: ForwardContext,
-        cache_key: int | str,  # key into ctx.kv_caches / ctx.states
-    ) -> torch.Tensor:  # [T, H]
-        return pieces.run(self.stages(ctx, cache_key), (x, positions))[0]
 
     def stages(self, ctx: ForwardContext, cache_key: int | str) -> list[pieces.Stage]:
         """The block over (x, positions): the mixer's token-wise parts and the MLP are pure stages."""
