@@ -262,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                                                         "or --profile"))
         from refengine.tools import host_bench
 
-        return host_bench.main(args)
+        try:
+            return host_bench.main(args)
+        except SETUP_ERRORS as e:
+            return report("refengine bench", e)
     if args.profile is not None and Path(args.profile).exists() and not Path(args.profile).is_dir():
         return report("refengine bench", ValueError(f"--profile {args.profile} is a file; name a folder"))
     try:

@@ -100,6 +100,7 @@ def test_bad_device(command, device, pattern, capsys):
 @pytest.mark.parametrize("argv,prog", [
     (["generate", "--prompt", "hi", "--engine", "async", "--graph-mode", "sometimes"], "generate"),
     (["bench", "--graph-mode", "sometimes"], "bench"),
+    (["bench", "--fake-cuda", "--graph-mode", "sometimes"], "bench"),
 ])
 def test_unknown_graph_mode(argv, prog, capsys):
     _one_line_error(capsys, main(argv), prog, "--graph-mode must be one of .*got 'sometimes'")
