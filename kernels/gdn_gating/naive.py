@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from kernels.activation.naive import sigmoid_fp32, softplus_fp32
 from kernels.gdn_gating.contract import check_gdn_gating_inputs
-
-SOFTPLUS_THRESHOLD = 20.0  # as torch.nn.functional.softplus: identity above it
 
 
 def naive_gdn_gating(a_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
                      b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``A_log, dt_bias [Hv]``, ``a, b [T, Hv]`` -> ``g, beta [T, Hv]`` float32."""
     check_gdn_gating_inputs(a_log, a, dt_bias, b)
-    x = a.float() + dt_bias.float()  # [T, Hv]
-    softplus = torch.where(x > SOFTPLUS_THRESHOLD, x,
-                           torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD))))
-    g = -torch.exp(a_log.float()) * softplus
-    beta = torch.exp(-b.float()).add_(1.0).reciprocal_()  # ``1.0 / y`` is ``y.reciprocal() * 1.0``
-    return g, beta
+    g = -torch.exp(a_log.float()) * softplus_fp32(a.float() + dt_bias.float())  # [T, Hv]
+    return g, sigmoid_fp32(b.float())

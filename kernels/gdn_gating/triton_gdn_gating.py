@@ -7,8 +7,8 @@ import triton
 import triton.language as tl
 
 from kernels._contract import unit_stride, with_unit_stride
+from kernels.activation.naive import SOFTPLUS_THRESHOLD
 from kernels.gdn_gating.contract import check_gdn_gating_inputs
-from kernels.gdn_gating.naive import SOFTPLUS_THRESHOLD
 
 BT = 16  # tokens per program
 

@@ -12,22 +12,16 @@ import torch
 from torch import nn
 
 import kernels
+from kernels.activation.naive import sigmoid_fp32, softplus_fp32
 from kernels.rotary import naive_cos_sin, naive_rotate
-
-SOFTPLUS_THRESHOLD = 20.0  # as torch.nn.functional.softplus: identity above it
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """1 / (1 + exp(-x)), computed in float32, returned in x.dtype. ``1.0 / y`` is torch's
-    ``y.reciprocal() * 1.0``: the reciprocal alone has its bits, one launch fewer."""
-    return torch.exp(-x.float()).add_(1.0).reciprocal_().to(x.dtype)
+    """1 / (1 + exp(-x)), computed in float32, returned in x.dtype."""
+    return sigmoid_fp32(x.float()).to(x.dtype)
 
 
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    """log(1 + exp(x)) (x itself above the threshold), for float32 x."""
-    return torch.where(
-        x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD)))
-    )
+softplus = softplus_fp32  # log(1 + exp(x)) (x itself above 20), for float32 x
 
 
 class Linear(nn.Module):
